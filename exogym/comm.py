@@ -1,0 +1,219 @@
+"""The communicator: the only way strategies exchange tensors between nodes.
+
+Every collective takes a *node-stacked* tensor ``x`` of shape ``[n_local, *shape]`` (row ``i`` is
+what local node ``i`` contributes) and returns a tensor that is identical on every node, so a
+strategy writes it back where it needs it (``x.copy_(result.expand_as(x))``). The in-process
+implementation below reduces over dim 0; a ``torch.distributed`` implementation reduces the local
+rows first and then across ranks, with the same signatures and the same byte accounting, so a
+strategy never touches ``torch.distributed``.
+
+Byte accounting. ``S`` is the payload of ONE node: ``x[0].numel() * x.element_size()``; ``N`` the
+number of nodes in the run. Each collective adds to ``bytes_sent[i]`` and ``bytes_received[i]`` of
+every node ``i``:
+
+=============  =========================================  =========================================
+collective     sent by each node                          received by each node
+=============  =========================================  =========================================
+all_reduce     ``2 (N-1)/N * S``  (ring: reduce-scatter    ``2 (N-1)/N * S``
+               then all-gather)
+all_gather     ``(N-1) * S``  (ring)                      ``(N-1) * S``
+broadcast      source: ``(N-1) * S``, others: 0 (star)    source: 0, others: ``S``
+=============  =========================================  =========================================
+
+With one node nothing is sent. Every call is also appended to :attr:`Communicator.log` as a
+:class:`CommRecord`, which a network model can turn into time.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "CommRecord",
+    "Communicator",
+    "InProcessCommunicator",
+    "all_gather_bytes",
+    "all_reduce_bytes",
+    "broadcast_bytes",
+]
+
+ReduceOp = Literal["mean", "sum"]
+_REDUCE_OPS = ("mean", "sum")
+
+
+def all_reduce_bytes(payload: int, num_nodes: int) -> float:
+    """Bytes each node sends (and receives) in a ring all-reduce of ``payload`` bytes."""
+    return 2.0 * (num_nodes - 1) / num_nodes * payload
+
+
+def all_gather_bytes(payload: int, num_nodes: int) -> float:
+    """Bytes each node sends (and receives) in a ring all-gather of ``payload`` bytes per node."""
+    return float((num_nodes - 1) * payload)
+
+
+def broadcast_bytes(payload: int, num_nodes: int) -> tuple[float, float]:
+    """``(sent by the source, received by every other node)`` for a star broadcast."""
+    return float((num_nodes - 1) * payload), float(payload) if num_nodes > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class CommRecord:
+    """One collective as the network sees it.
+
+    Attributes:
+        op: ``"all_reduce"``, ``"all_gather"`` or ``"broadcast"``.
+        payload_bytes: ``S``, the bytes one node contributes (summed over the tensors of a call).
+        step: the training step during which it ran (``-1`` outside the loop).
+        tag: a free label set by the strategy (``"grads"``, ``"pseudo_grads"``, ...).
+        overlap: whether the strategy lets it run under compute (for a network clock).
+    """
+
+    op: str
+    payload_bytes: int
+    step: int
+    tag: str
+    overlap: bool = False
+
+
+def _payload(tensors: Sequence[Tensor]) -> int:
+    return sum(t[0].numel() * t.element_size() for t in tensors)
+
+
+class Communicator(abc.ABC):
+    """Collectives over the nodes of a run, with byte accounting.
+
+    Attributes:
+        num_nodes: ``N``, nodes in the whole run.
+        node_ids: the global ids of the nodes stacked in this process, in row order.
+        bytes_sent / bytes_received: per global node, cumulative (floats: ring formulas divide).
+        log: every collective, in order.
+        step: the current training step, set by the trainer, stamped on each record.
+    """
+
+    def __init__(self, num_nodes: int, node_ids: Sequence[int]) -> None:
+        if num_nodes < 1:
+            raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
+        self.num_nodes = num_nodes
+        self.node_ids = list(node_ids)
+        self.bytes_sent = [0.0] * num_nodes
+        self.bytes_received = [0.0] * num_nodes
+        self.log: list[CommRecord] = []
+        self.step = -1
+
+    @property
+    def n_local(self) -> int:
+        return len(self.node_ids)
+
+    # -- the public collectives -------------------------------------------------------------
+    def all_reduce(
+        self, x: Tensor | Sequence[Tensor], op: ReduceOp = "mean", *, tag: str = "",
+        overlap: bool = False,
+    ) -> Tensor | list[Tensor]:
+        """Reduce ``x`` over all nodes; returns ``x.shape[1:]`` (a list for a list input).
+
+        Bytes: each node sends and receives ``2(N-1)/N * S`` (ring all-reduce).
+        """
+        if op not in _REDUCE_OPS:
+            raise ValueError(f"op must be one of {_REDUCE_OPS}, got {op!r}")
+        tensors = self._check(x)
+        s = all_reduce_bytes(_payload(tensors), self.num_nodes)
+        self._account("all_reduce", tensors, tag, overlap, sent=[s] * self.num_nodes,
+                      received=[s] * self.num_nodes)
+        out = self._all_reduce(tensors, op)
+        return out if isinstance(x, (list, tuple)) else out[0]
+
+    def all_gather(
+        self, x: Tensor | Sequence[Tensor], *, tag: str = "", overlap: bool = False
+    ) -> Tensor | list[Tensor]:
+        """Gather every node's row: ``[n_local, *shape] -> [N, *shape]`` (global node order).
+
+        Bytes: each node sends and receives ``(N-1) * S`` (ring all-gather).
+        """
+        tensors = self._check(x)
+        s = all_gather_bytes(_payload(tensors), self.num_nodes)
+        self._account("all_gather", tensors, tag, overlap, sent=[s] * self.num_nodes,
+                      received=[s] * self.num_nodes)
+        out = self._all_gather(tensors)
+        return out if isinstance(x, (list, tuple)) else out[0]
+
+    def broadcast(
+        self, x: Tensor | Sequence[Tensor], src: int = 0, *, tag: str = "", overlap: bool = False
+    ) -> Tensor | list[Tensor]:
+        """Node ``src``'s row, ``x.shape[1:]``, on every node.
+
+        Bytes: the source sends ``(N-1) * S``; each other node receives ``S`` (star).
+        """
+        if not 0 <= src < self.num_nodes:
+            raise ValueError(f"src must be a node id in [0, {self.num_nodes}), got {src}")
+        tensors = self._check(x)
+        src_sent, recv = broadcast_bytes(_payload(tensors), self.num_nodes)
+        sent = [src_sent if i == src else 0.0 for i in range(self.num_nodes)]
+        received = [0.0 if i == src else recv for i in range(self.num_nodes)]
+        self._account("broadcast", tensors, tag, overlap, sent=sent, received=received)
+        out = self._broadcast(tensors, src)
+        return out if isinstance(x, (list, tuple)) else out[0]
+
+    @property
+    def total_bytes_sent(self) -> float:
+        return sum(self.bytes_sent)
+
+    # -- implementation hooks -----------------------------------------------------------------
+    @abc.abstractmethod
+    def _all_reduce(self, tensors: list[Tensor], op: ReduceOp) -> list[Tensor]: ...
+
+    @abc.abstractmethod
+    def _all_gather(self, tensors: list[Tensor]) -> list[Tensor]: ...
+
+    @abc.abstractmethod
+    def _broadcast(self, tensors: list[Tensor], src: int) -> list[Tensor]: ...
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _check(self, x: Tensor | Sequence[Tensor]) -> list[Tensor]:
+        tensors = list(x) if isinstance(x, (list, tuple)) else [x]
+        for t in tensors:
+            if not isinstance(t, Tensor) or t.dim() == 0 or t.shape[0] != self.n_local:
+                shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+                raise ValueError(
+                    f"collectives take node-stacked tensors of shape [n_local={self.n_local}, ...],"
+                    f" got {shape}"
+                )
+        return tensors
+
+    def _account(
+        self, op: str, tensors: list[Tensor], tag: str, overlap: bool, *,
+        sent: list[float], received: list[float],
+    ) -> None:
+        for i in range(self.num_nodes):
+            self.bytes_sent[i] += sent[i]
+            self.bytes_received[i] += received[i]
+        self.log.append(CommRecord(op, _payload(tensors), self.step, tag, overlap))
+
+
+class InProcessCommunicator(Communicator):
+    """All ``N`` nodes live in this process, stacked along dim 0: collectives are reductions."""
+
+    def __init__(self, num_nodes: int) -> None:
+        super().__init__(num_nodes, range(num_nodes))
+
+    def _all_reduce(self, tensors: list[Tensor], op: ReduceOp) -> list[Tensor]:
+        # Accumulate in at least fp32 so that low-precision payloads reduce like NCCL/gloo do.
+        out = []
+        for t in tensors:
+            acc = t.sum(0, dtype=torch.promote_types(t.dtype, torch.float32)
+                        if t.is_floating_point() else None)
+            if op == "mean":
+                acc = acc / self.num_nodes
+            out.append(acc.to(t.dtype))
+        return out
+
+    def _all_gather(self, tensors: list[Tensor]) -> list[Tensor]:
+        return [t.clone() for t in tensors]
+
+    def _broadcast(self, tensors: list[Tensor], src: int) -> list[Tensor]:
+        return [t[src].clone() for t in tensors]

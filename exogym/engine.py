@@ -1,0 +1,249 @@
+"""Node-stacked replicas: N copies of one ``nn.Module`` trained in one process.
+
+Every parameter, gradient and buffer of the user's model is held as ONE tensor with a leading node
+dimension, ``[N, *shape]``. Node ``i``'s forward pass is a functional call of the unmodified module
+on row ``i`` (``torch.func.functional_call``), either
+
+- ``loop``: a Python loop over nodes, each node's forward *and backward* in turn, so that only one
+  node's activations are alive at a time (memory grows with N only through parameters and optimizer
+  state). Each node's parameters are views of the stacked tensors whose ``.grad`` is preset to a
+  view of the stacked gradient, so autograd accumulates straight into ``grads[name][i]``.
+- ``vmap``: ``torch.func.vmap`` over the node dimension with ``randomness="different"`` (every node
+  draws its own dropout masks), then one backward over the sum of the node losses. The nodes are
+  independent, so each row of the gradient is exactly that node's gradient.
+
+Both give the same numbers (to float round-off) for models without randomness; with dropout, the
+loop engine consumes the global RNG node by node, exactly like N separate ``nn.Module`` copies run
+one after the other. On a CPU the loop is the faster engine; on a GPU vmap turns N small models
+into one batched kernel stream. ``auto`` picks vmap on CUDA and the loop elsewhere. If the model
+cannot run under vmap (``.item()``, data-dependent control flow, in-place writes of batched values
+into fresh tensors), the first step falls back to the loop with a warning.
+
+Model contract: ``model(batch)`` returns a scalar loss tensor, or a mapping with a ``"loss"`` entry
+(and optionally other scalar metrics).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import warnings
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, vmap
+from torch.utils._pytree import tree_map
+
+__all__ = ["ENGINES", "EngineName", "NodeStack", "loss_of", "resolve_device"]
+
+EngineName = Literal["auto", "loop", "vmap"]
+ENGINES = ("auto", "loop", "vmap")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+
+log = logging.getLogger("exogym")
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``auto`` -> cuda if available, else mps, else cpu. ``cuda:1`` style indices are kept."""
+    if isinstance(device, torch.device):
+        return device
+    kind = device.split(":")[0]
+    if kind not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES} (optionally 'cuda:N'), got {device!r}")
+    if kind == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for, but torch.cuda.is_available() is False")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("device 'mps' was asked for, but torch.backends.mps.is_available() is False")
+    return torch.device(device)
+
+
+def loss_of(out: Any) -> Tensor:
+    """The loss in a model's output: the output itself, or ``out["loss"]``."""
+    if isinstance(out, Mapping):
+        if "loss" not in out:
+            raise TypeError(f"a model returning a mapping must include 'loss', got {sorted(out)}")
+        out = out["loss"]
+    if not isinstance(out, Tensor) or out.numel() != 1:
+        raise TypeError(
+            "model(batch) must return a scalar loss tensor (or a mapping with a 'loss' entry), "
+            f"got {type(out).__name__}{tuple(out.shape) if isinstance(out, Tensor) else ''}"
+        )
+    return out.reshape(())
+
+
+class NodeStack:
+    """N replicas of ``model``, every tensor stacked along a leading node dimension.
+
+    Attributes:
+        num_nodes: ``N``.
+        params: name -> ``[N, *shape]`` leaf tensor (the optimizer's parameters).
+        grads: name -> ``[N, *shape]``, also each ``params[name].grad``.
+        buffers: name -> ``[N, *shape]`` (BatchNorm running statistics: one per node).
+        engine: ``"loop"`` or ``"vmap"``, the engine in use.
+
+    Strategies change parameters in place only (``copy_``, ``add_``, optimizer steps); rebinding
+    ``params[name]`` would detach the per-node views the loop engine writes gradients through.
+    """
+
+    def __init__(
+        self, model: nn.Module, num_nodes: int, *, device: torch.device | str = "cpu",
+        engine: EngineName = "auto",
+    ) -> None:
+        if num_nodes < 1:
+            raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+        self.num_nodes = num_nodes
+        self.device = resolve_device(device)
+        if engine == "auto":
+            engine = "vmap" if self.device.type == "cuda" else "loop"
+        self.engine: Literal["loop", "vmap"] = engine
+        self._vmap_checked = engine != "vmap"
+        # The template module: its own tensors are never used for compute, functional_call swaps
+        # in a node's row. Kept on the device so that module code creating tensors "like" its
+        # parameters lands there.
+        self.module = copy.deepcopy(model).to(self.device).train()
+        n = num_nodes
+        self.params: dict[str, Tensor] = {}
+        self.grads: dict[str, Tensor] = {}
+        for name, p in self.module.named_parameters():
+            if not p.requires_grad:
+                raise ValueError(
+                    f"parameter {name!r} has requires_grad=False; frozen parameters are not "
+                    "supported yet: register it as a buffer instead"
+                )
+            stacked = p.detach().unsqueeze(0).repeat(n, *([1] * p.dim())).requires_grad_(True)
+            self.params[name] = stacked
+            self.grads[name] = torch.zeros_like(stacked)
+            stacked.grad = self.grads[name]
+        self.buffers: dict[str, Tensor] = {
+            name: b.detach().unsqueeze(0).repeat(n, *([1] * b.dim()))
+            for name, b in self.module.named_buffers()
+        }
+        # Loop engine: per-node leaf views whose .grad is a view of the stacked gradient.
+        self._node_params: list[dict[str, Tensor]] = []
+        for i in range(n):
+            views = {}
+            for name, stacked in self.params.items():
+                v = stacked[i].detach().requires_grad_(True)
+                v.grad = self.grads[name][i]
+                views[name] = v
+            self._node_params.append(views)
+
+    # -- training ---------------------------------------------------------------------------
+    def forward_backward(self, batch: Any) -> Tensor:
+        """Each node's loss on its own batch and the gradient into :attr:`grads` (accumulated).
+
+        ``batch`` is a pytree whose tensor leaves are ``[N, B, ...]``: row ``i`` is node ``i``'s
+        batch. Returns the detached per-node losses, shape ``[N]``.
+        """
+        if self.engine == "vmap":
+            if self._vmap_checked:
+                return self._vmap_step(batch)
+            return self._first_vmap_step(batch)
+        return self._loop_step(batch)
+
+    def _loop_step(self, batch: Any) -> Tensor:
+        losses = []
+        for i in range(self.num_nodes):
+            node_batch = tree_map(lambda t, i=i: t[i] if isinstance(t, Tensor) else t, batch)
+            node_buffers = {name: b[i] for name, b in self.buffers.items()}
+            out = functional_call(self.module, (self._node_params[i], node_buffers), (node_batch,))
+            loss = loss_of(out)
+            loss.backward()
+            losses.append(loss.detach())
+        return torch.stack(losses)
+
+    def _vmap_step(self, batch: Any) -> Tensor:
+        def one_node(params: dict[str, Tensor], buffers: dict[str, Tensor], b: Any) -> Tensor:
+            return loss_of(functional_call(self.module, (params, buffers), (b,)))
+
+        in_dims = tree_map(lambda t: 0 if isinstance(t, Tensor) else None, batch)
+        losses = vmap(one_node, in_dims=(0, 0, in_dims), randomness="different")(
+            self.params, self.buffers, batch
+        )
+        losses.sum().backward()
+        return losses.detach()
+
+    def _first_vmap_step(self, batch: Any) -> Tensor:
+        saved_buffers = {name: b.clone() for name, b in self.buffers.items()}
+        rng = torch.get_rng_state()
+        cuda_rng = torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None
+        try:
+            losses = self._vmap_step(batch)
+        except Exception as err:  # model code that vmap cannot batch
+            for name, b in self.buffers.items():
+                b.copy_(saved_buffers[name])
+            torch.set_rng_state(rng)
+            if cuda_rng is not None:
+                torch.cuda.set_rng_state_all(cuda_rng)
+            self.zero_grad()
+            text = str(err).strip()
+            first_line = text.splitlines()[0] if text else type(err).__name__
+            warnings.warn(
+                f"engine='vmap' cannot run this model ({type(err).__name__}: {first_line}); "
+                "falling back to engine='loop'",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            self.engine = "loop"
+            self._vmap_checked = True
+            return self._loop_step(batch)
+        self._vmap_checked = True
+        return losses
+
+    def zero_grad(self) -> None:
+        grads = list(self.grads.values())
+        if grads:
+            torch._foreach_zero_(grads)
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float) -> Tensor:
+        """Clip each node's gradient to L2 norm ``max_norm``; returns the ``[N]`` norms before.
+
+        Per node exactly ``torch.nn.utils.clip_grad_norm_``: ``coef = min(1, max_norm / (norm +
+        1e-6))``. One global norm over the stack would let one node's large gradient shrink
+        everyone's.
+        """
+        n = self.num_nodes
+        grads = list(self.grads.values())
+        per_tensor = torch.stack([g.reshape(n, -1).norm(dim=1) for g in grads])  # [P, N]
+        total = per_tensor.norm(dim=0)  # [N]
+        coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        for g in grads:
+            g.mul_(coef.view(n, *([1] * (g.dim() - 1))))
+        return total
+
+    # -- views of one node ---------------------------------------------------------------------
+    def node_state(self, i: int) -> dict[str, Tensor]:
+        """Node ``i``'s parameters and buffers, as a ``state_dict``-shaped mapping (views)."""
+        state = {name: p[i].detach() for name, p in self.params.items()}
+        state.update({name: b[i] for name, b in self.buffers.items()})
+        return state
+
+    @property
+    def float_buffers(self) -> dict[str, Tensor]:
+        """Buffers that averaging makes sense for (running statistics, not counters)."""
+        return {k: b for k, b in self.buffers.items() if b.is_floating_point()}
+
+    def num_parameters(self) -> int:
+        """Parameters of ONE replica."""
+        return sum(p[0].numel() for p in self.params.values())
+
+    def parameter_bytes(self) -> int:
+        """Bytes of ONE replica's parameters."""
+        return sum(p[0].numel() * p.element_size() for p in self.params.values())
+
+    def to_batch_device(self, batch: Any) -> Any:
+        dev = self.device
+        return tree_map(
+            lambda t: t.to(dev, non_blocking=True) if isinstance(t, Tensor) else t, batch
+        )

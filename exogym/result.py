@@ -1,0 +1,157 @@
+"""What a run produces: its metrics on disk as it goes, and a :class:`FitResult` at the end."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from torch import nn
+
+from exogym.comm import CommRecord
+
+__all__ = ["FitResult", "MetricsWriter"]
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no NaN/inf
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+class MetricsWriter:
+    """A run folder: ``metrics.jsonl`` (one JSON object per logged step, flushed line by line so
+    a crash keeps what was written), ``config.json`` and ``summary.json``.
+
+    An existing ``metrics.jsonl`` in the folder is never overwritten: that is an error.
+    """
+
+    def __init__(self, out_dir: str | Path, config: dict[str, Any]) -> None:
+        self.dir = Path(out_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        metrics = self.dir / "metrics.jsonl"
+        if metrics.exists():
+            raise FileExistsError(
+                f"{metrics} already exists; choose another output folder (--out) or move it away"
+            )
+        self._write_json("config.json", config)
+        self._file: IO[str] = metrics.open("w", encoding="utf-8")
+
+    def write(self, row: dict[str, Any]) -> None:
+        self._file.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
+        self._file.flush()
+
+    def close(self, summary: dict[str, Any] | None = None) -> None:
+        self._file.close()
+        if summary is not None:
+            self._write_json("summary.json", summary)
+
+    def _write_json(self, name: str, obj: dict[str, Any]) -> None:
+        tmp = self.dir / f".{name}.tmp"
+        tmp.write_text(json.dumps(obj, indent=2, default=_jsonable) + "\n", encoding="utf-8")
+        tmp.replace(self.dir / name)
+
+
+@dataclass
+class FitResult:
+    """The outcome of :meth:`exogym.Trainer.fit`.
+
+    Attributes:
+        model: the final global model (a fresh copy of the user's module with its weights).
+        history: every logged row (``step``, ``train_loss``, ``lr``, ``bytes_sent``, eval metrics
+            on evaluation steps, ...), as written to ``metrics.jsonl``.
+        final: the last evaluation of the global model (``eval_loss``, ``eval_accuracy``, ...).
+        strategy: the strategy's registry id; ``hyperparameters`` its fields.
+        num_nodes, steps, batch_size: the run's shape (batch size per node).
+        samples: training samples processed, all nodes together.
+        train_time_s: wall time of the training steps (evaluation excluded).
+        wall_time_s: wall time of the whole fit.
+        bytes_sent, bytes_received: per node, cumulative.
+        comm_log: every collective (for network models).
+        engine, device, seed, out_dir: how it ran.
+    """
+
+    model: nn.Module
+    history: list[dict[str, Any]]
+    final: dict[str, float]
+    strategy: str
+    hyperparameters: dict[str, Any]
+    num_nodes: int
+    steps: int
+    batch_size: int
+    samples: int
+    train_time_s: float
+    wall_time_s: float
+    bytes_sent: list[float]
+    bytes_received: list[float]
+    engine: str
+    device: str
+    seed: int
+    out_dir: Path | None = None
+    comm_log: list[CommRecord] = field(default_factory=list, repr=False)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.train_time_s if self.train_time_s > 0 else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``summary.json`` content."""
+        return {
+            "strategy": self.strategy,
+            "hyperparameters": {k: _jsonable(v) for k, v in self.hyperparameters.items()},
+            "num_nodes": self.num_nodes,
+            "steps": self.steps,
+            "batch_size_per_node": self.batch_size,
+            "samples": self.samples,
+            "final": self.final,
+            "train_time_s": self.train_time_s,
+            "wall_time_s": self.wall_time_s,
+            "samples_per_s": self.samples_per_s,
+            "bytes_sent_per_node": self.bytes_sent,
+            "bytes_received_per_node": self.bytes_received,
+            "collectives": len(self.comm_log),
+            "engine": self.engine,
+            "device": self.device,
+            "seed": self.seed,
+            "out_dir": str(self.out_dir) if self.out_dir else None,
+        }
+
+    def summary(self) -> str:
+        """A short human-readable report."""
+        lines = [f"strategy {self.strategy}  nodes {self.num_nodes}  steps {self.steps}  "
+                 f"batch/node {self.batch_size}  engine {self.engine}  device {self.device}"]
+        if self.final:
+            lines.append("final eval  " + "  ".join(
+                f"{k.removeprefix('eval_')} {_fmt_metric(k, v)}" for k, v in self.final.items()))
+        sent, recv = self.bytes_sent, self.bytes_received
+        lines.append(
+            f"throughput  {self.samples_per_s:,.0f} samples/s  ({self.samples:,} samples in "
+            f"{self.train_time_s:.1f} s of training, {self.wall_time_s:.1f} s in all)"
+        )
+        lines.append(
+            f"traffic     per node sent {_fmt_bytes(max(sent))}, received "
+            f"{_fmt_bytes(max(recv))} (max over nodes; {len(self.comm_log)} collectives)"
+        )
+        if self.out_dir:
+            lines.append(f"written to  {self.out_dir}")
+        return "\n".join(lines)
+
+
+def _fmt_metric(key: str, value: float) -> str:
+    if "accuracy" in key:
+        return f"{100 * value:.2f}%"
+    return f"{value:.4f}"
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000
+    return f"{n:.2f} TB"

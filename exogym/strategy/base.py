@@ -1,0 +1,128 @@
+"""The ``Strategy`` interface: what a distributed-training method must define.
+
+A strategy is a small keyword-only dataclass (its fields are its hyperparameters, validated in
+``__post_init__``) that also owns the inner optimizer and decides what to communicate when. The
+trainer owns the loop and calls, in order:
+
+1. :meth:`Strategy.setup` once (the base builds the inner optimizer over the node-stacked
+   parameters, then calls the subclass's :meth:`Strategy.init_state`);
+2. per step, after every node's backward has filled ``nodes.grads``: :meth:`Strategy.step`, which
+   must update the parameters (usually by calling :meth:`Strategy.inner_step`) and communicate
+   through ``self.comm`` only; the trainer zeroes the gradients afterwards;
+3. :meth:`Strategy.global_state` whenever the global model is evaluated.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from exogym.comm import Communicator
+from exogym.engine import NodeStack
+from exogym.optim import LRSchedule, OptimSpec
+
+__all__ = ["Strategy"]
+
+
+@dataclass(kw_only=True)
+class Strategy(abc.ABC):
+    """Base class of every strategy.
+
+    Attributes:
+        optim: the inner (per-node) optimizer; every node keeps its own state.
+        schedule: warm-up and cosine decay of the inner learning rate.
+        max_grad_norm: clip each node's gradient to this L2 norm before the inner step (None: off).
+    """
+
+    id: ClassVar[str] = ""
+    optim: OptimSpec = field(default_factory=OptimSpec)
+    schedule: LRSchedule = field(default_factory=LRSchedule)
+    max_grad_norm: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.optim, OptimSpec):
+            raise TypeError(f"optim must be an OptimSpec, got {type(self.optim).__name__}")
+        if not isinstance(self.schedule, LRSchedule):
+            raise TypeError(f"schedule must be an LRSchedule, got {type(self.schedule).__name__}")
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm!r}")
+
+    # -- called by the trainer -----------------------------------------------------------------
+    def setup(self, nodes: NodeStack, comm: Communicator, total_steps: int) -> None:
+        """Bind to the nodes and communicator of a run and build the inner optimizer."""
+        if total_steps < 1:
+            raise ValueError(f"total_steps must be >= 1, got {total_steps}")
+        self.nodes = nodes
+        self.comm = comm
+        self.total_steps = total_steps
+        self.optimizer = self.optim.build(list(nodes.params.values()))
+        self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
+        if self.schedule.active:
+            schedule, total = self.schedule, total_steps
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+                self.optimizer, lambda t: schedule.factor(t, total)
+            )
+        self.init_state()
+
+    def init_state(self) -> None:  # noqa: B027 - optional hook, empty on purpose
+        """Allocate the strategy's own state (global copies, outer optimizers). Optional."""
+
+    @abc.abstractmethod
+    def step(self, step: int) -> None:
+        """Update every node after the backward of ``step`` (0-based); communicate via ``comm``."""
+
+    @torch.no_grad()
+    def global_state(self) -> dict[str, Tensor]:
+        """Parameters and buffers of the model the method would deploy, keyed like a state_dict.
+
+        Default: node 0, right for methods that keep all nodes identical (DDP).
+        """
+        return {k: v.clone() for k, v in self.nodes.node_state(0).items()}
+
+    # -- helpers for subclasses ----------------------------------------------------------------
+    @torch.no_grad()
+    def inner_step(self) -> None:
+        """Per-node gradient clipping, one inner optimizer step, one schedule step."""
+        if self.max_grad_norm is not None:
+            self.nodes.clip_grad_norm_(self.max_grad_norm)
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+
+    @property
+    def lr(self) -> float:
+        """The current inner learning rate."""
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def hyperparameters(self) -> dict[str, Any]:
+        """Every field, nested configs flattened as ``optim.lr``; for logs and summaries."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if hasattr(value, "__dataclass_fields__"):
+                for sub in fields(value):
+                    out[f"{f.name}.{sub.name}"] = getattr(value, sub.name)
+            else:
+                out[f.name] = value
+        return out
+
+
+def positive_int(name: str, value: Any) -> None:
+    """Validation helper: ``value`` must be an int >= 1 (bools rejected)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def in_range(name: str, value: Any, lo: float, hi: float, *, lo_open: bool = False,
+             hi_open: bool = False) -> None:
+    """Validation helper: ``lo <= value <= hi`` (or strict where ``*_open``)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok:
+        ok = (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
+    if not ok:
+        lb, rb = ("(" if lo_open else "["), (")" if hi_open else "]")
+        raise ValueError(f"{name} must be in {lb}{lo}, {hi}{rb}, got {value!r}")

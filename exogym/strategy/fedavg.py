@@ -1,0 +1,70 @@
+"""FedAvg: local training, then the nodes' parameters are averaged every H steps.
+
+Reference: H. B. McMahan, E. Moore, D. Ramage, S. Hampson, B. Agüera y Arcas, "Communication-
+Efficient Learning of Deep Networks from Decentralized Data", AISTATS 2017, arXiv:1602.05629
+(Algorithm 1, FederatedAveraging, with every client taking part in each round, C = 1).
+
+Every node runs the inner optimizer on its own data; after each block of ``H`` local steps the
+server model becomes the data-weighted mean of the node models, ``w <- sum_k (n_k / n) w_k``;
+exogym's shards are equal, so that is the plain mean, and every node restarts from it. The paper's
+clients run plain SGD for E local epochs of batch size B; here the local work is ``H`` steps of the
+inner optimizer (AdamW by default, ``optim.name=sgd`` for the paper's client), and each node keeps
+its optimizer state across rounds. Floating-point buffers (BatchNorm statistics) are averaged with
+the parameters.
+
+Sent per round (every ``H`` steps) by each node: ``2 (N-1)/N * (P + B)`` bytes (ring all-reduce of
+the parameters, ``P`` bytes, and float buffers, ``B`` bytes); nothing in between.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from exogym.strategy.base import Strategy, positive_int
+
+__all__ = ["FedAvg"]
+
+
+@dataclass(kw_only=True)
+class FedAvg(Strategy):
+    """Federated averaging of parameters every ``H`` local steps.
+
+    Attributes:
+        H: local steps between two averagings (the paper's local work per round).
+    """
+
+    id = "fedavg"
+    H: int = 100
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        positive_int("H", self.H)
+
+    def init_state(self) -> None:
+        # The server model: what the last round produced (the initial model before any round).
+        self.server_state = {k: v.clone() for k, v in self.nodes.node_state(0).items()}
+
+    @torch.no_grad()
+    def step(self, step: int) -> None:
+        self.inner_step()
+        if (step + 1) % self.H == 0:
+            self.average()
+
+    @torch.no_grad()
+    def average(self) -> None:
+        """One round's communication: every node's parameters and float buffers <- their mean."""
+        tensors = list(self.nodes.params.values()) + list(self.nodes.float_buffers.values())
+        names = list(self.nodes.params) + list(self.nodes.float_buffers)
+        means = self.comm.all_reduce(tensors, "mean", tag="params")
+        for name, t, mean in zip(names, tensors, means, strict=True):
+            t.copy_(mean.expand_as(t))
+            self.server_state[name].copy_(mean)
+        for name, b in self.nodes.buffers.items():  # counters (num_batches_tracked) of node 0
+            if not b.is_floating_point():
+                self.server_state[name].copy_(b[0])
+
+    def global_state(self) -> dict[str, Tensor]:
+        return {k: v.clone() for k, v in self.server_state.items()}

@@ -1,0 +1,257 @@
+"""The training loop: N simulated nodes, one strategy, periodic evaluation of the global model.
+
+>>> trainer = Trainer(model, train_dataset, val_dataset)    # model(batch) -> scalar loss
+>>> result = trainer.fit(strategy=DiLoCo(H=100), num_nodes=4, max_steps=500, batch_size=64)
+>>> print(result.summary())
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+from torch.utils.data import Dataset
+from tqdm.auto import tqdm
+
+from exogym.comm import InProcessCommunicator
+from exogym.data.sharding import DatasetFactory, NodeBatches, iterate_batches
+from exogym.engine import ENGINES, EngineName, NodeStack, loss_of, resolve_device
+from exogym.result import FitResult, MetricsWriter
+from exogym.strategy import Strategy, make
+
+__all__ = ["Trainer"]
+
+
+class Trainer:
+    """Holds a model and its data; :meth:`fit` trains it with a strategy on N simulated nodes.
+
+    Args:
+        model: an ``nn.Module`` with ``model(batch) -> loss`` (a scalar tensor, or a mapping with
+            ``"loss"`` and other scalar metrics such as ``"accuracy"``). It is never modified:
+            every node starts from a copy of its parameters.
+        train_dataset: a ``Dataset`` shared by all nodes (each gets a disjoint shard), or a
+            ``dataset_factory(rank, num_nodes, train) -> Dataset`` building each node's own part.
+        val_dataset: the evaluation set, or a factory (called as ``factory(0, 1, False)``);
+            None disables evaluation.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        train_dataset: Dataset | DatasetFactory,
+        val_dataset: Dataset | DatasetFactory | None = None,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        self.model = model
+        self.train_dataset = train_dataset
+        if val_dataset is not None and not isinstance(val_dataset, Dataset):
+            if not callable(val_dataset):
+                raise TypeError(
+                    "val_dataset must be a Dataset, a dataset_factory or None, "
+                    f"got {type(val_dataset).__name__}"
+                )
+            val_dataset = val_dataset(0, 1, False)
+        self.val_dataset: Dataset | None = val_dataset
+
+    def fit(
+        self,
+        *,
+        strategy: Strategy | str = "ddp",
+        num_nodes: int = 1,
+        max_steps: int | None = None,
+        num_epochs: float | None = None,
+        batch_size: int = 64,
+        eval_interval: int | None = None,
+        eval_batch_size: int = 1000,
+        log_interval: int = 10,
+        engine: EngineName = "auto",
+        device: str | torch.device = "auto",
+        seed: int = 0,
+        out_dir: str | Path | None = None,
+        progress: bool = True,
+    ) -> FitResult:
+        """Train on ``num_nodes`` simulated nodes and return the global model and its metrics.
+
+        Args:
+            strategy: a :class:`Strategy` instance, or a registry id (``"diloco"``).
+            num_nodes: N, the simulated nodes.
+            max_steps: training steps (each node takes one batch per step); or give
+            num_epochs: passes over each node's shard (may be fractional).
+            batch_size: per node.
+            eval_interval: evaluate the global model every this many steps (and always at the
+                end); default: about ten evaluations per run.
+            eval_batch_size: batch size of evaluation.
+            log_interval: write a metrics row every this many steps (and on evaluation steps).
+            engine: ``"loop"``, ``"vmap"`` or ``"auto"`` (vmap on CUDA, loop elsewhere).
+            device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``.
+            seed: seeds data order and randomness in the model (dropout); same seed, same numbers.
+            out_dir: if given, ``metrics.jsonl``, ``config.json`` and ``summary.json`` go there.
+            progress: show a progress bar.
+        """
+        if isinstance(strategy, str):
+            strategy = make(strategy)
+        if not isinstance(strategy, Strategy):
+            raise TypeError(f"strategy must be a Strategy or an id, got {type(strategy).__name__}")
+        _check_int("num_nodes", num_nodes, 1)
+        _check_int("batch_size", batch_size, 1)
+        _check_int("eval_batch_size", eval_batch_size, 1)
+        _check_int("log_interval", log_interval, 1)
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+        dev = resolve_device(device)
+        wall_start = time.perf_counter()
+
+        torch.manual_seed(seed)
+        batches = NodeBatches(self.train_dataset, num_nodes, batch_size, seed=seed)
+        total_steps = _total_steps(max_steps, num_epochs, batches.steps_per_epoch)
+        if eval_interval is None:
+            eval_interval = max(total_steps // 10, 1)
+        _check_int("eval_interval", eval_interval, 1)
+        sync_every = getattr(strategy, "H", None)
+        if isinstance(sync_every, int) and total_steps % sync_every:
+            warnings.warn(
+                f"{total_steps} steps is not a multiple of H={sync_every}: the last "
+                f"{total_steps % sync_every} local steps never reach the global model",
+                stacklevel=2,
+            )
+
+        nodes = NodeStack(self.model, num_nodes, device=dev, engine=engine)
+        comm = InProcessCommunicator(num_nodes)
+        strategy.setup(nodes, comm, total_steps)
+        eval_module = copy.deepcopy(self.model).to(dev).eval()
+
+        config = {
+            "strategy": strategy.id, "hyperparameters": strategy.hyperparameters(),
+            "num_nodes": num_nodes, "steps": total_steps, "batch_size_per_node": batch_size,
+            "steps_per_epoch": batches.steps_per_epoch, "eval_interval": eval_interval,
+            "engine": nodes.engine, "device": str(dev), "seed": seed,
+            "parameters": nodes.num_parameters(),
+        }
+        writer = MetricsWriter(out_dir, config) if out_dir is not None else None
+        history: list[dict[str, Any]] = []
+        final: dict[str, float] = {}
+        loss_sum = torch.zeros((), device=dev)
+        loss_count = 0
+        train_time = 0.0
+        bar = tqdm(total=total_steps, disable=not progress, dynamic_ncols=True, unit="step")
+        try:
+            for step in range(total_steps):
+                t0 = time.perf_counter()
+                comm.step = step
+                batch = nodes.to_batch_device(next(batches))
+                losses = nodes.forward_backward(batch)
+                strategy.step(step)
+                nodes.zero_grad()
+                loss_sum += losses.mean()
+                loss_count += 1
+                if dev.type == "cuda":
+                    torch.cuda.synchronize(dev)
+                train_time += time.perf_counter() - t0
+                bar.update(1)
+
+                done = step + 1
+                is_eval = self.val_dataset is not None and (
+                    done % eval_interval == 0 or done == total_steps)
+                if done % log_interval and not is_eval and done != total_steps:
+                    continue
+                row: dict[str, Any] = {
+                    "step": done,
+                    "epoch": batches.epoch,
+                    "train_loss": float(loss_sum) / loss_count,
+                    "lr": strategy.lr,
+                    "samples": done * num_nodes * batch_size,
+                    "bytes_sent": max(comm.bytes_sent),
+                    "bytes_received": max(comm.bytes_received),
+                    "wall_s": time.perf_counter() - wall_start,
+                }
+                loss_sum.zero_()
+                loss_count = 0
+                if is_eval:
+                    final = self._evaluate(eval_module, strategy.global_state(), eval_batch_size,
+                                           dev)
+                    row.update(final)
+                history.append(row)
+                if writer is not None:
+                    writer.write(row)
+                bar.set_postfix({k: f"{v:.4g}" for k, v in row.items()
+                                 if k in ("train_loss", "eval_loss", "eval_accuracy")})
+        except BaseException:
+            if writer is not None:
+                writer.close()
+            raise
+        finally:
+            bar.close()
+
+        model = copy.deepcopy(self.model).to(dev)
+        _load_state(model, strategy.global_state())
+        result = FitResult(
+            model=model, history=history, final=final, strategy=strategy.id,
+            hyperparameters=strategy.hyperparameters(), num_nodes=num_nodes, steps=total_steps,
+            batch_size=batch_size, samples=total_steps * num_nodes * batch_size,
+            train_time_s=train_time, wall_time_s=time.perf_counter() - wall_start,
+            bytes_sent=list(comm.bytes_sent), bytes_received=list(comm.bytes_received),
+            engine=nodes.engine, device=str(dev), seed=seed,
+            out_dir=Path(out_dir) if out_dir is not None else None, comm_log=list(comm.log),
+        )
+        if writer is not None:
+            writer.close(result.to_dict())
+        return result
+
+    @torch.no_grad()
+    def _evaluate(
+        self, module: nn.Module, state: dict[str, Tensor], batch_size: int, dev: torch.device
+    ) -> dict[str, float]:
+        """Sample-weighted means of the model's outputs over the validation set, ``eval_*``."""
+        assert self.val_dataset is not None
+        sums: dict[str, Tensor] = {}
+        count = 0
+        for batch, size in iterate_batches(self.val_dataset, batch_size):
+            batch = _to(batch, dev)
+            out = functional_call(module, state, (batch,))
+            metrics = dict(out) if isinstance(out, Mapping) else {"loss": loss_of(out)}
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0) + v.detach().float().reshape(()) * size
+            count += size
+        return {f"eval_{k}": float(v) / count for k, v in sums.items()}
+
+
+def _to(batch: Any, dev: torch.device) -> Any:
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda t: t.to(dev) if isinstance(t, Tensor) else t, batch)
+
+
+@torch.no_grad()
+def _load_state(module: nn.Module, state: dict[str, Tensor]) -> None:
+    for name, value in state.items():
+        try:
+            target = module.get_parameter(name)
+        except AttributeError:
+            target = module.get_buffer(name)
+        target.copy_(value)
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _total_steps(max_steps: int | None, num_epochs: float | None, steps_per_epoch: int) -> int:
+    if (max_steps is None) == (num_epochs is None):
+        raise ValueError("give exactly one of max_steps and num_epochs")
+    if max_steps is not None:
+        _check_int("max_steps", max_steps, 1)
+        return max_steps
+    assert num_epochs is not None
+    if not num_epochs > 0:
+        raise ValueError(f"num_epochs must be > 0, got {num_epochs!r}")
+    return max(math.ceil(num_epochs * steps_per_epoch), 1)
