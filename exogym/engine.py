@@ -61,7 +61,7 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was asked for, but torch.cuda.is_available() is False")
     if kind == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("device 'mps' was asked for, but torch.backends.mps.is_available() is False")
+        raise ValueError("device 'mps' was asked for, but MPS is not available here")
     return torch.device(device)
 
 
