@@ -118,6 +118,10 @@ def parse_value(text: str, tp: Any, key: str = "value") -> Any:
         raise ConfigError(f"{key} takes true/false, got {text!r}")
     if tp is int:
         try:
+            return int(text)
+        except ValueError:
+            pass
+        try:  # "1e3" style
             value = float(text)
         except ValueError:
             raise ConfigError(f"{key} takes an integer, got {text!r}") from None
@@ -142,9 +146,16 @@ def apply_overrides(cls: type, overrides: Mapping[str, Any]) -> Any:
     """
     spec = config_fields(cls)
     keys = list(spec)
+    hints = _hints(cls)
+    sections = {
+        f.name: f for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])
+    }
     top: dict[str, Any] = {}
     nested: dict[str, dict[str, Any]] = {}
     for raw_key, raw_value in overrides.items():
+        if raw_key in sections and not isinstance(raw_value, str):  # a whole nested config
+            top[raw_key] = raw_value
+            continue
         key = _resolve_key(raw_key, keys)
         tp = spec[key][0]
         value = parse_value(raw_value, tp, key) if isinstance(raw_value, str) else raw_value
@@ -153,10 +164,13 @@ def apply_overrides(cls: type, overrides: Mapping[str, Any]) -> Any:
             nested.setdefault(section, {})[name] = value
         else:
             top[key] = value
-    hints = _hints(cls)
     try:
         for section, values in nested.items():
-            top[section] = hints[section](**values)
+            if section in top:
+                raise ConfigError(f"{section!r} is given whole and field by field; give it once")
+            # Start from the section's default so that a class's own defaults survive.
+            base = _default(sections[section])
+            top[section] = dataclasses.replace(base, **values)
         return cls(**top)
     except (ValueError, TypeError) as err:
         raise ConfigError(f"{cls.__name__}: {err}") from err

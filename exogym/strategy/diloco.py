@@ -88,7 +88,7 @@ class DiLoCo(Strategy):
         # Delta_i = theta^(t-1) - theta_i^(t), node-stacked: [N, *shape].
         pseudo = [self.global_params[k].unsqueeze(0) - p for k, p in zip(names, local, strict=True)]
         reduced = self.comm.all_reduce(pseudo + buffers, "mean", tag="pseudo_grads")
-        for k, delta in zip(names, reduced, strict=True):
+        for k, delta in zip(names, reduced[: len(names)], strict=True):
             self.global_params[k].grad = delta
         self.outer_optimizer.step()
         self.outer_optimizer.zero_grad(set_to_none=True)
