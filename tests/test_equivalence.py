@@ -45,16 +45,6 @@ ENGINES = ("loop", "vmap")
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-# DiLoCo.outer_step all-reduces [pseudo-grads..., float buffers...] in one call, then zips the
-# parameter names with ALL the reduced tensors using strict=True, so any model with a float buffer
-# (BatchNorm) raises "ValueError: zip() argument 2 is longer than argument 1" at the first outer
-# step. Fixing the zip (reduced[:len(names)]) makes these tests pass against the reference.
-DILOCO_BN_BUG = pytest.mark.xfail(
-    strict=True, raises=ValueError,
-    reason="BUG: DiLoCo.outer_step crashes for models with float buffers (BatchNorm): "
-           "zip(names, reduced, strict=True) also sees the reduced buffers",
-)
-
 
 # -- tiny models: model(batch) -> scalar loss ----------------------------------------------------
 class MLP(nn.Module):
@@ -310,8 +300,7 @@ def assert_matches_reference(exo: ExoRun, ref: RefRun) -> None:
 
 # -- the grid ------------------------------------------------------------------------------------
 GRID = [
-    pytest.param(s, m, e, id=f"{s}-{m}-{e}",
-                 marks=[DILOCO_BN_BUG] if (s, m) == ("diloco", "bn_cnn") else [])
+    pytest.param(s, m, e, id=f"{s}-{m}-{e}")
     for s in STRATEGIES
     for m in ("mlp", "bn_cnn", "dropout_mlp")
     for e in ENGINES
@@ -402,8 +391,7 @@ def test_dropout_vmap_runs_and_is_seeded(strategy: str) -> None:
 
 
 # -- vmap -> loop fallback -----------------------------------------------------------------------
-@pytest.mark.parametrize("strategy", [
-    "ddp", "fedavg", pytest.param("diloco", marks=DILOCO_BN_BUG)])  # ItemModel has BatchNorm
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_vmap_falls_back_to_loop_for_item_calls(strategy: str) -> None:
     model = build_model("item_model")
     batches = make_batches("item_model")
@@ -433,9 +421,9 @@ def test_model_returning_a_dict(strategy: str, engine: str) -> None:
     assert_matches_reference(exo, reference_run(model, batches, strategy))
 
 
-@DILOCO_BN_BUG
 def test_diloco_outer_step_averages_batchnorm_statistics() -> None:
-    """Minimal case of the DiLoCo bug: one outer step (H=1) on a BatchNorm model."""
+    """Regression: DiLoCo.outer_step zipped the parameter names with the reduced parameters AND
+    buffers (strict=True), so any model with a float buffer crashed at the first outer step."""
     model = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2)).to(DTYPE)
     nodes = NodeStack(SquareLoss(model), 2, engine="loop")
     strategy = DiLoCo(H=1)
