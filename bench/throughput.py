@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import cProfile
+import dataclasses
 import io
 import json
 import os
@@ -106,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="untimed steps before the timed ones (default: 5)")
     p.add_argument("--repeats", type=int, default=3,
                    help="measurements per (side, N), each in a fresh subprocess (default: 3)")
+    p.add_argument("--rounds", type=int, default=0,
+                   help="paired mode: per N, ONE worker holds both sides and alternates ROUNDS "
+                   "timed rounds of --steps steps (order flipped each round); the table then "
+                   "gives the median of the per-round ratios, which cancels the machine's drift "
+                   "(default: 0, off; --repeats workers then measure peak memory only)")
     p.add_argument("--stat", choices=("median", "best"), default="median",
                    help="how the repeats' samples/s are combined (default: median)")
     p.add_argument("--strategy", default="ddp",
@@ -142,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.rounds < 0:
+        parser.error("--rounds must be >= 0")
     for name in ("steps", "repeats", "batch_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -261,6 +270,8 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     model = Classifier(MnistCNN())
     profiler = cProfile.Profile() if args.profile else None
     engine_used = None
+    if side.startswith("paired:"):
+        return _paired(args, side, model, strategy, xs, ys, n, device)
     if side == BASELINE:
         model = model.to(device).train()
         optimizer = strategy.optim.build(list(model.parameters()))
@@ -291,6 +302,43 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
               file=sys.stderr)
         print(text.getvalue(), file=sys.stderr)
     return result
+
+
+def _paired(
+    args: argparse.Namespace, side: str, model: torch.nn.Module, strategy: Strategy, xs: Tensor,
+    ys: Tensor, n: int, device: torch.device,
+) -> dict[str, Any]:
+    """Both sides in this process, alternating timed rounds; per-round samples/s of each."""
+    base_model = copy.deepcopy(model).to(device).train()
+    optimizer = strategy.optim.build(list(base_model.parameters()))
+    engine = side.split(":", 1)[1]
+    nodes = NodeStack(model, n, device=device, engine=engine)  # type: ignore[arg-type]
+    comm = InProcessCommunicator(n)
+    strategy.setup(nodes, comm, 10**9)
+    samples = n * args.batch_size * args.steps
+
+    def base() -> float:
+        return samples / _time_baseline(base_model, optimizer, xs, ys, n, 0, args.steps,
+                                        device, None)[0]
+
+    def exo() -> float:
+        return samples / _time_exogym(nodes, strategy, comm, xs, ys, 0, args.steps, device,
+                                      None)[0]
+
+    _time_baseline(base_model, optimizer, xs, ys, n, args.warmup, 1, device, None)
+    _time_exogym(nodes, strategy, comm, xs, ys, args.warmup, 1, device, None)
+    base_rates: list[float] = []
+    exo_rates: list[float] = []
+    for r in range(args.rounds):
+        if r % 2 == 0:
+            base_rates.append(base())
+            exo_rates.append(exo())
+        else:
+            exo_rates.append(exo())
+            base_rates.append(base())
+    return {"side": side, "nodes": n, "engine": nodes.engine, "base_rates": base_rates,
+            "exo_rates": exo_rates,
+            "ratios": [e / b for e, b in zip(exo_rates, base_rates, strict=True)]}
 
 
 # -- the parent: data pool, subprocesses, table ----------------------------------------------
@@ -332,7 +380,8 @@ def _worker_cmd(args: argparse.Namespace, side: str, n: int, device: str, pool: 
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--side", side,
            "--worker-nodes", str(n), "--pool", str(pool), "--device", device,
            "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--batch-size", str(args.batch_size), "--strategy", args.strategy]
+           "--batch-size", str(args.batch_size), "--strategy", args.strategy,
+           "--rounds", str(args.rounds)]
     for item in args.overrides:
         cmd += ["--set", item]
     if args.threads is not None:
@@ -404,6 +453,7 @@ def _fmt(value: float | None, digits: int = 0) -> str:
 def render(
     args: argparse.Namespace, command: str, machine: dict[str, Any], data: str, device: str,
     summaries: dict[tuple[int, str], Summary], sides: list[str],
+    paired: dict[tuple[int, str], dict[str, Any]] | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """The markdown report and the targets' verdicts."""
     cuda = device == "cuda"
@@ -423,9 +473,13 @@ def render(
         f"- work per measurement: {args.steps} timed steps after {args.warmup} untimed; "
         f"batch {args.batch_size} per node; baseline = one model + one "
         f"{args.strategy} inner optimizer taking N x {args.steps} plain steps",
-        f"- samples/s: {args.stat} of {args.repeats} repeat(s), each side in a fresh "
-        "subprocess, sides alternated per repeat; peak MB (10^6 bytes): "
-        f"{mem_kind}, largest over the repeats",
+        (f"- samples/s and ratio: paired, one worker per N holding both sides, median of "
+         f"{args.rounds} alternating rounds (ratio = median of the per-round ratios); peak MB "
+         f"(10^6 bytes): {mem_kind} of separate one-side workers, largest of {args.repeats}"
+         if paired else
+         f"- samples/s: {args.stat} of {args.repeats} repeat(s), each side in a fresh "
+         "subprocess, sides alternated per repeat; peak MB (10^6 bytes): "
+         f"{mem_kind}, largest over the repeats"),
     ]
     setups = [r["setup_rss_mb"] for s in summaries.values() for r in s.runs if "setup_rss_mb" in r]
     if setups and not cuda:
@@ -444,6 +498,15 @@ def render(
             exo = summaries[(n, side)]
             ratio = (exo.samples_per_s / base.samples_per_s
                      if exo.samples_per_s and base.samples_per_s else None)
+            pair = (paired or {}).get((n, side))
+            if pair and "ratios" in pair:
+                ratio = statistics.median(pair["ratios"])
+                base = dataclasses.replace(base, samples_per_s=statistics.median(
+                    pair["base_rates"]))
+                exo = dataclasses.replace(exo, samples_per_s=statistics.median(pair["exo_rates"]))
+            elif pair:
+                ratio = None
+                exo = dataclasses.replace(exo, error=pair.get("error", "paired run failed"))
             checks: list[str] = []
             met: bool | None = None
             if not cuda and ratio is not None:
@@ -522,9 +585,17 @@ def main(argv: list[str] | None = None) -> int:
                                f"loss {result['mean_loss']:.3f}")
                     print(f"[N={n} repeat {rep + 1}/{args.repeats}] {side}: {msg}",
                           file=sys.stderr, flush=True)
+        paired: dict[tuple[int, str], dict[str, Any]] = {}
+        for n in args.nodes if args.rounds else []:
+            for side in sides[1:]:
+                result = run_one(args, "paired:" + side.split(":", 1)[1], n, device, pool)
+                paired[(n, side)] = result
+                msg = (f"FAILED: {result['error']}" if "error" in result else
+                       "ratios " + ", ".join(f"{r:.3f}" for r in result["ratios"]))
+                print(f"[N={n} paired] {side}: {msg}", file=sys.stderr, flush=True)
     summaries = {key: summarize(key[0], key[1], r, args.stat, device == "cuda")
                  for key, r in runs.items()}
-    report, verdicts = render(args, command, machine, data, device, summaries, sides)
+    report, verdicts = render(args, command, machine, data, device, summaries, sides, paired)
     print(report)
     if args.json is not None:
         payload = {
@@ -536,6 +607,7 @@ def main(argv: list[str] | None = None) -> int:
                         "vmap_speedup": VMAP_SPEEDUP_TARGET, "vmap_nodes": VMAP_TARGET_NODES},
             "verdicts": verdicts,
             "results": [asdict(s) for s in summaries.values()],
+            "paired": [dict(v, key=list(k)) for k, v in paired.items()],
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(payload, indent=2) + "\n")

@@ -128,6 +128,22 @@ class Communicator(abc.ABC):
         out = self._all_reduce(tensors, op)
         return out if isinstance(x, (list, tuple)) else out[0]
 
+    def all_reduce_(
+        self, x: Tensor | Sequence[Tensor], op: ReduceOp = "mean", *, tag: str = "",
+        overlap: bool = False,
+    ) -> None:
+        """In place: every row of ``x`` becomes the reduction (``torch.distributed`` style).
+
+        Same bytes as :meth:`all_reduce`; saves the strategy a copy back into the stack.
+        """
+        if op not in _REDUCE_OPS:
+            raise ValueError(f"op must be one of {_REDUCE_OPS}, got {op!r}")
+        tensors = self._check(x)
+        s = all_reduce_bytes(_payload(tensors), self.num_nodes)
+        self._account("all_reduce", tensors, tag, overlap, sent=[s] * self.num_nodes,
+                      received=[s] * self.num_nodes)
+        self._all_reduce_inplace(tensors, op)
+
     def all_gather(
         self, x: Tensor | Sequence[Tensor], *, tag: str = "", overlap: bool = False
     ) -> Tensor | list[Tensor]:
@@ -167,6 +183,10 @@ class Communicator(abc.ABC):
     @abc.abstractmethod
     def _all_reduce(self, tensors: list[Tensor], op: ReduceOp) -> list[Tensor]: ...
 
+    def _all_reduce_inplace(self, tensors: list[Tensor], op: ReduceOp) -> None:
+        for t, r in zip(tensors, self._all_reduce(tensors, op), strict=True):
+            t.copy_(r.expand_as(t))
+
     @abc.abstractmethod
     def _all_gather(self, tensors: list[Tensor]) -> list[Tensor]: ...
 
@@ -202,15 +222,23 @@ class InProcessCommunicator(Communicator):
         super().__init__(num_nodes, range(num_nodes))
 
     def _all_reduce(self, tensors: list[Tensor], op: ReduceOp) -> list[Tensor]:
-        # Accumulate in at least fp32 so that low-precision payloads reduce like NCCL/gloo do.
-        out = []
+        return [self._reduce(t, op, keepdim=False) for t in tensors]
+
+    def _all_reduce_inplace(self, tensors: list[Tensor], op: ReduceOp) -> None:
+        if self.num_nodes == 1:
+            return  # the reduction of one row is that row
         for t in tensors:
-            acc = t.sum(0, dtype=torch.promote_types(t.dtype, torch.float32)
-                        if t.is_floating_point() else None)
-            if op == "mean":
-                acc = acc / self.num_nodes
-            out.append(acc.to(t.dtype))
-        return out
+            t.copy_(self._reduce(t, op, keepdim=True).expand_as(t))
+
+    def _reduce(self, t: Tensor, op: ReduceOp, *, keepdim: bool) -> Tensor:
+        if t.dtype in (torch.float32, torch.float64):
+            return t.mean(0, keepdim=keepdim) if op == "mean" else t.sum(0, keepdim=keepdim)
+        # Low-precision and integer payloads accumulate in fp32/int64, as NCCL/gloo reduce them;
+        # an integer mean truncates toward zero.
+        acc = t.sum(0, keepdim=keepdim, dtype=torch.float32 if t.is_floating_point() else None)
+        if op == "mean":
+            acc = acc / self.num_nodes
+        return acc.to(t.dtype)
 
     def _all_gather(self, tensors: list[Tensor]) -> list[Tensor]:
         return [t.clone() for t in tensors]

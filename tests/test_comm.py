@@ -267,3 +267,20 @@ def test_bad_calls_raise_and_account_nothing(call, match):
 def test_zero_nodes_rejected():
     with pytest.raises(ValueError, match="num_nodes"):
         InProcessCommunicator(0)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_all_reduce_in_place_writes_every_row_and_counts_like_all_reduce(n: int) -> None:
+    # Prepare: node i holds [i, 10 i]; fp16 too, to cover the low-precision path.
+    x32 = torch.tensor([[float(i), 10.0 * i] for i in range(n)])
+    x16 = x32.clone().half()
+    comm = InProcessCommunicator(n)
+    # Execute
+    comm.all_reduce_([x32, x16], "mean", tag="t")
+    # Assert: mean of 0..n-1 is (n-1)/2, so each row is [(n-1)/2, 10 (n-1)/2].
+    want = torch.tensor([(n - 1) / 2, 10 * (n - 1) / 2])
+    assert torch.equal(x32, want.expand(n, 2))
+    assert x16.dtype == torch.float16 and torch.equal(x16.float(), want.expand(n, 2))
+    # S = 2*4 + 2*2 = 12 bytes; ring: 2 (n-1)/n * 12.
+    assert comm.bytes_sent == [2 * (n - 1) / n * 12] * n
+    assert comm.log[-1].op == "all_reduce" and comm.log[-1].payload_bytes == 12

@@ -37,10 +37,7 @@ class DDP(Strategy):
 
     @torch.no_grad()
     def step(self, step: int) -> None:
-        grads = list(self.nodes.grads.values())
-        averaged = self.comm.all_reduce(grads, "mean", tag="grads")
-        for g, avg in zip(grads, averaged, strict=True):
-            g.copy_(avg.expand_as(g))
+        self.comm.all_reduce_(list(self.nodes.grads.values()), "mean", tag="grads")
         self.inner_step()
         buffers = list(self.nodes.buffers.values())
         if self.broadcast_buffers and buffers:

@@ -58,10 +58,9 @@ class FedAvg(Strategy):
         """One round's communication: every node's parameters and float buffers <- their mean."""
         tensors = list(self.nodes.params.values()) + list(self.nodes.float_buffers.values())
         names = list(self.nodes.params) + list(self.nodes.float_buffers)
-        means = self.comm.all_reduce(tensors, "mean", tag="params")
-        for name, t, mean in zip(names, tensors, means, strict=True):
-            t.copy_(mean.expand_as(t))
-            self.server_state[name].copy_(mean)
+        self.comm.all_reduce_(tensors, "mean", tag="params")
+        for name, t in zip(names, tensors, strict=True):
+            self.server_state[name].copy_(t[0])
         for name, b in self.nodes.buffers.items():  # counters (num_batches_tracked) of node 0
             if not b.is_floating_point():
                 self.server_state[name].copy_(b[0])
