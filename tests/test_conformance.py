@@ -86,7 +86,7 @@ def test_runs_reports_bytes_and_is_deterministic(sid: str) -> None:
 
 @pytest.mark.parametrize("sid", IDS)
 def test_rejects_a_misspelled_hyperparameter(sid: str) -> None:
-    with pytest.raises(ConfigError, match="unknown key 'optim.lrr'"):
+    with pytest.raises(ConfigError, match=r"unknown key 'optim\.lrr'"):
         make(sid, **{"optim.lrr": "0.1"})
     cls = type(make(sid))
     with pytest.raises(TypeError):
