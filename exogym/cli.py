@@ -1,13 +1,17 @@
-"""The ``exogym`` command line: ``run``, ``strategies``, ``tasks``.
+"""The ``exogym`` command line: ``run``, ``strategies``, ``tasks``, ``networks``, ``recost``,
+``estimate``.
 
 A thin layer over :class:`exogym.Trainer`, the task registry and the strategy registry: every
 strategy hyperparameter is reachable with ``--set KEY=VALUE`` and checked against the strategy's
-fields, so a typo is an error, never a silently ignored option.
+fields, so a typo is an error, never a silently ignored option. ``recost`` replays a finished run's
+recorded collectives on other networks (:mod:`exogym.clock`); ``estimate`` is the analytic
+calculator of :mod:`exogym.estimate`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
@@ -20,6 +24,8 @@ from exogym import strategy as strategies
 from exogym.config import ConfigError, config_fields
 from exogym.data.download import ChecksumError, DatasetNotFoundError
 from exogym.engine import ENGINES
+from exogym.estimate import DTYPES, STRATEGIES, parse_count
+from exogym.network import PROFILES, Network, parse_duration, parse_network
 from exogym.tasks import TASKS, get_task
 
 __all__ = ["main"]
@@ -50,6 +56,39 @@ def _key_value(text: str) -> tuple[str, str]:
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     return key.strip(), value.strip()
+
+
+def _argtype(parse):  # type: ignore[no-untyped-def]
+    """An argparse ``type`` from a parser that raises ValueError (its message is kept)."""
+    def convert(text: str):  # type: ignore[no-untyped-def]
+        try:
+            return parse(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+    convert.__name__ = parse.__name__
+    return convert
+
+
+def _flops(text: str) -> float:
+    """``"312T"``, ``"312TFLOPS"``, ``"3.12e14"`` -> FLOP/s (or FLOPs)."""
+    raw = text.strip()
+    for suffix in ("flop/s", "flops", "flop"):
+        if raw.lower().endswith(suffix):
+            raw = raw[: -len(suffix)]
+            break
+    return parse_count(raw)
+
+
+def _sweep(text: str) -> tuple[str, list[int]]:
+    key, sep, values = text.partition("=")
+    key = {"H": "H", "nodes": "num_nodes"}.get(key.strip(), "")
+    try:
+        numbers = [int(v) for v in values.split(",")]
+    except ValueError:
+        numbers = []
+    if not sep or not key or not numbers or min(numbers) < 1:
+        raise ValueError(f"expected H=1,10,100 or nodes=2,4,8 (integers >= 1), got {text!r}")
+    return key, numbers
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,9 +125,59 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-download", action="store_true",
                      help="fail instead of downloading missing data")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--network", type=_argtype(parse_network), default="datacenter",
+                     help="simulated network: a profile (see `exogym networks`) or key=value "
+                          "items, e.g. bw=1Gbps,latency=5ms (default datacenter)")
+    compute = run.add_mutually_exclusive_group()
+    compute.add_argument("--step-time", type=_argtype(parse_duration), metavar="TIME",
+                         help="compute per step per node for the clock, e.g. 1.5s "
+                              "(default: measured once on this machine)")
+    compute.add_argument("--flops-per-sample", type=_argtype(_flops), metavar="FLOPS",
+                         help="training FLOPs per sample (with --device-flops), about "
+                              "6 x params x tokens for a transformer")
+    run.add_argument("--device-flops", type=_argtype(_flops), metavar="FLOP/S",
+                     help="FLOP/s of the simulated device, e.g. 312T")
 
     sub.add_parser("strategies", help="list strategies with their hyperparameters and defaults")
     sub.add_parser("tasks", help="list benchmark tasks")
+    sub.add_parser("networks", help="list the named network profiles")
+
+    recost = sub.add_parser("recost", help="simulated time of a finished run on other networks")
+    recost.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run folder")
+    recost.add_argument("--network", action="append", type=_argtype(parse_network),
+                        help="a network (repeatable; default: every profile)")
+    recost.add_argument("--step-time", type=_argtype(parse_duration), metavar="TIME",
+                        help="re-cost with this compute per step instead of the recorded one")
+
+    est = sub.add_parser(
+        "estimate", help="analytic training time, bytes and utilization (no training)",
+        description="Defaults are the seed's example: a 7B fp16 model, 1,000 one-minute batches "
+                    "on 2 nodes, in a data centre and over 100 Mbit/s home internet, DDP and "
+                    "DiLoCo H=500.")
+    est.add_argument("--params", type=_argtype(parse_count), default=7e9,
+                     help="model parameters, e.g. 7e9, 7B, 124M (default 7e9)")
+    est.add_argument("--dtype", choices=list(DTYPES), default="fp16",
+                     help="parameter dtype on the wire (default fp16)")
+    est.add_argument("--codec", help="transport codec, e.g. int8, fp4, topk:0.01 (default none)")
+    est.add_argument("--nodes", type=_positive_int, default=2, help="nodes N (default 2)")
+    work = est.add_mutually_exclusive_group()
+    work.add_argument("--batches", type=_positive_int, help="batches in all (default 1000)")
+    work.add_argument("--steps", type=_positive_int, help="steps per node (batches = steps x N)")
+    est.add_argument("--compute-time", type=_argtype(parse_duration), default=60.0,
+                     metavar="TIME", help="compute per batch on one node (default 1min)")
+    est.add_argument("--network", action="append", type=_argtype(parse_network),
+                     help="a network (repeatable; default: datacenter and home-100mbps)")
+    est.add_argument("--strategy", action="append", choices=STRATEGIES,
+                     help="repeatable (default: ddp and diloco)")
+    est.add_argument("--H", type=_positive_int, default=500,
+                     help="steps between syncs of diloco/fedavg (default 500)")
+    est.add_argument("--sync-time", action="append", default=[], metavar="[NETWORK=]TIME",
+                     help="give the send-once sync time instead of computing it, for every "
+                          "network or one (e.g. home-100mbps=20min, the seed's rounding)")
+    est.add_argument("--sweep", type=_argtype(_sweep), metavar="H=1,10,100 | nodes=2,4,8",
+                     help="a table of training time against H or the number of nodes")
+    est.add_argument("--plot", type=Path, metavar="FILE.png",
+                     help="write a plot (needs matplotlib: pip install exogym[plot])")
     return parser
 
 
@@ -121,6 +210,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         seed=args.seed,
         out_dir=out,
         progress=not args.no_progress,
+        network=args.network,
+        step_time=args.step_time,
+        flops_per_sample=args.flops_per_sample,
+        device_flops=args.device_flops,
         **steps,
     )
     print(result.summary())
@@ -152,6 +245,106 @@ def cmd_strategies() -> int:
     return 0
 
 
+def cmd_networks() -> int:
+    for net in PROFILES.values():
+        print(f"{net.name:<13} {net.describe()}")
+        print(f"{'':<13} {net.description}")
+    print("custom: --network bw=1Gbps,latency=5ms (keys: bw, up, down, latency, all_reduce, "
+          "all_gather, broadcast, node_bw, node_up, node_down, node_speed, bw_sigma, "
+          "speed_sigma, seed); a profile plus changes: --network home-100mbps,latency=50ms")
+    return 0
+
+
+def cmd_recost(args: argparse.Namespace) -> int:
+    from exogym.clock import ClockTrace
+    from exogym.network import format_duration
+
+    path = args.run_dir / "summary.json"
+    if not path.exists():
+        raise ValueError(f"{path} not found: RUN_DIR must be a finished run's folder")
+    summary = json.loads(path.read_text(encoding="utf-8"))
+    if not summary.get("clock"):
+        raise ValueError(f"{args.run_dir} has no simulated clock (it ran without a network)")
+    trace = ClockTrace.from_dict(summary["clock"]["trace"])
+    step = args.step_time
+    # the run's own network, re-costed too (with --step-time the recorded report would not compare)
+    ran = trace.cost(parse_network(summary["network"]["spec"]), step)
+    networks: list[Network] = args.network or [
+        net for net in PROFILES.values() if net.spec() != ran.network_spec]
+    print(f"run       {args.run_dir}: {summary['strategy']}, {trace.num_nodes} nodes, "
+          f"{trace.steps:,} steps, {len(trace.records):,} collectives, "
+          f"{_bytes(max(summary['bytes_sent_per_node']))} sent per node")
+    print(f"compute   {format_duration(step or trace.step_time_s)} per step per node "
+          f"({'given' if step else trace.compute_source})")
+    rows = [["network", "total", "compute", "comm", "idle", "utilization", "vs the run"]]
+    reports = [(f"{ran.network} (the run)", ran)] + [
+        (net.name, trace.cost(net, step)) for net in networks]
+    for name, r in reports:
+        rows.append([name, format_duration(r.total_s), format_duration(r.compute_s),
+                     format_duration(r.comm_s), format_duration(r.idle_s),
+                     f"{100 * r.utilization:.1f}%", f"{r.total_s / ran.total_s:.3g}x"])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                        for i, (c, w) in enumerate(zip(r, widths, strict=True))))
+    return 0
+
+
+def _bytes(n: float) -> str:
+    from exogym.estimate import format_bytes
+
+    return format_bytes(n)
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from exogym import estimate as est
+
+    if args.plot:
+        est.require_matplotlib()  # before any output
+    networks: list[Network] = args.network or [PROFILES["datacenter"], PROFILES["home-100mbps"]]
+    strategies_: list[str] = args.strategy or ["ddp", "diloco"]
+    given: dict[str, float] = {}
+    for item in args.sync_time:
+        where, _, value = item.rpartition("=")
+        given[where.strip()] = parse_duration(value)
+    names = {net.name for net in networks} | {"", *PROFILES}
+    unknown = set(given) - names
+    if unknown:
+        raise ValueError(f"--sync-time names network {sorted(unknown)[0]!r}, which is not one of "
+                         f"the --network values ({', '.join(n.name for n in networks)})")
+    batches = args.batches or (args.steps * args.nodes if args.steps else 1000)
+    common = {"params": args.params, "dtype": args.dtype, "codec": args.codec,
+              "batches": batches, "compute_s": args.compute_time}
+
+    def sync_for(net: Network) -> float | None:
+        return given.get(net.name, given.get(""))
+
+    if args.sweep is not None:
+        key, values = args.sweep
+        strategy = strategies_[-1]
+        results = {net.name: est.sweep(key, values, **common, network=net, strategy=strategy,
+                                       num_nodes=args.nodes, H=None if strategy == "ddp" else
+                                       args.H, sync_time_s=sync_for(net))
+                   for net in networks}
+        print(est.format_sweep(key, values, results))
+        if args.plot:
+            est.plot_estimates(str(args.plot), key, values, results)
+            print(f"plot      {args.plot}")
+        return 0
+    rows = [est.estimate(**common, strategy="single")]
+    for strategy in strategies_:
+        for net in networks:
+            rows.append(est.estimate(**common, num_nodes=args.nodes, network=net,
+                                     strategy=strategy, H=None if strategy == "ddp" else args.H,
+                                     sync_time_s=sync_for(net)))
+    print(est.format_estimates(rows, params=args.params, dtype=args.dtype, codec=args.codec,
+                               batches=batches, compute_s=args.compute_time))
+    if args.plot:
+        est.plot_estimates(str(args.plot), None, [], {"": rows})
+        print(f"plot      {args.plot}")
+    return 0
+
+
 def cmd_tasks() -> int:
     for task in TASKS.values():
         print(f"{task.id}: {task.description} (batch {task.batch_size}/node, lr {task.lr})")
@@ -167,8 +360,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_run(args)
         if args.command == "strategies":
             return cmd_strategies()
+        if args.command == "networks":
+            return cmd_networks()
+        if args.command == "recost":
+            return cmd_recost(args)
+        if args.command == "estimate":
+            return cmd_estimate(args)
         return cmd_tasks()
-    except (ConfigError, DatasetNotFoundError, ChecksumError, FileExistsError, ValueError) as err:
+    except (ConfigError, DatasetNotFoundError, ChecksumError, FileExistsError, ValueError,
+            ImportError) as err:
         print(f"exogym: error: {err}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `exogym strategies | head`

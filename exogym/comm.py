@@ -22,6 +22,15 @@ broadcast      source: ``(N-1) * S``, others: 0 (star)    source: 0, others: ``S
 
 With one node nothing is sent. Every call is also appended to :attr:`Communicator.log` as a
 :class:`CommRecord`, which a network model can turn into time.
+
+Codecs (lossy transport, :mod:`exogym.codecs`). Every collective takes ``codec=``: each node's row
+of tensor ``j`` goes through ``codec.roundtrip(t, key=(tag, j))`` (a broadcast: the source's row
+only, key ``(tag, j, "broadcast", src)``), the receivers work with the reconstructions (an
+all-reduce sums or averages them in fp32, fp64 for fp64 tensors), and ``S`` becomes the compressed
+payload ``sum_j codec.payload_bytes(t_j[0].numel(), t_j.dtype)``. A *sparse* codec (top-k: every
+node its own indices) cannot be summed along a ring, so its all-reduce travels as an all-gather of
+the payloads: ``(N-1) * S`` sent and received per node, logged with ``op="all_gather"``. With one
+node nothing is sent and the codec is not applied (a collective of one row returns that row).
 """
 
 from __future__ import annotations
@@ -29,10 +38,13 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from exogym.codecs import Codec
 
 __all__ = [
     "CommRecord",
@@ -72,6 +84,9 @@ class CommRecord:
         step: the training step during which it ran (``-1`` outside the loop).
         tag: a free label set by the strategy (``"grads"``, ``"pseudo_grads"``, ...).
         overlap: whether the strategy lets it run under compute (for a network clock).
+        codec: the name of the transport codec (``"int8"``, ``"topk:0.1+ef"``), ``""`` if none;
+            ``payload_bytes`` is then the compressed payload, and an all-reduce with a sparse
+            codec is recorded as the ``"all_gather"`` that carries it.
     """
 
     op: str
@@ -79,10 +94,13 @@ class CommRecord:
     step: int
     tag: str
     overlap: bool = False
+    codec: str = ""
 
 
-def _payload(tensors: Sequence[Tensor]) -> int:
-    return sum(t[0].numel() * t.element_size() for t in tensors)
+def _payload(tensors: Sequence[Tensor], codec: Codec | None = None) -> int:
+    if codec is None:
+        return sum(t[0].numel() * t.element_size() for t in tensors)
+    return sum(codec.payload_bytes(t[0].numel(), t.dtype) for t in tensors)
 
 
 class Communicator(abc.ABC):
@@ -113,65 +131,79 @@ class Communicator(abc.ABC):
     # -- the public collectives -------------------------------------------------------------
     def all_reduce(
         self, x: Tensor | Sequence[Tensor], op: ReduceOp = "mean", *, tag: str = "",
-        overlap: bool = False,
+        overlap: bool = False, codec: Codec | None = None,
     ) -> Tensor | list[Tensor]:
         """Reduce ``x`` over all nodes; returns ``x.shape[1:]`` (a list for a list input).
 
-        Bytes: each node sends and receives ``2(N-1)/N * S`` (ring all-reduce).
+        Bytes: each node sends and receives ``2(N-1)/N * S`` (ring all-reduce); with a sparse
+        codec ``(N-1) * S`` (all-gather of the payloads). ``codec``: each row is sent through it
+        (key ``(tag, tensor index)``) and the reconstructions are reduced in fp32.
         """
-        if op not in _REDUCE_OPS:
-            raise ValueError(f"op must be one of {_REDUCE_OPS}, got {op!r}")
-        tensors = self._check(x)
-        s = all_reduce_bytes(_payload(tensors), self.num_nodes)
-        self._account("all_reduce", tensors, tag, overlap, sent=[s] * self.num_nodes,
-                      received=[s] * self.num_nodes)
-        out = self._all_reduce(tensors, op)
+        tensors = self._check(x, codec, op)
+        self._account_reduce(tensors, tag, overlap, codec)
+        out = self._all_reduce(self._encode(tensors, tag, codec), op)
         return out if isinstance(x, (list, tuple)) else out[0]
 
     def all_reduce_(
         self, x: Tensor | Sequence[Tensor], op: ReduceOp = "mean", *, tag: str = "",
-        overlap: bool = False,
+        overlap: bool = False, codec: Codec | None = None,
     ) -> None:
         """In place: every row of ``x`` becomes the reduction (``torch.distributed`` style).
 
-        Same bytes as :meth:`all_reduce`; saves the strategy a copy back into the stack.
+        Same bytes and codec handling as :meth:`all_reduce`; saves the strategy a copy back into
+        the stack.
         """
-        if op not in _REDUCE_OPS:
-            raise ValueError(f"op must be one of {_REDUCE_OPS}, got {op!r}")
-        tensors = self._check(x)
-        s = all_reduce_bytes(_payload(tensors), self.num_nodes)
-        self._account("all_reduce", tensors, tag, overlap, sent=[s] * self.num_nodes,
-                      received=[s] * self.num_nodes)
-        self._all_reduce_inplace(tensors, op)
+        tensors = self._check(x, codec, op)
+        self._account_reduce(tensors, tag, overlap, codec)
+        if codec is None or self.num_nodes == 1:
+            self._all_reduce_inplace(tensors, op)
+            return
+        reduced = self._all_reduce(self._encode(tensors, tag, codec), op)
+        for t, r in zip(tensors, reduced, strict=True):
+            t.copy_(r.expand_as(t))
 
     def all_gather(
-        self, x: Tensor | Sequence[Tensor], *, tag: str = "", overlap: bool = False
+        self, x: Tensor | Sequence[Tensor], *, tag: str = "", overlap: bool = False,
+        codec: Codec | None = None,
     ) -> Tensor | list[Tensor]:
         """Gather every node's row: ``[n_local, *shape] -> [N, *shape]`` (global node order).
 
-        Bytes: each node sends and receives ``(N-1) * S`` (ring all-gather).
+        Bytes: each node sends and receives ``(N-1) * S`` (ring all-gather). With ``codec`` the
+        rows gathered are the reconstructions (key ``(tag, tensor index)``).
         """
-        tensors = self._check(x)
-        s = all_gather_bytes(_payload(tensors), self.num_nodes)
+        tensors = self._check(x, codec)
+        s = all_gather_bytes(_payload(tensors, codec), self.num_nodes)
         self._account("all_gather", tensors, tag, overlap, sent=[s] * self.num_nodes,
-                      received=[s] * self.num_nodes)
-        out = self._all_gather(tensors)
+                      received=[s] * self.num_nodes, codec=codec)
+        out = self._all_gather(self._encode(tensors, tag, codec))
         return out if isinstance(x, (list, tuple)) else out[0]
 
     def broadcast(
-        self, x: Tensor | Sequence[Tensor], src: int = 0, *, tag: str = "", overlap: bool = False
+        self, x: Tensor | Sequence[Tensor], src: int = 0, *, tag: str = "", overlap: bool = False,
+        codec: Codec | None = None,
     ) -> Tensor | list[Tensor]:
         """Node ``src``'s row, ``x.shape[1:]``, on every node.
 
-        Bytes: the source sends ``(N-1) * S``; each other node receives ``S`` (star).
+        Bytes: the source sends ``(N-1) * S``; each other node receives ``S`` (star). With
+        ``codec`` the source's row goes through it (key ``(tag, tensor index, "broadcast",
+        src)``) and every node, the source included, gets the reconstruction.
         """
         if not 0 <= src < self.num_nodes:
             raise ValueError(f"src must be a node id in [0, {self.num_nodes}), got {src}")
-        tensors = self._check(x)
-        src_sent, recv = broadcast_bytes(_payload(tensors), self.num_nodes)
+        tensors = self._check(x, codec)
+        src_sent, recv = broadcast_bytes(_payload(tensors, codec), self.num_nodes)
         sent = [src_sent if i == src else 0.0 for i in range(self.num_nodes)]
         received = [0.0 if i == src else recv for i in range(self.num_nodes)]
-        self._account("broadcast", tensors, tag, overlap, sent=sent, received=received)
+        self._account("broadcast", tensors, tag, overlap, sent=sent, received=received,
+                      codec=codec)
+        if codec is not None and self.num_nodes > 1 and src in self.node_ids:
+            row = self.node_ids.index(src)
+            encoded = []
+            for j, t in enumerate(tensors):
+                e = t.clone()
+                e[row] = codec.roundtrip(t[row:row + 1], (tag, j, "broadcast", src))[0]
+                encoded.append(e)
+            tensors = encoded
         out = self._broadcast(tensors, src)
         return out if isinstance(x, (list, tuple)) else out[0]
 
@@ -194,7 +226,12 @@ class Communicator(abc.ABC):
     def _broadcast(self, tensors: list[Tensor], src: int) -> list[Tensor]: ...
 
     # -- helpers ------------------------------------------------------------------------------
-    def _check(self, x: Tensor | Sequence[Tensor]) -> list[Tensor]:
+    def _check(
+        self, x: Tensor | Sequence[Tensor], codec: Codec | None = None,
+        op: ReduceOp | None = None,
+    ) -> list[Tensor]:
+        if op is not None and op not in _REDUCE_OPS:
+            raise ValueError(f"op must be one of {_REDUCE_OPS}, got {op!r}")
         tensors = list(x) if isinstance(x, (list, tuple)) else [x]
         for t in tensors:
             if not isinstance(t, Tensor) or t.dim() == 0 or t.shape[0] != self.n_local:
@@ -203,16 +240,37 @@ class Communicator(abc.ABC):
                     f"collectives take node-stacked tensors of shape [n_local={self.n_local}, ...],"
                     f" got {shape}"
                 )
+            if codec is not None and not t.is_floating_point():
+                raise ValueError(f"codec {codec.name!r} takes floating-point tensors, got a "
+                                 f"{t.dtype} tensor of shape {tuple(t.shape)}")
         return tensors
+
+    def _encode(self, tensors: list[Tensor], tag: str, codec: Codec | None) -> list[Tensor]:
+        """What the receivers reconstruct from each row (the tensors themselves without codec)."""
+        if codec is None or self.num_nodes == 1:
+            return tensors
+        return [codec.roundtrip(t, (tag, j)) for j, t in enumerate(tensors)]
+
+    def _account_reduce(
+        self, tensors: list[Tensor], tag: str, overlap: bool, codec: Codec | None
+    ) -> None:
+        payload = _payload(tensors, codec)
+        if codec is not None and codec.sparse:
+            op, s = "all_gather", all_gather_bytes(payload, self.num_nodes)
+        else:
+            op, s = "all_reduce", all_reduce_bytes(payload, self.num_nodes)
+        self._account(op, tensors, tag, overlap, sent=[s] * self.num_nodes,
+                      received=[s] * self.num_nodes, codec=codec)
 
     def _account(
         self, op: str, tensors: list[Tensor], tag: str, overlap: bool, *,
-        sent: list[float], received: list[float],
+        sent: list[float], received: list[float], codec: Codec | None = None,
     ) -> None:
         for i in range(self.num_nodes):
             self.bytes_sent[i] += sent[i]
             self.bytes_received[i] += received[i]
-        self.log.append(CommRecord(op, _payload(tensors), self.step, tag, overlap))
+        self.log.append(CommRecord(op, _payload(tensors, codec), self.step, tag, overlap,
+                                   codec.name if codec is not None else ""))
 
 
 class InProcessCommunicator(Communicator):

@@ -10,7 +10,9 @@ from typing import IO, Any
 
 from torch import nn
 
+from exogym.clock import ClockReport, ClockTrace
 from exogym.comm import CommRecord
+from exogym.network import Network, format_duration, parse_network
 
 __all__ = ["FitResult", "MetricsWriter"]
 
@@ -54,8 +56,23 @@ class MetricsWriter:
 
     def _write_json(self, name: str, obj: dict[str, Any]) -> None:
         tmp = self.dir / f".{name}.tmp"
-        tmp.write_text(json.dumps(obj, indent=2, default=_jsonable) + "\n", encoding="utf-8")
+        tmp.write_text(_dumps(obj) + "\n", encoding="utf-8")
         tmp.replace(self.dir / name)
+
+
+def _dumps(obj: Any, level: int = 0) -> str:
+    """JSON, indented by 2, with lists of plain values on one line (per-node lists stay short)."""
+    pad, inner = "  " * level, "  " * (level + 1)
+    if isinstance(obj, dict):
+        if not obj:
+            return "{}"
+        items = [f"{inner}{json.dumps(str(k))}: {_dumps(v, level + 1)}" for k, v in obj.items()]
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+    if isinstance(obj, (list, tuple)):
+        if all(not isinstance(v, (dict, list, tuple)) for v in obj):
+            return json.dumps([_jsonable(v) for v in obj], default=_jsonable)
+        return "[\n" + ",\n".join(inner + _dumps(v, level + 1) for v in obj) + f"\n{pad}]"
+    return json.dumps(_jsonable(obj), default=_jsonable)
 
 
 @dataclass
@@ -75,6 +92,10 @@ class FitResult:
         bytes_sent, bytes_received: per node, cumulative.
         comm_log: every collective (for network models).
         engine, device, seed, out_dir: how it ran.
+        network: the simulated network of the run's clock (None: no clock).
+        clock: the simulated time on it (:class:`exogym.clock.ClockReport`): total, compute,
+            communication, idle, utilization.
+        trace: what re-costing needs (:meth:`recost`): compute per step and the collectives.
     """
 
     model: nn.Module
@@ -95,10 +116,20 @@ class FitResult:
     seed: int
     out_dir: Path | None = None
     comm_log: list[CommRecord] = field(default_factory=list, repr=False)
+    network: Network | None = None
+    clock: ClockReport | None = None
+    trace: ClockTrace | None = field(default=None, repr=False)
 
     @property
     def samples_per_s(self) -> float:
         return self.samples / self.train_time_s if self.train_time_s > 0 else float("nan")
+
+    def recost(self, network: Network | str, step_time_s: float | None = None) -> ClockReport:
+        """The simulated time of this run on another network (no retraining): the recorded
+        collectives and compute per step replayed on ``network``."""
+        if self.trace is None:
+            raise ValueError("this run has no simulated clock (it ran with network=None)")
+        return self.trace.cost(parse_network(network), step_time_s)
 
     def to_dict(self) -> dict[str, Any]:
         """The ``summary.json`` content."""
@@ -120,6 +151,19 @@ class FitResult:
             "device": self.device,
             "seed": self.seed,
             "out_dir": str(self.out_dir) if self.out_dir else None,
+            **self._clock_dict(),
+        }
+
+    def _clock_dict(self) -> dict[str, Any]:
+        if self.clock is None or self.network is None or self.trace is None:
+            return {"network": None}
+        c = self.clock
+        return {
+            "network": self.network.to_dict(),
+            "sim_time_s": c.total_s, "sim_compute_s": c.compute_s, "sim_comm_s": c.comm_s,
+            "sim_idle_s": c.idle_s, "utilization": c.utilization,
+            "step_time_s": c.step_time_s, "compute_source": c.compute_source,
+            "clock": {"report": c.to_dict(), "trace": self.trace.to_dict()},
         }
 
     def summary(self) -> str:
@@ -138,6 +182,13 @@ class FitResult:
             f"traffic     per node sent {_fmt_bytes(max(sent))}, received "
             f"{_fmt_bytes(max(recv))} (max over nodes; {len(self.comm_log)} collectives)"
         )
+        if self.clock is not None and self.network is not None:
+            c = self.clock
+            lines.append(f"sim clock   {self.network.name} ({self.network.describe()}): "
+                         f"{c.line()}")
+            lines.append(f"            compute {format_duration(c.step_time_s)} per step per node "
+                         f"({c.compute_source}); on another network: exogym recost RUN_DIR "
+                         "--network NAME")
         if self.out_dir:
             lines.append(f"written to  {self.out_dir}")
         return "\n".join(lines)

@@ -18,12 +18,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
+from torch.utils._pytree import tree_map
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
-from exogym.comm import InProcessCommunicator
+from exogym.clock import ClockTrace, SimClock, measure_step_time, resolve_step_time
+from exogym.comm import CommRecord, InProcessCommunicator
 from exogym.data.sharding import DatasetFactory, NodeBatches, iterate_batches
 from exogym.engine import ENGINES, EngineName, NodeStack, loss_of, resolve_device
+from exogym.network import Network, parse_network
 from exogym.result import FitResult, MetricsWriter
 from exogym.strategy import Strategy, make
 
@@ -78,6 +81,10 @@ class Trainer:
         seed: int = 0,
         out_dir: str | Path | None = None,
         progress: bool = True,
+        network: Network | str | None = "datacenter",
+        step_time: float | str | None = None,
+        flops_per_sample: float | None = None,
+        device_flops: float | None = None,
     ) -> FitResult:
         """Train on ``num_nodes`` simulated nodes and return the global model and its metrics.
 
@@ -96,6 +103,16 @@ class Trainer:
             seed: seeds data order and randomness in the model (dropout); same seed, same numbers.
             out_dir: if given, ``metrics.jsonl``, ``config.json`` and ``summary.json`` go there.
             progress: show a progress bar.
+            network: the simulated network under the run's clock (:mod:`exogym.network`): a
+                profile name (``"datacenter"``, ``"home-100mbps"``, ...), a spec string
+                (``"bw=1Gbps,latency=5ms"``) or a :class:`Network`; None: no simulated clock.
+            step_time: one node's compute per step, seconds (or ``"1.5s"``); default: measured
+                once on this machine at the start (:func:`exogym.clock.measure_step_time`); or
+            flops_per_sample, device_flops: training FLOPs per sample and the device's FLOP/s,
+                ``step time = flops_per_sample * batch_size / device_flops``.
+
+        The simulated clock (:mod:`exogym.clock`) never changes a training number: every row
+        gains ``sim_time_s``, the result its :class:`exogym.clock.ClockReport`.
         """
         if isinstance(strategy, str):
             strategy = make(strategy)
@@ -108,6 +125,10 @@ class Trainer:
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         dev = resolve_device(device)
+        net = parse_network(network) if network is not None else None
+        step_time_s, compute_source = resolve_step_time(step_time, flops_per_sample,
+                                                        device_flops, batch_size)
+        overlap_steps = strategy.overlap_steps  # overlapped results are due this many steps later
         wall_start = time.perf_counter()
 
         torch.manual_seed(seed)
@@ -135,6 +156,8 @@ class Trainer:
             "steps_per_epoch": batches.steps_per_epoch, "eval_interval": eval_interval,
             "engine": nodes.engine, "device": str(dev), "seed": seed,
             "parameters": nodes.num_parameters(),
+            "network": net.spec() if net is not None else None,
+            "step_time_s": step_time_s, "compute_source": compute_source,
         }
         writer = MetricsWriter(out_dir, config) if out_dir is not None else None
         history: list[dict[str, Any]] = []
@@ -142,12 +165,23 @@ class Trainer:
         loss_sum = torch.zeros((), device=dev)
         loss_count = 0
         train_time = 0.0
+        clock: SimClock | None = None
+        fed = 0  # records of comm.log already given to the clock
         bar = tqdm(total=total_steps, disable=not progress, dynamic_ncols=True, unit="step")
         try:
             for step in range(total_steps):
                 t0 = time.perf_counter()
                 comm.step = step
                 batch = nodes.to_batch_device(next(batches))
+                if net is not None and clock is None:
+                    m0 = time.perf_counter()
+                    if step_time_s is None:  # one node's step alone, on a copy; RNG restored
+                        step_time_s = measure_step_time(
+                            self.model, tree_map(_row0, batch), strategy.optim, dev)
+                    clock = SimClock(net, num_nodes, step_time_s, overlap_steps=overlap_steps,
+                                     compute_source=compute_source)
+                    fed = _feed(clock, comm.log, fed)  # set-up collectives (step -1)
+                    t0 += time.perf_counter() - m0  # not training time
                 losses = nodes.forward_backward(batch)
                 strategy.step(step)
                 nodes.zero_grad()
@@ -156,6 +190,9 @@ class Trainer:
                 if dev.type == "cuda":
                     torch.cuda.synchronize(dev)
                 train_time += time.perf_counter() - t0
+                if clock is not None:
+                    clock.compute(step)
+                    fed = _feed(clock, comm.log, fed)
                 bar.update(1)
 
                 done = step + 1
@@ -173,12 +210,16 @@ class Trainer:
                     "bytes_received": max(comm.bytes_received),
                     "wall_s": time.perf_counter() - wall_start,
                 }
+                if clock is not None:
+                    row["sim_time_s"] = clock.now
                 loss_sum.zero_()
                 loss_count = 0
                 if is_eval:
                     final = self._evaluate(eval_module, strategy.global_state(), eval_batch_size,
                                            dev)
                     row.update(final)
+                    if clock is not None:  # a strategy may communicate to build its global model
+                        fed = _feed(clock, comm.log, fed)
                 history.append(row)
                 if writer is not None:
                     writer.write(row)
@@ -191,6 +232,13 @@ class Trainer:
         finally:
             bar.close()
 
+        report = trace = None
+        if clock is not None and step_time_s is not None:
+            fed = _feed(clock, comm.log, fed)
+            report = clock.finish()
+            trace = ClockTrace(num_nodes=num_nodes, steps=total_steps, step_time_s=step_time_s,
+                               compute_source=compute_source, overlap_steps=overlap_steps,
+                               records=tuple(comm.log[:fed]))
         model = copy.deepcopy(self.model).to(dev)
         _load_state(model, strategy.global_state())
         result = FitResult(
@@ -201,6 +249,7 @@ class Trainer:
             bytes_sent=list(comm.bytes_sent), bytes_received=list(comm.bytes_received),
             engine=nodes.engine, device=str(dev), seed=seed,
             out_dir=Path(out_dir) if out_dir is not None else None, comm_log=list(comm.log),
+            network=net, clock=report, trace=trace,
         )
         if writer is not None:
             writer.close(result.to_dict())
@@ -224,9 +273,19 @@ class Trainer:
         return {f"eval_{k}": float(v) / count for k, v in sums.items()}
 
 
-def _to(batch: Any, dev: torch.device) -> Any:
-    from torch.utils._pytree import tree_map
+def _row0(t: Any) -> Any:
+    """Node 0's part of a node-stacked batch leaf."""
+    return t[0] if isinstance(t, Tensor) else t
 
+
+def _feed(clock: SimClock, log: list[CommRecord], fed: int) -> int:
+    """Give the clock the collectives logged since the last call; the new count."""
+    for rec in log[fed:]:
+        clock.collective(rec)
+    return len(log)
+
+
+def _to(batch: Any, dev: torch.device) -> Any:
     return tree_map(lambda t: t.to(dev) if isinstance(t, Tensor) else t, batch)
 
 

@@ -28,10 +28,8 @@ def small(sid: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if "H" in spec:
         out["H"] = 2
-    if "P" in spec:  # Streaming DiLoCo: P fragments, each synced every H steps
-        out["H"], out["P"] = 4, 2
-    if "tau" in spec:
-        out["tau"] = 0
+    if "P" in spec:  # Streaming DiLoCo: P fragments, each synced every H steps, tau overlap
+        out["H"], out["P"], out["tau"] = 4, 2, 1
     if "p" in spec:  # SPARTA's fraction: large enough to touch the tiny model
         out["p"] = 0.25
     return out

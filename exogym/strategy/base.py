@@ -10,6 +10,14 @@ trainer owns the loop and calls, in order:
    must update the parameters (usually by calling :meth:`Strategy.inner_step`) and communicate
    through ``self.comm`` only; the trainer zeroes the gradients afterwards;
 3. :meth:`Strategy.global_state` whenever the global model is evaluated.
+
+Compressed communication: the fields ``codec`` (a spec of :func:`exogym.codecs.make_codec`,
+``"int8"``, ``"topk:0.1"``, ...), ``error_feedback`` and ``codec_seed`` select a transport codec;
+:meth:`Strategy.setup` builds it afresh for every run as ``self.transport_codec`` (``None``
+without a codec), and the strategy passes it to its main collective
+(``self.comm.all_reduce_(..., codec=self.transport_codec)``). A strategy whose communication
+cannot go through a codec sets the class attribute ``supports_codec = False``; it then rejects a
+codec at construction.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from exogym.codecs import Codec, make_codec
 from exogym.comm import Communicator
 from exogym.engine import NodeStack
 from exogym.optim import LRSchedule, OptimSpec
@@ -36,12 +45,21 @@ class Strategy(abc.ABC):
         optim: the inner (per-node) optimizer; every node keeps its own state.
         schedule: warm-up and cosine decay of the inner learning rate.
         max_grad_norm: clip each node's gradient to this L2 norm before the inner step (None: off).
+        codec: transport codec of the strategy's main collective (None: exact fp32): fp16, bf16,
+            int8, int8:CHUNK, int4[:CHUNK], fp4[:CHUNK], topk:FRACTION, randk:FRACTION.
+        error_feedback: keep each node's compression error and add it to its next message
+            (needs a codec).
+        codec_seed: seed of randk's index generator, shared by all nodes.
     """
 
     id: ClassVar[str] = ""
+    supports_codec: ClassVar[bool] = True
     optim: OptimSpec = field(default_factory=OptimSpec)
     schedule: LRSchedule = field(default_factory=LRSchedule)
     max_grad_norm: float | None = None
+    codec: str | None = None
+    error_feedback: bool = False
+    codec_seed: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.optim, OptimSpec):
@@ -50,6 +68,17 @@ class Strategy(abc.ABC):
             raise TypeError(f"schedule must be an LRSchedule, got {type(self.schedule).__name__}")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm!r}")
+        if self.codec is not None and not type(self).supports_codec:
+            raise ValueError(f"strategy {type(self).__name__} does not support a transport codec; "
+                             f"got codec={self.codec!r}, allowed: None")
+        if isinstance(self.codec_seed, bool) or not isinstance(self.codec_seed, int) \
+                or not 0 <= self.codec_seed < 2**31:
+            raise ValueError(f"codec_seed must be an integer in [0, 2^31), got {self.codec_seed!r}")
+        try:
+            self._make_codec()
+        except ValueError as err:
+            raise ValueError(f"codec={self.codec!r}, error_feedback={self.error_feedback!r}: "
+                             f"{err}") from None
 
     # -- called by the trainer -----------------------------------------------------------------
     def setup(self, nodes: NodeStack, comm: Communicator, total_steps: int) -> None:
@@ -59,6 +88,7 @@ class Strategy(abc.ABC):
         self.nodes = nodes
         self.comm = comm
         self.total_steps = total_steps
+        self.transport_codec: Codec | None = self._make_codec()
         self.optimizer = self.optim.build(list(nodes.params.values()))
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
         if self.schedule.active:
@@ -84,6 +114,10 @@ class Strategy(abc.ABC):
         return {k: v.clone() for k, v in self.nodes.node_state(0).items()}
 
     # -- helpers for subclasses ----------------------------------------------------------------
+    def _make_codec(self) -> Codec | None:
+        """A fresh transport codec (fresh error-feedback residuals and randk counter)."""
+        return make_codec(self.codec, error_feedback=self.error_feedback, seed=self.codec_seed)
+
     @torch.no_grad()
     def inner_step(self) -> None:
         """Per-node gradient clipping, one inner optimizer step, one schedule step."""
@@ -92,6 +126,15 @@ class Strategy(abc.ABC):
         self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
+
+    @property
+    def overlap_steps(self) -> int | None:
+        """Steps after its start by which an ``overlap=True`` collective's result is needed.
+
+        The network clock lets such a collective run under that many steps of compute. None (the
+        default): until the next collective with the same tag. Streaming DiLoCo returns its tau.
+        """
+        return None
 
     @property
     def lr(self) -> float:

@@ -11,6 +11,13 @@ running statistics) of node 0 are broadcast to every node each step.
 Sent per step by each node: ``2 (N-1)/N * P`` bytes for the gradients (ring all-reduce, ``P`` =
 parameter bytes, 4 x number of parameters in fp32), plus, if the model has buffers, node 0 sends
 ``(N-1) * B`` buffer bytes.
+
+With a transport codec (``codec="int8"``, see :mod:`exogym.codecs`) every node sends its gradients
+through it (optionally with error feedback) and all nodes step with the mean of the
+reconstructions, so the replicas stay identical. ``P`` becomes the compressed payload
+``P_c = sum over parameter tensors of codec.payload_bytes(numel)`` (int8: ``numel + 4`` per
+tensor); a sparse codec (top-k) travels as an all-gather, ``(N-1) * P_c`` per node. The buffers
+are broadcast exactly (no codec).
 """
 
 from __future__ import annotations
@@ -37,7 +44,8 @@ class DDP(Strategy):
 
     @torch.no_grad()
     def step(self, step: int) -> None:
-        self.comm.all_reduce_(list(self.nodes.grads.values()), "mean", tag="grads")
+        self.comm.all_reduce_(list(self.nodes.grads.values()), "mean", tag="grads",
+                              codec=self.transport_codec)
         self.inner_step()
         buffers = list(self.nodes.buffers.values())
         if self.broadcast_buffers and buffers:

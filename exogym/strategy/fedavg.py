@@ -14,6 +14,15 @@ the parameters.
 
 Sent per round (every ``H`` steps) by each node: ``2 (N-1)/N * (P + B)`` bytes (ring all-reduce of
 the parameters, ``P`` bytes, and float buffers, ``B`` bytes); nothing in between.
+
+With a transport codec (``codec="int8"``, ``"fp16"``, ...; see :mod:`exogym.codecs`) each node
+sends its parameters and float buffers through it and every node restarts from the mean of the
+reconstructions: ``P + B`` becomes the compressed payload (the sum over those tensors of
+``codec.payload_bytes(numel)``, e.g. ``numel + 4`` per tensor for int8). Quantizing *parameters*
+is lossy: the averaged model carries the quantization error of every round (int8 per tensor:
+up to ``absmax / 254`` per entry), unlike quantizing an update that is then added to an exact
+model. Sparsifying codecs (top-k, random-k) would set the unselected parameters to zero and are
+rejected.
 """
 
 from __future__ import annotations
@@ -42,6 +51,10 @@ class FedAvg(Strategy):
     def __post_init__(self) -> None:
         super().__post_init__()
         positive_int("H", self.H)
+        codec = self._make_codec()
+        if codec is not None and codec.sparsifying:
+            raise ValueError(f"FedAvg averages parameters: codec={self.codec!r} would zero every "
+                             "parameter it does not select; use fp16, bf16, int8, int4 or fp4")
 
     def init_state(self) -> None:
         # The server model: what the last round produced (the initial model before any round).
@@ -58,7 +71,7 @@ class FedAvg(Strategy):
         """One round's communication: every node's parameters and float buffers <- their mean."""
         tensors = list(self.nodes.params.values()) + list(self.nodes.float_buffers.values())
         names = list(self.nodes.params) + list(self.nodes.float_buffers)
-        self.comm.all_reduce_(tensors, "mean", tag="params")
+        self.comm.all_reduce_(tensors, "mean", tag="params", codec=self.transport_codec)
         for name, t in zip(names, tensors, strict=True):
             self.server_state[name].copy_(t[0])
         for name, b in self.nodes.buffers.items():  # counters (num_batches_tracked) of node 0

@@ -1,0 +1,409 @@
+"""The simulated wall clock: compute per node per step plus the network time of every collective.
+
+Compute model. One node's training step (forward, backward, optimizer step) takes ``c`` seconds:
+
+- measured (the default): :func:`measure_step_time` times one node's step alone, on a copy of the
+  model in eval mode, once at the start of a run (the fastest of up to 20 steps within about a
+  second; the global RNG is saved and restored, so training numbers never depend on it); the
+  value is cached per model architecture, batch shape, optimizer, device and thread count, so
+  repeated runs in one process are costed on the same ``c`` and their clocks are comparable
+  (and reproducible);
+- given: ``step_time`` seconds (``--step-time 1.5s``);
+- from FLOPs: ``c = flops_per_sample * batch_size / device_flops`` (training FLOPs, forward and
+  backward: about ``6 * parameters * tokens`` per sample for a transformer).
+
+Node ``i`` computes at ``network.node_speeds(N)[i]`` times that speed: ``c_i = c / speed_i``.
+
+The clock (:class:`SimClock`). Every node ``i`` has its own clock ``t_i``; each step adds ``c_i``.
+Nodes only wait for each other at collectives:
+
+- a blocking collective is a barrier: it starts when the last node arrives, ``b = max_i t_i``
+  (node ``i`` is idle ``b - t_i``: the straggler's cost), and when the network is free (one
+  collective at a time, in issue order); it takes the network's time ``T`` for it
+  (:meth:`exogym.network.Network.collective_time`); every node then continues from its end. So a
+  synchronous (DDP) step lasts ``max_i c_i + T``;
+- a collective marked ``overlap=True`` (Streaming DiLoCo) starts the same way but nobody waits
+  for it: nodes keep computing, and stall only if it is still running when its result is needed.
+  The result is needed after the compute of step ``s + W`` if the strategy defines an integer
+  ``strategy.overlap_steps`` (``W``; Streaming DiLoCo: its ``tau``), and in any case
+  before the next collective with the same tag is issued and at the end of the run. Only the
+  part that does not fit under compute is added;
+- the run ends when the slowest node is done (the others idle until then).
+
+Every node's time splits exactly into ``compute + communication + idle`` (communication: waiting
+on the network, including stalls on overlapped collectives; idle: waiting for slower nodes).
+The report gives the means over nodes (equal for identical nodes) and
+``utilization = compute / total``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from exogym.comm import CommRecord
+from exogym.engine import loss_of
+from exogym.network import Network, format_duration, parse_duration, parse_network
+from exogym.optim import OptimSpec
+
+__all__ = [
+    "ClockReport",
+    "ClockTrace",
+    "SimClock",
+    "decode_comm_log",
+    "encode_comm_log",
+    "measure_step_time",
+    "resolve_step_time",
+]
+
+
+# -- compute model -------------------------------------------------------------------------------
+def resolve_step_time(
+    step_time: float | str | None = None, flops_per_sample: float | None = None,
+    device_flops: float | None = None, batch_size: int = 1,
+) -> tuple[float | None, str]:
+    """``(seconds per step, source)`` from the given options; ``(None, "measured")`` when none is
+    given (the trainer then measures). Giving both a step time and FLOPs is an error."""
+    flops = (flops_per_sample, device_flops)
+    if step_time is not None:
+        if any(v is not None for v in flops):
+            raise ValueError("give step_time or flops_per_sample/device_flops, not both")
+        value = parse_duration(step_time) if isinstance(step_time, str) else step_time
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                math.isfinite(value) and value > 0):
+            raise ValueError(f"step_time must be > 0 seconds (or a string like '1.5s'), "
+                             f"got {step_time!r}")
+        return float(value), "given"
+    if all(v is None for v in flops):
+        return None, "measured"
+    if any(v is None for v in flops):
+        raise ValueError(
+            "the FLOPs compute model needs both flops_per_sample and device_flops, got "
+            f"flops_per_sample={flops_per_sample!r}, device_flops={device_flops!r}")
+    for name, value in (("flops_per_sample", flops_per_sample), ("device_flops", device_flops)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a number > 0, got {value!r}")
+    assert flops_per_sample is not None and device_flops is not None
+    return flops_per_sample * batch_size / device_flops, "flops"
+
+
+_MEASURED: dict[tuple[Any, ...], float] = {}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def _measure_key(model: nn.Module, batch: Any, optim: OptimSpec,
+                 device: torch.device) -> tuple[Any, ...]:
+    cls = type(model)
+    tensors = tuple((k, tuple(v.shape), str(v.dtype)) for k, v in model.state_dict().items())
+    leaves, spec = tree_flatten(batch)
+    shapes = tuple((tuple(t.shape), str(t.dtype)) if isinstance(t, torch.Tensor) else repr(t)
+                   for t in leaves)
+    opt = tuple(sorted((k, repr(v)) for k, v in asdict(optim).items()))
+    return (cls.__module__, cls.__qualname__, tensors, str(spec), shapes, opt, str(device),
+            torch.get_num_threads())
+
+
+def measure_step_time(model: nn.Module, batch: Any, optim: OptimSpec,
+                      device: torch.device | str = "cpu", *, repeats: int = 20,
+                      budget_s: float = 1.0) -> float:
+    """Seconds of one node's training step alone: forward, backward, optimizer step.
+
+    Runs on a deep copy of ``model`` (the caller's module and the run are untouched) with
+    ``batch`` (one node's batch, already on ``device``): two warm-up steps, then the fastest of
+    up to ``repeats`` timed steps, as many as fit in ``budget_s`` seconds but at least 3. The
+    fastest is the least disturbed by other load; a short burst of contention on a shared
+    machine can slow a few steps tenfold. The copy is in eval mode (the model contract holds in
+    both modes: it returns a loss), so the timing is not a training forward: dropout draws no
+    random numbers and code that acts only in training (a model that records its training
+    batches) does not run; dropout and batch-norm statistics are a negligible part of a step.
+    The global RNG (CPU and CUDA) is restored afterwards anyway. Cached per model class, tensor
+    shapes, batch shapes, optimizer, device and thread count.
+    """
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 3:
+        raise ValueError(f"repeats must be an integer >= 3, got {repeats!r}")
+    if not budget_s > 0:
+        raise ValueError(f"budget_s must be > 0 seconds, got {budget_s!r}")
+    device = torch.device(device)
+    key = _measure_key(model, batch, optim, device)
+    if key in _MEASURED:
+        return _MEASURED[key]
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        module = copy.deepcopy(model).to(device).eval()
+        opt = optim.build([p for p in module.parameters() if p.requires_grad])
+        times: list[float] = []
+        timed = 0.0
+        while len(times) < 2 + 3 or (len(times) < 2 + repeats and timed < budget_s):
+            _sync(device)
+            start = time.perf_counter()
+            loss_of(module(batch)).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+            _sync(device)
+            times.append(time.perf_counter() - start)
+            timed += times[-1] if len(times) > 2 else 0.0
+        value = min(times[2:])
+    finally:
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+    _MEASURED[key] = value
+    return value
+
+
+# -- the clock -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ClockReport:
+    """Simulated time of a run on one network.
+
+    Attributes:
+        network: the network's name; ``network_spec`` its spec string.
+        step_time_s: ``c``, one node's compute per step at speed 1; ``compute_source`` how it was
+            obtained (``measured``, ``given``, ``flops``).
+        total_s: simulated wall clock of the whole run.
+        compute_s, comm_s, idle_s: mean over nodes of each node's compute, time waiting on the
+            network, and time waiting for slower nodes; ``compute + comm + idle = total`` for
+            every node.
+        utilization: ``compute_s / total_s``.
+        node_compute_s, node_comm_s, node_idle_s: per node.
+    """
+
+    network: str
+    network_spec: str
+    step_time_s: float
+    compute_source: str
+    total_s: float
+    compute_s: float
+    comm_s: float
+    idle_s: float
+    utilization: float
+    node_compute_s: tuple[float, ...]
+    node_comm_s: tuple[float, ...]
+    node_idle_s: tuple[float, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
+                for f in fields(self)}
+
+    def line(self) -> str:
+        """``"6.2 s = compute 6.1 s + comm 0.1 s + idle 0 s, utilization 98.4%"``."""
+        return (f"{format_duration(self.total_s)} = compute {format_duration(self.compute_s)} "
+                f"+ comm {format_duration(self.comm_s)} + idle {format_duration(self.idle_s)}, "
+                f"utilization {100 * self.utilization:.1f}%")
+
+
+@dataclass
+class _Pending:
+    tag: str
+    end: float
+    deadline_step: int | None
+
+
+class SimClock:
+    """Advances per-node simulated clocks over compute steps and collectives (rules in the
+    module docstring). Call :meth:`compute` once per step, then :meth:`collective` for each of
+    the step's records in order, and :meth:`finish` at the end.
+
+    Args:
+        network: the network (a :class:`Network` or a spec string).
+        num_nodes: ``N``.
+        step_time_s: ``c``, seconds of one node's step at speed 1.
+        overlap_steps: ``W`` for collectives marked ``overlap=True`` (None: until the next
+            collective with the same tag, or the end).
+        compute_source: recorded in the report.
+    """
+
+    def __init__(self, network: Network | str, num_nodes: int, step_time_s: float, *,
+                 overlap_steps: int | None = None, compute_source: str = "given") -> None:
+        self.network = parse_network(network)
+        if not (math.isfinite(step_time_s) and step_time_s > 0):
+            raise ValueError(f"step_time_s must be > 0, got {step_time_s!r}")
+        if overlap_steps is not None and overlap_steps < 0:
+            raise ValueError(f"overlap_steps must be >= 0 or None, got {overlap_steps!r}")
+        self.num_nodes = num_nodes
+        self.step_time_s = float(step_time_s)
+        self.compute_source = compute_source
+        self.overlap_steps = overlap_steps
+        self.node_step_s = [step_time_s / s for s in self.network.node_speeds(num_nodes)]
+        self.t = [0.0] * num_nodes
+        self.node_compute = [0.0] * num_nodes
+        self.node_comm = [0.0] * num_nodes
+        self.node_idle = [0.0] * num_nodes
+        self.net_free = 0.0
+        self.pending: list[_Pending] = []
+        self._times: dict[tuple[str, int], float] = {}
+
+    @property
+    def now(self) -> float:
+        """Simulated seconds so far: when the slowest node finished what it was given."""
+        return max(self.t)
+
+    def compute(self, step: int) -> None:
+        """Every node computes one step; then overlapped results due after it are awaited."""
+        for i, c in enumerate(self.node_step_s):
+            self.t[i] += c
+            self.node_compute[i] += c
+        due = [p for p in self.pending if p.deadline_step is not None and p.deadline_step <= step]
+        for p in due:
+            self._await(p)
+
+    def collective_time(self, rec: CommRecord) -> float:
+        key = (rec.op, rec.payload_bytes)
+        if key not in self._times:
+            self._times[key] = self.network.collective_time(rec.op, rec.payload_bytes,
+                                                            self.num_nodes)
+        return self._times[key]
+
+    def collective(self, rec: CommRecord) -> None:
+        """One collective of the log (blocking, or overlapping if ``rec.overlap``)."""
+        for p in [p for p in self.pending if p.tag == rec.tag]:
+            self._await(p)  # its result is applied before the next one with this tag is sent
+        issue = max(self.t)  # a collective starts when every node has joined it
+        start = max(issue, self.net_free)
+        end = start + self.collective_time(rec)
+        self.net_free = end
+        if rec.overlap:
+            deadline = None if self.overlap_steps is None else rec.step + self.overlap_steps
+            pending = _Pending(rec.tag, end, deadline)
+            self.pending.append(pending)
+            if deadline is not None and deadline <= rec.step:  # W = 0: due at once
+                self._await(pending)
+            return
+        for i in range(self.num_nodes):
+            self.node_idle[i] += issue - self.t[i]
+            self.node_comm[i] += end - issue
+            self.t[i] = end
+
+    def _await(self, p: _Pending) -> None:
+        for i in range(self.num_nodes):
+            if p.end > self.t[i]:
+                self.node_comm[i] += p.end - self.t[i]
+                self.t[i] = p.end
+        self.pending.remove(p)
+
+    def finish(self) -> ClockReport:
+        """Await every overlapped collective, let every node reach the slowest; the report."""
+        for p in list(self.pending):
+            self._await(p)
+        total = max(self.t)
+        for i in range(self.num_nodes):
+            self.node_idle[i] += total - self.t[i]
+            self.t[i] = total
+        n = self.num_nodes
+        compute = sum(self.node_compute) / n
+        return ClockReport(
+            network=self.network.name, network_spec=self.network.spec(),
+            step_time_s=self.step_time_s, compute_source=self.compute_source, total_s=total,
+            compute_s=compute, comm_s=sum(self.node_comm) / n, idle_s=sum(self.node_idle) / n,
+            utilization=compute / total if total > 0 else float("nan"),
+            node_compute_s=tuple(self.node_compute), node_comm_s=tuple(self.node_comm),
+            node_idle_s=tuple(self.node_idle),
+        )
+
+
+# -- what a run records, to re-cost it ------------------------------------------------------------
+def encode_comm_log(records: Iterable[CommRecord]) -> list[dict[str, Any]]:
+    """The log, compressed for ``summary.json`` without losing order: the records of each step
+    form a pattern, and a run of steps ``first_step + k * every`` (``k < count``) with the same
+    pattern is one block. A DDP or DiLoCo run is one block."""
+    groups: list[tuple[int, list[dict[str, Any]]]] = []
+    for rec in records:
+        item = asdict(rec)
+        step = item.pop("step")
+        if groups and groups[-1][0] == step:
+            groups[-1][1].append(item)
+        else:
+            groups.append((step, [item]))
+    blocks: list[dict[str, Any]] = []
+    for step, pattern in groups:
+        last = blocks[-1] if blocks else None
+        if last is not None and last["records"] == pattern:
+            prev = last["first_step"] + (last["count"] - 1) * last["every"]
+            if last["count"] == 1:
+                last["every"] = step - prev
+            if step - prev == last["every"]:
+                last["count"] += 1
+                continue
+        blocks.append({"first_step": step, "every": 1, "count": 1, "records": pattern})
+    return blocks
+
+
+def decode_comm_log(blocks: Sequence[dict[str, Any]]) -> list[CommRecord]:
+    """The inverse of :func:`encode_comm_log` (fields unknown to :class:`CommRecord` dropped)."""
+    known = {f.name for f in fields(CommRecord)}
+    out = []
+    for block in blocks:
+        for k in range(block["count"]):
+            step = block["first_step"] + k * block["every"]
+            for item in block["records"]:
+                out.append(CommRecord(**{key: v for key, v in item.items() if key in known},
+                                      step=step))
+    return out
+
+
+@dataclass(frozen=True)
+class ClockTrace:
+    """What re-costing a run needs: its shape, compute time per step and collectives.
+
+    Attributes:
+        num_nodes, steps: the run's shape.
+        step_time_s: ``c`` of the run; ``compute_source`` how it was obtained.
+        overlap_steps: ``W`` of overlapped collectives (None: until the next with the same tag).
+        records: the communicator's log, in order.
+    """
+
+    num_nodes: int
+    steps: int
+    step_time_s: float
+    compute_source: str
+    overlap_steps: int | None
+    records: tuple[CommRecord, ...]
+
+    def cost(self, network: Network | str, step_time_s: float | None = None) -> ClockReport:
+        """Replay the run on ``network`` (optionally with another compute time per step)."""
+        clock = SimClock(network, self.num_nodes,
+                         self.step_time_s if step_time_s is None else step_time_s,
+                         overlap_steps=self.overlap_steps,
+                         compute_source=self.compute_source if step_time_s is None else "given")
+        records = sorted(self.records, key=lambda r: r.step)  # stable: keeps order in a step
+        k = 0
+        while k < len(records) and records[k].step < 0:  # before the first step (set-up)
+            clock.collective(records[k])
+            k += 1
+        for step in range(self.steps):
+            clock.compute(step)
+            while k < len(records) and records[k].step <= step:
+                clock.collective(records[k])
+                k += 1
+        for rec in records[k:]:
+            clock.collective(rec)
+        return clock.finish()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"num_nodes": self.num_nodes, "steps": self.steps,
+                "step_time_s": self.step_time_s, "compute_source": self.compute_source,
+                "overlap_steps": self.overlap_steps, "comm": encode_comm_log(self.records)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ClockTrace:
+        return cls(num_nodes=int(data["num_nodes"]), steps=int(data["steps"]),
+                   step_time_s=float(data["step_time_s"]),
+                   compute_source=str(data["compute_source"]),
+                   overlap_steps=data["overlap_steps"],
+                   records=tuple(decode_comm_log(data["comm"])))

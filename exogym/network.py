@@ -1,0 +1,528 @@
+"""A simulated network: per-node bandwidth, latency, and the time each collective takes.
+
+A :class:`Network` turns one collective of the communicator's log (``op``, ``S`` = the payload
+bytes ONE node contributes, ``N`` nodes) into seconds. Each formula is the classic
+latency-bandwidth (alpha-beta) cost of the algorithm, as tabulated by Thakur, Rabenseifner and
+Gropp, "Optimization of Collective Communication Operations in MPICH" (IJHPCA 19(1), 2005) and, for
+the ring all-reduce, Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
+workstations" (JPDC 69(2), 2009). With ``L`` the latency in seconds and ``B`` the bandwidth in
+bits per second (``8 S / B`` seconds to move ``S`` bytes):
+
+===============  ===========  =============================================================
+collective       algorithm    time
+===============  ===========  =============================================================
+all_reduce       ``ring``     ``2(N-1)/N * 8S/B + 2(N-1) * L`` (reduce-scatter + all-gather)
+all_reduce       ``tree``     ``2 ceil(log2 N) * (8S/B + L)`` (binomial reduce + broadcast)
+all_reduce       ``star``     ``2 ((N-1) * 8S/B + L)`` (parameter server on node 0)
+all_gather       ``ring``     ``(N-1) * (8S/B + L)``
+broadcast        ``star``     ``(N-1) * 8S/B + L`` (the source sends to every other node)
+broadcast        ``tree``     ``ceil(log2 N) * (8S/B + L)`` (binomial tree)
+===============  ===========  =============================================================
+
+With one node every collective takes 0 s. With per-node bandwidths, every synchronous step of a
+ring or tree waits for its slowest transfer, so ``B`` is the slowest link of the run,
+``min_i min(up_i, down_i)``; the star algorithms are limited by the centre node's own links and
+by the slowest other node (see :func:`star_all_reduce_time`, :func:`star_broadcast_time`).
+The network only turns bytes into time: the byte counters of a run are the communicator's
+(ring formulas), whatever algorithm is chosen here.
+
+Named profiles (:data:`PROFILES`) and custom networks are parsed from strings, with explicit
+units (bits vs bytes, decimal prefixes)::
+
+    parse_network("home-100mbps")
+    parse_network("bw=1Gbps,latency=5ms")
+    parse_network("home-100mbps,node_speed=1:1:1:0.5")       # node 3 computes at half speed
+    parse_network("cloud-10g,bw_sigma=0.5,speed_sigma=0.2,seed=3")   # random heterogeneity
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Literal
+
+import torch
+
+__all__ = [
+    "COLLECTIVES",
+    "PROFILES",
+    "Network",
+    "collective_time",
+    "format_duration",
+    "format_rate",
+    "parse_duration",
+    "parse_network",
+    "parse_rate",
+    "ring_all_gather_time",
+    "ring_all_reduce_time",
+    "star_all_reduce_time",
+    "star_broadcast_time",
+    "tree_all_reduce_time",
+    "tree_broadcast_time",
+]
+
+AllReduceAlgo = Literal["ring", "tree", "star"]
+AllGatherAlgo = Literal["ring"]
+BroadcastAlgo = Literal["star", "tree"]
+ALGORITHMS: dict[str, tuple[str, ...]] = {
+    "all_reduce": ("ring", "tree", "star"),
+    "all_gather": ("ring",),
+    "broadcast": ("star", "tree"),
+}
+COLLECTIVES = tuple(ALGORITHMS)
+
+# -- units -------------------------------------------------------------------------------------
+_PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+_BIT_UNITS = ("bps", "bit/s", "b/s")  # lower-case b: bits
+_BYTE_UNITS = ("Bps", "B/s", "byte/s")  # upper-case B: bytes
+RATE_UNITS = (
+    "bps, kbps, Mbps, Gbps, Tbps or bit/s, kbit/s, Mbit/s, Gbit/s, Tbit/s (bits per second); "
+    "B/s, kB/s, MB/s, GB/s, TB/s or Bps, kBps, MBps, GBps (bytes per second); "
+    "decimal prefixes, k/M/G/T in either case"
+)
+_DURATION = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0,
+             "min": 60.0, "h": 3600.0, "hr": 3600.0, "d": 86400.0, "day": 86400.0,
+             "days": 86400.0}
+DURATION_UNITS = ", ".join(_DURATION)
+_NUMBER_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([^\s0-9].*?)?\s*$")
+
+
+def _split(text: str, what: str, example: str, units: str) -> tuple[float, str]:
+    match = _NUMBER_UNIT.match(text) if isinstance(text, str) else None
+    if match is None:
+        raise ValueError(f"{what} must be a number with a unit, e.g. {example!r}, got {text!r}; "
+                         f"units: {units}")
+    return float(match.group(1)), match.group(2) or ""
+
+
+def parse_rate(text: str) -> float:
+    """A bandwidth string -> bits per second: ``"100Mbps"`` -> 1e8, ``"1.5GB/s"`` -> 1.2e10.
+
+    The unit is required (a bare number could be bits or bytes). Lower-case ``b`` means bits,
+    upper-case ``B`` bytes; prefixes are decimal (``k`` = 1e3 ... ``T`` = 1e12).
+    """
+    value, unit = _split(text, "a bandwidth", "100Mbps", RATE_UNITS)
+    prefix, base = (unit[0], unit[1:]) if unit[:1].lower() in "kmgt" and unit[:1] else ("", unit)
+    if base in _BIT_UNITS:
+        scale = 1.0
+    elif base in _BYTE_UNITS:
+        scale = 8.0
+    else:
+        raise ValueError(f"unknown bandwidth unit {unit!r} in {text!r}; allowed: {RATE_UNITS}")
+    rate = value * _PREFIX[prefix.lower()] * scale
+    if not rate > 0 or not math.isfinite(rate):
+        raise ValueError(f"a bandwidth must be > 0, got {text!r}")
+    return rate
+
+
+def parse_duration(text: str) -> float:
+    """A duration string -> seconds: ``"20ms"`` -> 0.02, ``"1.5s"``, ``"10us"``, ``"1min"``.
+
+    The unit is required; allowed: ns, us (or µs), ms, s (sec), min, h (hr), d (day, days).
+    """
+    value, unit = _split(text, "a duration", "20ms", DURATION_UNITS)
+    if unit not in _DURATION:
+        what = "a unit" if not unit else f"unknown duration unit {unit!r}"
+        raise ValueError(f"{what} in {text!r}; allowed: {DURATION_UNITS}")
+    return value * _DURATION[unit]
+
+
+def format_rate(bps: float) -> str:
+    """``1e8`` -> ``"100 Mbit/s"``."""
+    for unit, scale in (("Tbit/s", 1e12), ("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
+        if bps >= scale:
+            return f"{bps / scale:.4g} {unit}"
+    return f"{bps:.4g} bit/s"
+
+
+def format_duration(seconds: float) -> str:
+    """A short human duration: ``1e-5`` -> ``"10 us"``, ``0.56`` -> ``"0.56 s"``,
+    ``1120`` -> ``"18.7 min"``, ``30280`` -> ``"505 min (8.4 h)"``, ``630000`` ->
+    ``"10,500 min (7.3 days)"``."""
+    if seconds == 0:
+        return "0 s"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.3g} us"
+    if seconds < 1:
+        return f"{seconds * 1e3:.3g} ms" if seconds < 0.1 else f"{seconds:.2g} s"
+    if seconds < 60:
+        return f"{seconds:.3g} s"
+    minutes = seconds / 60
+    if minutes < 60:
+        return f"{minutes:.3g} min"
+    text = f"{minutes:,.0f} min" if minutes >= 100 else f"{minutes:.3g} min"
+    hours = minutes / 60
+    return f"{text} ({hours:.1f} h)" if hours < 48 else f"{text} ({hours / 24:.1f} days)"
+
+
+# -- closed forms ------------------------------------------------------------------------------
+def _check_args(payload_bytes: float, num_nodes: int) -> None:
+    if not payload_bytes >= 0:
+        raise ValueError(f"payload_bytes must be >= 0, got {payload_bytes!r}")
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
+        raise ValueError(f"num_nodes must be an integer >= 1, got {num_nodes!r}")
+
+
+def ring_all_reduce_time(payload_bytes: float, num_nodes: int, bps: float, latency: float) -> float:
+    """Ring all-reduce: ``2(N-1)/N * 8S/B + 2(N-1) * L``.
+
+    A reduce-scatter then an all-gather, each ``N-1`` steps in which every node sends a chunk of
+    ``S/N`` bytes to its neighbour; ``B`` is the slowest link of the ring.
+    """
+    _check_args(payload_bytes, num_nodes)
+    n = num_nodes
+    return 2 * (n - 1) * (8 * payload_bytes / n / bps + latency) if n > 1 else 0.0
+
+
+def tree_all_reduce_time(payload_bytes: float, num_nodes: int, bps: float, latency: float) -> float:
+    """Binomial-tree reduce to a root, then binomial-tree broadcast back:
+    ``2 ceil(log2 N) * (8S/B + L)``; every round moves the whole payload once per pair."""
+    _check_args(payload_bytes, num_nodes)
+    rounds = math.ceil(math.log2(num_nodes)) if num_nodes > 1 else 0
+    return 2 * rounds * (8 * payload_bytes / bps + latency)
+
+
+def star_all_reduce_time(
+    payload_bytes: float, up: Sequence[float], down: Sequence[float], latency: float
+) -> float:
+    """Parameter server (star) on node 0: every other node pushes ``S`` bytes, the server
+    reduces and sends the result back to each of them.
+
+    Push: ``max((N-1) * 8S / down_0, 8S / min_{i>0} up_i) + L``; pull: ``max((N-1) * 8S / up_0,
+    8S / min_{i>0} down_i) + L``. With one bandwidth ``B`` for all: ``2 ((N-1) * 8S/B + L)``.
+    """
+    _check_args(payload_bytes, len(up))
+    n = len(up)
+    if n == 1:
+        return 0.0
+    bits = 8 * payload_bytes
+    push = max((n - 1) * bits / down[0], bits / min(up[1:])) + latency
+    pull = max((n - 1) * bits / up[0], bits / min(down[1:])) + latency
+    return push + pull
+
+
+def ring_all_gather_time(payload_bytes: float, num_nodes: int, bps: float, latency: float) -> float:
+    """Ring all-gather of ``S`` bytes per node: ``(N-1) * (8S/B + L)`` (each of the ``N-1``
+    steps forwards one node's ``S`` bytes to the next node)."""
+    _check_args(payload_bytes, num_nodes)
+    return (num_nodes - 1) * (8 * payload_bytes / bps + latency)
+
+
+def star_broadcast_time(
+    payload_bytes: float, up: Sequence[float], down: Sequence[float], latency: float,
+    src: int = 0,
+) -> float:
+    """Star broadcast from ``src``: ``max((N-1) * 8S / up_src, 8S / min_{i != src} down_i) + L``
+    (the source's uplink carries ``N-1`` copies; each receiver gets one)."""
+    _check_args(payload_bytes, len(up))
+    n = len(up)
+    if n == 1:
+        return 0.0
+    bits = 8 * payload_bytes
+    others = [d for i, d in enumerate(down) if i != src]
+    return max((n - 1) * bits / up[src], bits / min(others)) + latency
+
+
+def tree_broadcast_time(payload_bytes: float, num_nodes: int, bps: float, latency: float) -> float:
+    """Binomial-tree broadcast: ``ceil(log2 N) * (8S/B + L)`` (the informed nodes double each
+    round)."""
+    _check_args(payload_bytes, num_nodes)
+    rounds = math.ceil(math.log2(num_nodes)) if num_nodes > 1 else 0
+    return rounds * (8 * payload_bytes / bps + latency)
+
+
+# -- the network -------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Network:
+    """Bandwidth, latency, collective algorithms and per-node heterogeneity of a cluster.
+
+    Attributes:
+        name: the profile name (``custom`` for hand-made networks).
+        up_bps: upload bandwidth of every node, bits per second.
+        down_bps: download bandwidth of every node, bits per second (None: same as ``up_bps``).
+        latency_s: one-way latency of one message, seconds (``L`` in the formulas).
+        all_reduce: ``ring``, ``tree`` or ``star`` (parameter server on node 0).
+        all_gather: ``ring``.
+        broadcast: ``star`` (the source sends to each node) or ``tree`` (binomial).
+        node_up_bps: per-node upload bandwidths, bits/s (overrides ``up_bps``; length N).
+        node_down_bps: per-node download bandwidths, bits/s (overrides ``down_bps``; length N).
+        node_speed: per-node relative compute speed (1 = the measured or given step time, 0.5 =
+            a node twice as slow); length N.
+        bw_sigma: random heterogeneity: node ``i``'s bandwidths are multiplied by
+            ``exp(bw_sigma * z_i)``, ``z_i ~ N(0, 1)`` drawn from ``seed`` (a log-normal factor,
+            median 1); 0 = none.
+        speed_sigma: the same for the compute speed.
+        seed: seeds the random factors (``torch.Generator``, never the global RNG).
+        description: where a profile's numbers come from.
+    """
+
+    name: str = "custom"
+    up_bps: float
+    down_bps: float | None = None
+    latency_s: float = 0.0
+    all_reduce: AllReduceAlgo = "ring"
+    all_gather: AllGatherAlgo = "ring"
+    broadcast: BroadcastAlgo = "star"
+    node_up_bps: tuple[float, ...] | None = None
+    node_down_bps: tuple[float, ...] | None = None
+    node_speed: tuple[float, ...] | None = None
+    bw_sigma: float = 0.0
+    speed_sigma: float = 0.0
+    seed: int = 0
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        _positive("up_bps", self.up_bps)
+        if self.down_bps is not None:
+            _positive("down_bps", self.down_bps)
+        if not (isinstance(self.latency_s, (int, float)) and math.isfinite(self.latency_s)
+                and self.latency_s >= 0):
+            raise ValueError(f"latency_s must be a number >= 0 (seconds), got {self.latency_s!r}")
+        for op, allowed in ALGORITHMS.items():
+            if getattr(self, op) not in allowed:
+                raise ValueError(f"{op} algorithm must be one of {allowed}, "
+                                 f"got {getattr(self, op)!r}")
+        for key in ("node_up_bps", "node_down_bps", "node_speed"):
+            values = getattr(self, key)
+            if values is None:
+                continue
+            values = tuple(float(v) for v in values)
+            if not values or not all(math.isfinite(v) and v > 0 for v in values):
+                raise ValueError(f"{key} must be a non-empty list of numbers > 0, got {values!r}")
+            object.__setattr__(self, key, values)
+        lengths = {len(v) for v in (self.node_up_bps, self.node_down_bps) if v is not None}
+        if len(lengths) > 1:
+            raise ValueError(f"node_up_bps and node_down_bps must have the same length, got "
+                             f"{len(self.node_up_bps or ())} and {len(self.node_down_bps or ())}")
+        for key in ("bw_sigma", "speed_sigma"):
+            value = getattr(self, key)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{key} must be a number >= 0, got {value!r}")
+        if self.bw_sigma and (self.node_up_bps or self.node_down_bps):
+            raise ValueError("give per-node bandwidths (node_up_bps/node_down_bps) or bw_sigma, "
+                             "not both")
+        if self.speed_sigma and self.node_speed:
+            raise ValueError("give node_speed or speed_sigma, not both")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+
+    # -- per-node values -----------------------------------------------------------------------
+    def node_bandwidths(self, num_nodes: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """``(up, down)`` bits/s of each of ``num_nodes`` nodes."""
+        up = self._per_node("node_up_bps", self.node_up_bps, self.up_bps, num_nodes)
+        down = self._per_node("node_down_bps", self.node_down_bps,
+                              self.down_bps if self.down_bps is not None else self.up_bps,
+                              num_nodes)
+        if self.bw_sigma:
+            factors = _lognormal(self.bw_sigma, self.seed, 0, num_nodes)
+            up = tuple(u * f for u, f in zip(up, factors, strict=True))
+            down = tuple(d * f for d, f in zip(down, factors, strict=True))
+        return up, down
+
+    def node_speeds(self, num_nodes: int) -> tuple[float, ...]:
+        """Relative compute speed of each node (1.0 = nominal)."""
+        speeds = self._per_node("node_speed", self.node_speed, 1.0, num_nodes)
+        if self.speed_sigma:
+            factors = _lognormal(self.speed_sigma, self.seed, 1, num_nodes)
+            speeds = tuple(s * f for s, f in zip(speeds, factors, strict=True))
+        return speeds
+
+    def slowest_link_bps(self, num_nodes: int) -> float:
+        """``min_i min(up_i, down_i)``: the ``B`` of ring and tree algorithms."""
+        up, down = self.node_bandwidths(num_nodes)
+        return min(min(up), min(down))
+
+    @staticmethod
+    def _per_node(key: str, values: tuple[float, ...] | None, default: float,
+                  num_nodes: int) -> tuple[float, ...]:
+        if values is None:
+            return (float(default),) * num_nodes
+        if len(values) != num_nodes:
+            raise ValueError(f"{key} lists {len(values)} nodes but the run has {num_nodes}")
+        return values
+
+    # -- time ----------------------------------------------------------------------------------
+    def collective_time(self, op: str, payload_bytes: float, num_nodes: int, *,
+                        src: int = 0) -> float:
+        """Seconds for one collective of ``payload_bytes`` per node over ``num_nodes`` nodes,
+        with this network's algorithm for ``op`` (formulas in the module docstring)."""
+        if op not in ALGORITHMS:
+            raise ValueError(f"unknown collective {op!r}; allowed: {', '.join(ALGORITHMS)}")
+        _check_args(payload_bytes, num_nodes)
+        if num_nodes == 1:
+            return 0.0
+        up, down = self.node_bandwidths(num_nodes)
+        bps = min(min(up), min(down))
+        lat = self.latency_s
+        algo = getattr(self, op)
+        if op == "all_reduce":
+            if algo == "ring":
+                return ring_all_reduce_time(payload_bytes, num_nodes, bps, lat)
+            if algo == "tree":
+                return tree_all_reduce_time(payload_bytes, num_nodes, bps, lat)
+            return star_all_reduce_time(payload_bytes, up, down, lat)
+        if op == "all_gather":
+            return ring_all_gather_time(payload_bytes, num_nodes, bps, lat)
+        if algo == "tree":
+            return tree_broadcast_time(payload_bytes, num_nodes, bps, lat)
+        return star_broadcast_time(payload_bytes, up, down, lat, src)
+
+    # -- text ----------------------------------------------------------------------------------
+    def describe(self) -> str:
+        """``"100 Mbit/s, 20 ms, ring all-reduce"`` (plus heterogeneity if any)."""
+        down = self.down_bps if self.down_bps is not None else self.up_bps
+        bw = (format_rate(self.up_bps) if down == self.up_bps
+              else f"{format_rate(down)} down / {format_rate(self.up_bps)} up")
+        parts = [bw, format_duration(self.latency_s), f"{self.all_reduce} all-reduce"]
+        if self.node_up_bps or self.node_down_bps or self.bw_sigma:
+            parts.append("per-node bandwidth")
+        if self.node_speed or self.speed_sigma:
+            parts.append("per-node compute speed")
+        return ", ".join(parts)
+
+    def spec(self) -> str:
+        """A string that :func:`parse_network` turns back into this network."""
+        base = PROFILES.get(self.name)
+        if base is not None and replace(base, description=self.description) == self:
+            return self.name
+        items = [f"name={self.name}", f"up={self.up_bps:g}bps"]
+        if self.down_bps is not None:
+            items.append(f"down={self.down_bps:g}bps")
+        items.append(f"latency={self.latency_s:g}s")
+        defaults = {f.name: f.default for f in fields(Network)}
+        for key in ("all_reduce", "all_gather", "broadcast", "bw_sigma", "speed_sigma", "seed"):
+            if getattr(self, key) != defaults[key]:
+                items.append(f"{key}={getattr(self, key)}")
+        for key, unit in (("node_up_bps", "bps"), ("node_down_bps", "bps"), ("node_speed", "")):
+            values = getattr(self, key)
+            if values is not None:
+                items.append(f"{key.removesuffix('_bps')}=" + ":".join(f"{v:g}{unit}"
+                                                                        for v in values))
+        return ",".join(items)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field plus ``spec``, for ``summary.json``."""
+        out = asdict(self)
+        out["spec"] = self.spec()
+        return out
+
+
+def _positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+        math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a number > 0 (bits per second), got {value!r}")
+
+
+def _lognormal(sigma: float, seed: int, stream: int, n: int) -> tuple[float, ...]:
+    gen = torch.Generator().manual_seed(2 * seed + stream)
+    z = torch.randn(n, generator=gen, dtype=torch.float64)
+    return tuple(float(v) for v in torch.exp(sigma * z))
+
+
+# -- profiles ------------------------------------------------------------------------------------
+PROFILES: dict[str, Network] = {
+    "datacenter": Network(
+        name="datacenter", up_bps=200e9, latency_s=10e-6,
+        description="one 200 Gbit/s NIC per node (InfiniBand HDR / 200 GbE, the seed's data "
+                    "centre figure), ~10 us one-way latency inside a cluster"),
+    "cloud-10g": Network(
+        name="cloud-10g", up_bps=10e9, latency_s=100e-6,
+        description="cloud VMs in one region: 10 Gbit/s per VM (a common instance network "
+                    "limit), ~100 us one-way latency (assumption: same region, TCP)"),
+    "home-1gbps": Network(
+        name="home-1gbps", up_bps=1e9, latency_s=10e-3,
+        description="symmetric 1 Gbit/s fibre at home, ~10 ms one-way latency between peers "
+                    "in one region (assumption)"),
+    "home-100mbps": Network(
+        name="home-100mbps", up_bps=100e6, latency_s=20e-3,
+        description="the seed's 100 Mbit/s home internet, symmetric, ~20 ms one-way latency "
+                    "between peers in one country (assumption)"),
+    "mobile": Network(
+        name="mobile", up_bps=10e6, down_bps=50e6, latency_s=50e-3,
+        description="4G/LTE-class mobile link: 50 Mbit/s down, 10 Mbit/s up, ~50 ms one-way "
+                    "latency (assumption, the order of public speed-test medians)"),
+}
+
+_SPEC_KEYS = ("name", "bw", "up", "down", "latency", "all_reduce", "all_gather", "broadcast",
+              "node_bw", "node_up", "node_down", "node_speed", "bw_sigma", "speed_sigma", "seed")
+
+
+def parse_network(spec: str | Network | None = None) -> Network:
+    """A :class:`Network` from a profile name and/or ``key=value`` items separated by commas.
+
+    ``"home-100mbps"``; ``"bw=1Gbps,latency=5ms"``; ``"home-100mbps,latency=50ms"``.
+    Keys: ``bw`` (up and down), ``up``, ``down``, ``latency``, ``all_reduce`` (ring, tree, star),
+    ``all_gather`` (ring), ``broadcast`` (star, tree), per-node lists separated by ``:``
+    (``node_bw``, ``node_up``, ``node_down`` with units, ``node_speed`` as plain numbers),
+    ``bw_sigma``, ``speed_sigma``, ``seed``, ``name``. None gives ``datacenter``.
+    """
+    if spec is None:
+        return PROFILES["datacenter"]
+    if isinstance(spec, Network):
+        return spec
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"a network is a profile name or key=value items, got {spec!r}; "
+                         f"profiles: {', '.join(PROFILES)}")
+    items = [s.strip() for s in spec.split(",") if s.strip()]
+    base: Network | None = None
+    if "=" not in items[0]:
+        name = items.pop(0)
+        if name not in PROFILES:
+            raise ValueError(f"unknown network profile {name!r}; profiles: {', '.join(PROFILES)}"
+                             "; or give key=value items such as 'bw=1Gbps,latency=5ms'")
+        base = PROFILES[name]
+    values: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep:
+            raise ValueError(f"expected key=value in network spec {spec!r}, got {item!r}")
+        if key not in _SPEC_KEYS:
+            raise ValueError(f"unknown network key {key!r} in {spec!r}; allowed: "
+                             f"{', '.join(_SPEC_KEYS)}")
+        if key in ("bw", "up"):
+            values["up_bps"] = parse_rate(value)
+        if key in ("bw", "down"):
+            values["down_bps"] = parse_rate(value)
+        if key == "latency":
+            values["latency_s"] = parse_duration(value)
+        if key in ("node_bw", "node_up"):
+            values["node_up_bps"] = tuple(parse_rate(v) for v in value.split(":"))
+        if key in ("node_bw", "node_down"):
+            values["node_down_bps"] = tuple(parse_rate(v) for v in value.split(":"))
+        if key == "node_speed":
+            values["node_speed"] = tuple(_number(key, v) for v in value.split(":"))
+        if key in ("bw_sigma", "speed_sigma"):
+            values[key] = _number(key, value)
+        if key == "seed":
+            try:
+                values["seed"] = int(value)
+            except ValueError:
+                raise ValueError(f"seed takes an integer, got {value!r}") from None
+        if key in ("name", "all_reduce", "all_gather", "broadcast"):
+            values[key] = value
+    if base is None:
+        if "up_bps" not in values:
+            raise ValueError(f"network spec {spec!r} needs a bandwidth (bw=, or up= and down=) "
+                             f"or a profile name ({', '.join(PROFILES)})")
+        return Network(**values)
+    if not values:
+        return base
+    values.setdefault("name", f"{base.name}+")  # a modified profile is no longer the profile
+    return replace(base, **values)
+
+
+def _number(key: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{key} takes a plain number, got {text!r}") from None
+
+
+def collective_time(op: str, payload_bytes: float, num_nodes: int,
+                    network: Network | str | None = None, *, src: int = 0) -> float:
+    """Seconds for one collective on ``network`` (default ``datacenter``); see
+    :meth:`Network.collective_time`."""
+    return parse_network(network).collective_time(op, payload_bytes, num_nodes, src=src)

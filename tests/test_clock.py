@@ -1,0 +1,382 @@
+"""The simulated clock: hand-computed schedules, and the clock of short real runs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.data import TensorDataset
+
+from exogym import Classifier, Trainer
+from exogym.cli import main
+from exogym.clock import (
+    ClockTrace,
+    SimClock,
+    decode_comm_log,
+    encode_comm_log,
+    measure_step_time,
+    resolve_step_time,
+)
+from exogym.comm import CommRecord
+from exogym.network import Network, parse_network
+from exogym.optim import OptimSpec
+from exogym.strategy.base import Strategy
+from exogym.strategy.ddp import DDP
+from exogym.strategy.diloco import DiLoCo
+from exogym.tasks import Task
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+# 8 Mbit/s = 1 MB/s, no latency: with N = 2 a ring all-reduce of S bytes takes
+# 2 (N-1)/N * S / 1e6 = S / 1e6 seconds.
+NET2 = Network(up_bps=8e6)
+
+
+def ar(step: int, payload: int = 1_000_000, tag: str = "g", overlap: bool = False) -> CommRecord:
+    return CommRecord("all_reduce", payload, step, tag, overlap)
+
+
+def run_clock(net: Network, n: int, c: float, steps: int, records: list[CommRecord],
+              overlap_steps: int | None = None):
+    return ClockTrace(n, steps, c, "given", overlap_steps, tuple(records)).cost(net)
+
+
+# -- hand-computed schedules -----------------------------------------------------------------------
+def test_synchronous_steps_wait_for_the_straggler() -> None:
+    # node 1 computes at half speed: c = (1 s, 2 s); every step ends with a 1 s all-reduce.
+    # Step: max(1, 2) + 1 = 3 s; 3 steps = 9 s. Node 0: compute 3, comm 3, idle 3 (1 s per
+    # step waiting for node 1); node 1: compute 6, comm 3, idle 0.
+    net = parse_network("bw=8Mbps,latency=0s,node_speed=1:0.5")
+    r = run_clock(net, 2, 1.0, 3, [ar(0), ar(1), ar(2)])
+    assert r.total_s == pytest.approx(9.0)
+    assert r.node_compute_s == pytest.approx((3.0, 6.0))
+    assert r.node_comm_s == pytest.approx((3.0, 3.0))
+    assert r.node_idle_s == pytest.approx((3.0, 0.0))
+    assert (r.compute_s, r.comm_s, r.idle_s) == pytest.approx((4.5, 3.0, 1.5))
+    assert r.utilization == pytest.approx(0.5)
+    # the same run with equal nodes: 3 * (1 + 1) = 6 s, no idle time, utilization 1/2
+    even = run_clock(NET2, 2, 1.0, 3, [ar(0), ar(1), ar(2)])
+    assert (even.total_s, even.idle_s, even.utilization) == pytest.approx((6.0, 0.0, 0.5))
+
+
+def test_local_steps_only_wait_at_the_sync() -> None:
+    # H = 3 with the same straggler: nodes drift apart for 3 steps (3 s vs 6 s), meet at the
+    # sync: 6 + 1 = 7 s; then 3 more steps without a sync: node 1 ends at 13, node 0 at 10 and
+    # idles 3 s more at the end. Node 0: compute 6, comm 1, idle 6; node 1: 12, 1, 0.
+    net = parse_network("bw=8Mbps,latency=0s,node_speed=1:0.5")
+    r = run_clock(net, 2, 1.0, 6, [ar(2)])
+    assert r.total_s == pytest.approx(13.0)
+    assert r.node_idle_s == pytest.approx((6.0, 0.0))
+    assert r.node_comm_s == pytest.approx((1.0, 1.0))
+    for i in range(2):
+        assert r.node_compute_s[i] + r.node_comm_s[i] + r.node_idle_s[i] == pytest.approx(13.0)
+
+
+def test_overlapped_collective_adds_only_what_compute_does_not_hide() -> None:
+    # c = 1 s; a 2.5 s collective (S = 2.5 MB) issued after step 0 at t = 1 ends at 3.5.
+    rec = [ar(0, 2_500_000, overlap=True)]
+    # W = 2: needed after the compute of step 2 (t = 3): a 0.5 s stall, then step 3: 4.5 s.
+    r = run_clock(NET2, 2, 1.0, 4, rec, overlap_steps=2)
+    assert r.total_s == pytest.approx(4.5)
+    assert r.comm_s == pytest.approx(0.5) and r.compute_s == pytest.approx(4.0)
+    # W = 3: needed at t = 4 > 3.5, fully hidden: 4 s, comm 0
+    r = run_clock(NET2, 2, 1.0, 4, rec, overlap_steps=3)
+    assert (r.total_s, r.comm_s) == pytest.approx((4.0, 0.0))
+    # no W: needed at the end of the run (t = 4): hidden too
+    assert run_clock(NET2, 2, 1.0, 4, rec).total_s == pytest.approx(4.0)
+    # blocking: 1 + 2.5 + 3 = 6.5 s
+    assert run_clock(NET2, 2, 1.0, 4, [ar(0, 2_500_000)]).total_s == pytest.approx(6.5)
+    # W = 0: due right after the step that sent it: as blocking
+    assert run_clock(NET2, 2, 1.0, 4, rec, overlap_steps=0).total_s == pytest.approx(6.5)
+
+
+def test_overlapped_collective_is_awaited_before_the_next_with_its_tag() -> None:
+    # two 2.5 s overlapped syncs with the same tag after steps 0 and 1 (no W): the second is
+    # sent at t = 2 but needs the first's result (t = 3.5): stall 1.5; it then runs 3.5 -> 6.0;
+    # steps 2, 3 compute 3.5 -> 5.5; the end waits for it: 6.0 s, comm 1.5 + 0.5 = 2.0
+    recs = [ar(0, 2_500_000, overlap=True), ar(1, 2_500_000, overlap=True)]
+    r = run_clock(NET2, 2, 1.0, 4, recs)
+    assert (r.total_s, r.comm_s, r.compute_s) == pytest.approx((6.0, 2.0, 4.0))
+    # different tags need no wait, but share the network (one collective at a time):
+    # first 1 -> 3.5, second 3.5 -> 6.0; compute ends at 4; the end waits until 6.0
+    recs[1] = ar(1, 2_500_000, tag="h", overlap=True)
+    assert run_clock(NET2, 2, 1.0, 4, recs).total_s == pytest.approx(6.0)
+
+
+def test_blocking_collective_queues_behind_an_overlapped_one() -> None:
+    # overlapped 2.5 s after step 0 (t = 1 -> 3.5), a blocking 1 s after step 1 (t = 2) must
+    # wait for the network: 3.5 -> 4.5; then step 2: 5.5 s. Comm of each node: 2.5 s.
+    recs = [ar(0, 2_500_000, tag="a", overlap=True), ar(1, 1_000_000, tag="b")]
+    r = run_clock(NET2, 2, 1.0, 3, recs)
+    assert (r.total_s, r.comm_s) == pytest.approx((5.5, 2.5))
+
+
+def test_setup_collectives_come_before_the_first_step() -> None:
+    clock = SimClock(NET2, 2, 1.0)
+    clock.collective(ar(-1))  # e.g. a broadcast of the initial model: 1 s
+    clock.compute(0)
+    assert clock.now == pytest.approx(2.0)
+    assert run_clock(NET2, 2, 1.0, 1, [ar(-1)]).total_s == pytest.approx(2.0)
+
+
+def test_comm_log_encoding_round_trips() -> None:
+    ddp = [ar(s) for s in range(500)]
+    assert len(encode_comm_log(ddp)) == 1  # one block for a whole DDP run
+    diloco = [ar(s) for s in range(99, 500, 100)]
+    fields = {k: v for k, v in asdict(ar(99)).items() if k != "step"}
+    assert fields["payload_bytes"] == 1_000_000 and fields["tag"] == "g"
+    assert encode_comm_log(diloco) == [
+        {"first_step": 99, "every": 100, "count": 5, "records": [fields]}]
+    irregular = ([CommRecord("broadcast", 7, -1, "init")] + [ar(0), ar(0, 5, "b")]
+                 + [ar(s, 3, f"fragment{s % 2}", True) for s in range(3, 30, 5)] + [ar(40)])
+    for log in (ddp, diloco, irregular, []):
+        blocks = encode_comm_log(log)
+        assert decode_comm_log(json.loads(json.dumps(blocks))) == log
+
+
+def test_resolve_step_time() -> None:
+    assert resolve_step_time() == (None, "measured")
+    assert resolve_step_time("1.5s") == (1.5, "given")
+    assert resolve_step_time(0.25) == (0.25, "given")
+    # 6 x 1e8 params x 256 tokens per sample = 1.536e11 FLOPs, batch 8, 1e14 FLOP/s: 12.288 ms
+    c, source = resolve_step_time(None, 1.536e11, 1e14, 8)
+    assert (c, source) == (pytest.approx(0.012288, rel=1e-12), "flops")
+    with pytest.raises(ValueError, match="not both"):
+        resolve_step_time(1.0, 1e9, 1e12)
+    with pytest.raises(ValueError, match="needs both flops_per_sample and device_flops"):
+        resolve_step_time(None, 1e9)
+    with pytest.raises(ValueError, match="step_time must be > 0 seconds"):
+        resolve_step_time(0.0)
+    with pytest.raises(ValueError, match="unknown duration unit 'parsecs'"):
+        resolve_step_time("2 parsecs")
+    with pytest.raises(ValueError, match="device_flops must be a number > 0"):
+        resolve_step_time(None, 1e9, -1.0)
+
+
+# -- real runs -------------------------------------------------------------------------------------
+class Tiny(nn.Module):
+    def __init__(self, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.drop = nn.Dropout(dropout)
+        self.fc2 = nn.Linear(16, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.drop(F.relu(self.fc1(x))))
+
+
+def data(n: int, seed: int) -> TensorDataset:
+    gen = torch.Generator().manual_seed(seed)
+    return TensorDataset(torch.randn(n, 8, generator=gen), torch.randint(0, 4, (n,), generator=gen))
+
+
+TRAIN, VAL = data(256, 0), data(64, 1)
+P_BYTES = 4 * (8 * 16 + 16 + 16 * 4 + 4)  # fp32 parameters of Tiny: 4 x 212 = 848 bytes
+
+
+def model(dropout: float = 0.0) -> Classifier:
+    torch.manual_seed(0)
+    return Classifier(Tiny(dropout))
+
+
+def fit(strategy: Strategy, **kwargs):
+    kwargs = {"num_nodes": 3, "max_steps": 6, "batch_size": 8, "log_interval": 1,
+              "device": "cpu", "progress": False, **kwargs}
+    return Trainer(kwargs.pop("model", None) or model(), TRAIN, VAL).fit(strategy=strategy,
+                                                                         **kwargs)
+
+
+def test_ddp_run_clock_is_compute_plus_collectives(tmp_path: Path) -> None:
+    net = parse_network("bw=1Mbps,latency=3ms")
+    r = fit(DDP(), network=net, step_time=0.25, out_dir=tmp_path / "run")
+    # one ring all-reduce of 848 bytes per step over 3 nodes:
+    # 2 * 2 * (8 * 848 / 3 / 1e6 + 0.003) = 4 * (0.0022613 + 0.003) = 0.0210453 s
+    t = 4 * (8 * P_BYTES / 3 / 1e6 + 0.003)
+    assert [rec.payload_bytes for rec in r.comm_log] == [P_BYTES] * 6
+    assert r.clock.total_s == pytest.approx(6 * (0.25 + t), rel=1e-12)
+    assert r.clock.compute_s == pytest.approx(1.5, rel=1e-12)
+    assert r.clock.comm_s == pytest.approx(6 * t, rel=1e-12)
+    assert r.clock.idle_s == 0.0 and r.clock.compute_source == "given"
+    assert [row["sim_time_s"] for row in r.history] == pytest.approx(
+        [k * (0.25 + t) for k in range(1, 7)], rel=1e-12)
+    assert r.clock.total_s == pytest.approx(
+        6 * 0.25 + sum(net.collective_time(c.op, c.payload_bytes, 3) for c in r.comm_log))
+    assert r.recost(net) == r.clock  # replaying the log gives the live clock exactly
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["sim_time_s"] == r.clock.total_s
+    assert summary["network"]["spec"] == net.spec()
+    assert summary["utilization"] == pytest.approx(0.25 / (0.25 + t))
+    trace = ClockTrace.from_dict(summary["clock"]["trace"])
+    assert trace.cost(net) == r.clock
+    assert "sim clock" in r.summary() and "utilization" in r.summary()
+
+
+def test_diloco_run_and_recost_on_another_network() -> None:
+    r = fit(DiLoCo(H=3), network="datacenter", step_time=0.5)
+    assert [rec.step for rec in r.comm_log] == [2, 5]
+    home = r.recost("home-100mbps")
+    # 2 syncs of 848 bytes on 3 nodes at 100 Mbit/s, 20 ms: 4 * (8 * 848 / 3 / 1e8 + 0.02) each
+    t = 4 * (8 * P_BYTES / 3 / 1e8 + 0.02)
+    assert home.total_s == pytest.approx(6 * 0.5 + 2 * t, rel=1e-12)
+    assert home.network == "home-100mbps" and home.compute_source == "given"
+    assert r.recost("home-100mbps", step_time_s=1.0).total_s == pytest.approx(6.0 + 2 * t)
+    assert r.clock.total_s < home.total_s
+
+
+def test_stragglers_lengthen_synchronous_steps() -> None:
+    net = parse_network("bw=1Mbps,latency=3ms,node_speed=1:1:0.25")  # node 2: 4x slower
+    r = fit(DDP(), network=net, step_time=0.25)
+    t = 4 * (8 * P_BYTES / 3 / 1e6 + 0.003)
+    assert r.clock.total_s == pytest.approx(6 * (1.0 + t), rel=1e-12)  # max(0.25, 1.0) + t
+    assert r.clock.node_idle_s == pytest.approx((4.5, 4.5, 0.0))  # 6 x 0.75 s
+    assert r.clock.idle_s == pytest.approx(3.0)
+
+
+@dataclass(kw_only=True)
+class OverlapAverage(Strategy):
+    """Test strategy: broadcasts the model at set-up, then every 2 steps an overlapped
+    all-reduce of the parameters whose result is due ``tau`` steps later.
+
+    Attributes:
+        tau: steps the all-reduce overlaps.
+    """
+
+    tau: int = 1
+
+    @property
+    def overlap_steps(self) -> int:
+        return self.tau
+
+    def init_state(self) -> None:
+        self.comm.broadcast(list(self.nodes.params.values()), 0, tag="init")
+
+    def step(self, step: int) -> None:
+        self.inner_step()
+        if step % 2 == 1:
+            self.comm.all_reduce(list(self.nodes.params.values()), tag="params", overlap=True)
+
+
+def test_overlapped_run_uses_the_strategy_tau() -> None:
+    # 0.1 Mbit/s, no latency; star broadcast at set-up: 2 x 848 B = 13,568 bits -> 0.13568 s;
+    # each all-reduce: 2 * 2/3 * 6,784 bits / 1e5 = 0.0904533 s, sent after steps 1, 3, 5.
+    net = parse_network("bw=0.1Mbps,latency=0s")
+    b, a = 2 * 8 * P_BYTES / 1e5, 4 / 3 * 8 * P_BYTES / 1e5
+    # c = 0.05 s, tau = 1: the result is due after the next step's 0.05 s of compute, so each
+    # sync but the last stalls a - 0.05; the last one (after step 5) is awaited at the end.
+    r = fit(OverlapAverage(tau=1), network=net, step_time=0.05)
+    assert [rec.step for rec in r.comm_log] == [-1, 1, 3, 5]
+    assert r.clock.total_s == pytest.approx(b + 6 * 0.05 + 2 * (a - 0.05) + a, rel=1e-12)
+    # tau = 3 hides 0.15 s > a: only the last sync, awaited at the end, shows
+    r3 = fit(OverlapAverage(tau=3), network=net, step_time=0.05)
+    assert r3.clock.total_s == pytest.approx(b + 6 * 0.05 + a, rel=1e-12)
+    assert r.recost(net) == r.clock and r3.recost(net) == r3.clock
+
+
+def test_the_clock_changes_no_training_number() -> None:
+    """Measured, given or absent, on any network: the same seed gives the same losses. The
+    measurement runs dropout on a copy and restores the RNG, so the run's masks are unchanged."""
+    runs = [fit(DiLoCo(H=2), model=model(0.3), network=net, step_time=c, seed=5)
+            for net, c in ((None, None), ("home-100mbps", None), ("mobile", 2.0),
+                           ("datacenter", None))]
+    losses = [[row["train_loss"] for row in r.history] for r in runs]
+    assert losses[0] == losses[1] == losses[2] == losses[3]
+    assert runs[0].clock is None and "sim_time_s" not in runs[0].history[0]
+    assert runs[1].clock.compute_source == "measured" and runs[1].clock.step_time_s > 0
+    # measured once per process for this model and batch shape: both runs use the same value
+    assert runs[1].clock.step_time_s == runs[3].clock.step_time_s
+    for a, b in zip(runs[0].model.state_dict().values(), runs[1].model.state_dict().values(),
+                    strict=True):
+        assert torch.equal(a, b)
+
+
+def test_measure_step_time_leaves_the_rng_and_the_model_alone() -> None:
+    m = Tiny(dropout=0.5)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    state = torch.get_rng_state()
+    x = (torch.randn(5, 8), torch.zeros(5, dtype=torch.long))
+    torch.set_rng_state(state)
+    c = measure_step_time(Classifier(m), x, OptimSpec(), "cpu", repeats=3, budget_s=0.01)
+    assert c > 0
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(torch.equal(v, before[k]) for k, v in m.state_dict().items())
+    assert measure_step_time(Classifier(m), x, OptimSpec(), "cpu") == c  # cached
+    with pytest.raises(ValueError, match="repeats must be an integer >= 3"):
+        measure_step_time(Classifier(Tiny(0.1)), x, OptimSpec(), "cpu", repeats=2)
+
+
+def test_flops_compute_model_in_a_run() -> None:
+    # 1e9 FLOPs per sample x 8 samples / 1e11 FLOP/s = 0.08 s per step, no network time at N=1
+    r = fit(DDP(), num_nodes=1, network="home-100mbps", flops_per_sample=1e9,
+            device_flops=1e11)
+    assert r.clock.compute_source == "flops"
+    assert r.clock.total_s == pytest.approx(6 * 0.08, rel=1e-12)
+    assert r.clock.utilization == pytest.approx(1.0)
+
+
+def test_bad_clock_arguments() -> None:
+    with pytest.raises(ValueError, match="unknown network profile 'dialup'"):
+        fit(DDP(), network="dialup")
+    with pytest.raises(ValueError, match="not both"):
+        fit(DDP(), step_time=1.0, flops_per_sample=1e9, device_flops=1e12)
+    with pytest.raises(ValueError, match="node_speed lists 2 nodes but the run has 3"):
+        fit(DDP(), network="datacenter,node_speed=1:2", step_time=1.0)
+    r = fit(DDP(), network=None)
+    with pytest.raises(ValueError, match="no simulated clock"):
+        r.recost("datacenter")
+
+
+# -- the command line ------------------------------------------------------------------------------
+def test_recost_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    r = fit(DDP(), network="datacenter", step_time=0.25, out_dir=out)
+    assert main(["recost", str(out), "--network", "home-100mbps", "--network",
+                 "bw=1Mbps,latency=3ms"]) == 0
+    text = capsys.readouterr().out
+    home = r.recost("home-100mbps")
+    lines = {line.split()[0]: line for line in text.splitlines()[3:]}
+    assert set(lines) == {"datacenter", "home-100mbps", "custom"}
+    assert "(the run)" in lines["datacenter"]
+    assert f"{home.total_s / r.clock.total_s:.3g}x" in lines["home-100mbps"]
+    assert "6 collectives" in text and "0.25 s per step per node (given)" in text
+    assert main(["recost", str(out), "--step-time", "1s", "--network", "home-100mbps"]) == 0
+    text = capsys.readouterr().out
+    assert "1 s per step per node (given)" in text
+    # the run's own network is re-costed with the new step time too: 6 x (1 s + 4 x (8 x 848 /
+    # 3 / 2e11 + 1e-5)) = 6.00024 s; home: 6 x (1 + 4 x (2.2613e-5 + 0.02)) = 6.48054 s
+    run_row, home_row = text.splitlines()[3:5]
+    assert run_row.split()[:4] == ["datacenter", "(the", "run)", "6"]
+    assert home_row.split()[:2] == ["home-100mbps", "6.48"]
+    assert main(["recost", str(out)]) == 0  # every profile but the run's own, after it
+    names = [line.split()[0] for line in capsys.readouterr().out.splitlines()[3:]]
+    assert names == ["datacenter", "cloud-10g", "home-1gbps", "home-100mbps", "mobile"]
+    assert main(["recost", str(tmp_path / "nowhere")]) == 2
+    assert "summary.json not found" in capsys.readouterr().err
+
+
+def test_run_command_reports_the_simulated_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tiny = Task(id="tiny", description="test", build_model=lambda: Classifier(Tiny()),
+                load_data=lambda data_dir, download: (TRAIN, VAL), batch_size=8)
+    monkeypatch.setattr("exogym.cli.get_task", lambda task_id: tiny)
+    out = tmp_path / "run"
+    assert main(["run", "--no-progress", "--strategy", "ddp", "--nodes", "4", "--steps", "2",
+                 "--network", "home-100mbps", "--step-time", "1s", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "sim clock   home-100mbps (100 Mbit/s, 20 ms, ring all-reduce)" in printed
+    # 2 steps x (1 s + ring all-reduce of 848 bytes over 4 nodes at 100 Mbit/s, 20 ms:
+    # 6 x (8 x 848 / 4 / 1e8 + 0.02) = 6 x 0.00021696 + 0.12 = 0.12101760 s)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["sim_time_s"] == pytest.approx(2 * (1 + 6 * (8 * P_BYTES / 4 / 1e8 + 0.02)),
+                                                  rel=1e-12)
+    assert summary["network"]["name"] == "home-100mbps"
+    assert json.loads((out / "config.json").read_text())["network"] == "home-100mbps"
+    with pytest.raises(SystemExit) as exit_:  # argparse: a bad unit is a usage error
+        main(["run", "--network", "bw=1Gbit"])
+    assert exit_.value.code == 2
+    assert "unknown bandwidth unit 'Gbit'" in capsys.readouterr().err

@@ -1,0 +1,142 @@
+"""Closed-form checks of FedProx (Li et al., arXiv:1812.06127): FedAvg + (mu/2)||w - w^t||^2.
+
+Tiny float64 model stacked on N nodes, gradients written by hand, inner SGD; the proximal term
+adds ``mu (w - w^t)`` to each node's gradient, ``w^t`` the model at the start of the round.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from exogym.comm import InProcessCommunicator
+from exogym.engine import NodeStack
+from exogym.optim import OptimSpec
+from exogym.strategy.fedavg import FedAvg
+from exogym.strategy.fedprox import FedProx
+
+F64 = torch.float64
+TOL = {"rtol": 0.0, "atol": 1e-12}
+
+
+class Vec(nn.Module):
+    def __init__(self, values: list[float]) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.tensor(values, dtype=F64))
+
+
+def t(rows) -> torch.Tensor:
+    return torch.tensor(rows, dtype=F64)
+
+
+def build(strategy, values=(1.0, 2.0), *, n=2):
+    nodes = NodeStack(Vec(list(values)), n, engine="loop")
+    comm = InProcessCommunicator(n)
+    strategy.setup(nodes, comm, 100)
+    return nodes, comm
+
+
+@torch.no_grad()
+def run_step(strategy, nodes, grads, step):
+    nodes.grads["w"].copy_(t(grads))
+    strategy.step(step)
+
+
+def test_proximal_gradient_by_hand_over_two_rounds():
+    # Prepare: w0 = [1, 2], N = 2, H = 2, inner SGD lr 0.5, mu = 0.5
+    prox = FedProx(H=2, mu=0.5, optim=OptimSpec(name="sgd", lr=0.5))
+    nodes, comm = build(prox)
+
+    # Execute step 0: every node is at w0, so the proximal term is 0; g = [[1,0],[2,2]]
+    run_step(prox, nodes, [[1.0, 0.0], [2.0, 2.0]], 0)
+
+    # Assert: x = w0 - 0.5 g = [[0.5, 2], [0, 1]]; no averaging yet
+    assert torch.allclose(nodes.grads["w"], t([[1.0, 0.0], [2.0, 2.0]]), **TOL)
+    assert torch.allclose(nodes.params["w"], t([[0.5, 2.0], [0.0, 1.0]]), **TOL)
+
+    # Execute step 1: raw gradients 0, so the gradient is the proximal term alone
+    run_step(prox, nodes, [[0.0, 0.0], [0.0, 0.0]], 1)
+
+    # Assert: grad = 0.5 (w - w0): node0 0.5*[-0.5, 0] = [-0.25, 0];
+    #                             node1 0.5*[-1, -1] = [-0.5, -0.5]
+    # x = w - 0.5 grad: node0 [0.625, 2]; node1 [0.25, 1.25]; round end: mean = [0.4375, 1.625]
+    assert torch.allclose(nodes.grads["w"], t([[-0.25, 0.0], [-0.5, -0.5]]), **TOL)
+    w1 = t([0.4375, 1.625])
+    assert torch.allclose(nodes.params["w"], w1.expand(2, 2), **TOL)
+    assert torch.allclose(prox.global_state()["w"], w1, **TOL)
+
+    # Execute step 2 (round 2): the anchor is now w1 = every node's start, so the term is 0 again
+    run_step(prox, nodes, [[1.0, 1.0], [0.0, 0.0]], 2)
+
+    # Assert: grads are the raw ones (an anchor left at w0 would add 0.5*(w1 - w0) =
+    # [-0.28125, -0.1875]); x = [[0.4375 - 0.5, 1.625 - 0.5], w1] = [[-0.0625, 1.125], w1]
+    assert torch.allclose(nodes.grads["w"], t([[1.0, 1.0], [0.0, 0.0]]), **TOL)
+    assert torch.allclose(nodes.params["w"], t([[-0.0625, 1.125], [0.4375, 1.625]]), **TOL)
+    assert torch.allclose(prox.round_start["w"], w1.unsqueeze(0), **TOL)
+
+    # Execute step 3: raw 0 -> grad = 0.5 (w - w1): node0 0.5*[-0.5, -0.5] = [-0.25, -0.25]
+    run_step(prox, nodes, [[0.0, 0.0], [0.0, 0.0]], 3)
+
+    # Assert: node0 = [-0.0625 + 0.125, 1.125 + 0.125] = [0.0625, 1.25]; node1 = w1;
+    # mean = [0.25, 1.4375]; bytes: FedAvg's one all-reduce of the parameters per round
+    assert torch.allclose(prox.global_state()["w"], t([0.25, 1.4375]), **TOL)
+    assert [(r.op, r.payload_bytes, r.tag) for r in comm.log] == [("all_reduce", 16, "params")] * 2
+    assert comm.bytes_sent == [32.0, 32.0]  # 2 rounds x 2(2-1)/2 x 16
+
+
+def test_clipping_applies_to_the_full_proximal_gradient():
+    # Prepare: w0 = [0, 0], N = 1, H = 10, SGD lr 1, mu = 5, clip at norm 2
+    prox = FedProx(H=10, mu=5.0, max_grad_norm=2.0, optim=OptimSpec(name="sgd", lr=1.0))
+    nodes, _ = build(prox, (0.0, 0.0), n=1)
+
+    # Execute step 0: g = [-0.6, -0.8] (norm 1 < 2: not clipped) -> w = [0.6, 0.8]
+    run_step(prox, nodes, [[-0.6, -0.8]], 0)
+    # Execute step 1: raw 0 -> grad = 5*[0.6, 0.8] = [3, 4], norm 5 -> times 2/(5 + 1e-6)
+    run_step(prox, nodes, [[0.0, 0.0]], 1)
+
+    # Assert: w = [0.6, 0.8] - [3, 4] * 2/(5 + 1e-6) ~ [-0.6, -0.8]
+    c = 2.0 / (5.0 + 1e-6)
+    assert torch.allclose(nodes.params["w"], t([[0.6 - 3.0 * c, 0.8 - 4.0 * c]]), **TOL)
+
+
+def test_mu_zero_is_fedavg_exactly():
+    # Prepare: random gradients, N = 3, H = 3, inner AdamW
+    gen = torch.Generator().manual_seed(0)
+    grads = torch.randn(9, 3, 2, generator=gen, dtype=F64)
+    inner = OptimSpec(name="adamw", lr=0.05, weight_decay=0.01)
+    prox, avg = FedProx(H=3, mu=0.0, optim=inner), FedAvg(H=3, optim=inner)
+    p_nodes, _ = build(prox, n=3)
+    a_nodes, _ = build(avg, n=3)
+    other = FedProx(H=3, mu=0.1, optim=inner)
+    o_nodes, _ = build(other, n=3)
+
+    # Execute
+    for step, g in enumerate(grads):
+        for strategy, nodes in ((prox, p_nodes), (avg, a_nodes), (other, o_nodes)):
+            run_step(strategy, nodes, g.tolist(), step)
+
+    # Assert: mu = 0 is bit-identical to FedAvg; mu = 0.1 is not
+    assert torch.equal(p_nodes.params["w"], a_nodes.params["w"])
+    assert torch.equal(prox.global_state()["w"], avg.global_state()["w"])
+    assert not torch.allclose(o_nodes.params["w"], a_nodes.params["w"], rtol=0, atol=1e-6)
+
+
+def test_fedprox_is_a_fedavg_with_its_own_id():
+    prox = FedProx()
+    assert isinstance(prox, FedAvg)
+    assert (prox.id, prox.mu, prox.H) == ("fedprox", 0.01, 100)
+
+
+@pytest.mark.parametrize(
+    ("factory", "name"),
+    [
+        (lambda: FedProx(mu=-0.1), "mu"),
+        (lambda: FedProx(mu=float("nan")), "mu"),
+        (lambda: FedProx(H=0), "H"),
+        (lambda: FedProx(max_grad_norm=0.0), "max_grad_norm"),
+    ],
+)
+def test_invalid_hyperparameters_raise_value_error_naming_them(factory, name):
+    with pytest.raises(ValueError, match=name):
+        factory()
