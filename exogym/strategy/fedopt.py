@@ -149,7 +149,7 @@ class AdaptiveFedOpt(FedOpt):
         super().__post_init__()
         in_range("beta1", self.beta1, 0.0, 1.0, hi_open=True)
         in_range("tau", self.tau, 0.0, float("inf"), lo_open=True)
-        self.tau = float(self.tau)  # a real number (the trainer reads an int ``tau`` as a delay)
+        self.tau = float(self.tau)  # a real number, as in the paper
 
     @abc.abstractmethod
     def update_v(self, v: list[Tensor], delta_sq: list[Tensor]) -> None:
