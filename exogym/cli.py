@@ -110,8 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--set", dest="overrides", type=_key_value, action="append", default=[],
                      metavar="KEY=VALUE",
                      help="a strategy hyperparameter, e.g. --set H=50 (see `exogym strategies`)")
-    run.add_argument("--engine", choices=ENGINES, default="auto",
-                     help="loop over nodes, vmap, or auto (vmap on CUDA, loop elsewhere)")
+    run.add_argument("--engine", choices=(*ENGINES, "process"), default="auto",
+                     help="loop over nodes, vmap, or auto (vmap on CUDA, loop elsewhere); "
+                          "process: one local worker process per node over torch.distributed "
+                          "(gloo on CPU, nccl on CUDA)")
     run.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--eval-interval", type=_positive_int,
@@ -199,6 +201,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     model = task.build_model()
     out = args.out or _default_out(args.task, args.strategy, args.nodes)
     steps = {"num_epochs": args.epochs} if args.epochs else {"max_steps": args.steps or 500}
+    if args.engine == "process":
+        from exogym.launch import fit_processes
+
+        if args.epochs:
+            raise ConfigError("--engine process takes --steps, not --epochs")
+        if args.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError("--engine process runs on cpu (gloo) or cuda (nccl, one GPU per "
+                              f"process), got --device {args.device}")
+        cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+        result = fit_processes(
+            model, train, test, strategy=strategy, num_nodes=args.nodes,
+            max_steps=args.steps or 500, batch_size=args.batch_size or task.batch_size,
+            eval_interval=args.eval_interval or task.eval_interval,
+            log_interval=args.log_interval, seed=args.seed, out_dir=out,
+            backend="nccl" if cuda else "gloo",
+        )
+        print(result.summary())
+        return 0
     result = Trainer(model, train, test).fit(
         strategy=strategy,
         num_nodes=args.nodes,

@@ -106,3 +106,16 @@ def test_existing_run_folder_is_not_overwritten(
     assert rc == 2
     assert "already exists" in capsys.readouterr().err
     assert (out / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_run_with_process_engine(tmp_path: Path) -> None:
+    """`--engine process`: one worker process per node over gloo, the same summary fields."""
+    out = tmp_path / "proc"
+    assert run("--engine", "process", "--strategy", "fedavg", "--set", "H=2", "--nodes", "2",
+               "--steps", "4", "--batch-size", "16", "--eval-interval", "4",
+               "--out", str(out)) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["engine"] == "process" and summary["num_nodes"] == 2
+    # 2 averagings of the 861,480 parameter bytes; ring with N = 2: 2 (N-1)/N P = P per sync.
+    assert summary["bytes_sent_per_node"] == [2 * 861_480] * 2
+    assert 0.0 <= summary["final"]["eval_accuracy"] <= 1.0

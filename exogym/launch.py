@@ -1,0 +1,357 @@
+"""Running a strategy on real local processes over ``torch.distributed`` (gloo / nccl).
+
+:func:`launch` spawns ``nprocs`` worker processes on this machine (a free TCP port found
+automatically, ``threads`` intra-op threads each so that the processes do not oversubscribe the
+cores), initialises one process group with a collective timeout, calls ``fn(ctx, *args)`` in every
+process and returns what each rank returned. A worker that raises ends the whole run promptly:
+the other workers are terminated and :class:`WorkerError` names the failing rank and carries its
+traceback; a worker stuck in a collective whose peer died fails after ``timeout_s``.
+
+:func:`fit_worker` is one process's training loop: it mirrors the simulator's per-step calls
+(:meth:`exogym.Trainer.fit`: ``comm.step``, ``to_batch_device``, ``forward_backward``,
+``strategy.step``, ``zero_grad``) on this process's nodes with a :class:`DistributedCommunicator`,
+so that the same seed gives the simulator's numbers (to float round-off in the reductions) and
+exactly its byte counts. Dropout masks differ: each process draws from its own global RNG.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import Tensor, nn
+from torch.func import functional_call
+from torch.utils._pytree import tree_map
+from torch.utils.data import Dataset
+
+from exogym.comm import CommRecord
+from exogym.data.sharding import DatasetFactory, NodeBatches, iterate_batches
+from exogym.dist import DistributedCommunicator, gather_global_state, local_batches, local_node_ids
+from exogym.engine import EngineName, NodeStack, loss_of
+from exogym.result import FitResult, MetricsWriter
+from exogym.strategy.base import Strategy
+
+__all__ = [
+    "RankContext", "WorkerError", "WorkerResult", "fit_processes", "fit_worker", "free_port",
+    "launch",
+]
+
+
+class WorkerError(RuntimeError):
+    """A worker process failed; the message names its rank and holds its traceback."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """What a worker knows about its place in the run.
+
+    Attributes:
+        rank: this process's rank; world_size: the number of processes.
+        nodes_per_process: ``n_local``, simulated nodes stacked in each process.
+        device: where this process computes (``cuda:LOCAL_RANK`` with nccl, else cpu).
+    """
+
+    rank: int
+    world_size: int
+    nodes_per_process: int
+    device: str
+
+    @property
+    def node_ids(self) -> list[int]:
+        return local_node_ids(self.rank, self.nodes_per_process)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.world_size * self.nodes_per_process
+
+
+def _entry(
+    rank: int, world_size: int, port: int, nodes_per_process: int, backend: str,
+    timeout_s: float, threads: int, out_dir: str, fn: Callable[..., Any], args: tuple[Any, ...],
+) -> None:
+    torch.set_num_threads(threads)
+    device = f"cuda:{rank}" if backend == "nccl" else "cpu"
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size, timeout=timedelta(seconds=timeout_s))
+    try:
+        ctx = RankContext(rank, world_size, nodes_per_process, device)
+        try:
+            value = fn(ctx, *args)
+        except Exception as err:
+            raise WorkerError(f"exogym worker rank {rank} of {world_size} failed: "
+                              f"{type(err).__name__}: {err}") from err
+        torch.save(value, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def launch(
+    fn: Callable[..., Any], nprocs: int, *args: Any, nodes_per_process: int = 1,
+    backend: str = "auto", timeout_s: float = 60.0, threads: int | None = None,
+) -> list[Any]:
+    """Run ``fn(ctx: RankContext, *args)`` in ``nprocs`` spawned processes; every rank's result.
+
+    Args:
+        fn: a picklable (module-level) function; its return value must be ``torch.save``-able.
+        nprocs: processes (ranks) on this machine.
+        nodes_per_process: simulated nodes stacked in each process (``N = nprocs * this``).
+        backend: ``"gloo"``, ``"nccl"`` or ``"auto"`` (nccl when CUDA is available, else gloo).
+        timeout_s: collective timeout (a rank waiting on a dead peer fails after this).
+        threads: intra-op threads per process; default ``max(1, cpu_count // nprocs)``.
+
+    Raises:
+        WorkerError: a worker raised or died; the message names the rank.
+    """
+    for name, value in (("nprocs", nprocs), ("nodes_per_process", nodes_per_process)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo', 'nccl' or 'auto', got {backend!r}")
+    if backend == "nccl" and nprocs > torch.cuda.device_count():
+        raise ValueError(f"nccl needs one GPU per process: nprocs={nprocs}, but "
+                         f"{torch.cuda.device_count()} CUDA devices are visible (use "
+                         "nodes_per_process to stack several nodes per GPU, or backend='gloo')")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+    if threads is None:
+        threads = max(1, (os.cpu_count() or 1) // nprocs)
+    with tempfile.TemporaryDirectory(prefix="exogym-launch-") as out_dir:
+        try:
+            mp.start_processes(
+                _entry, nprocs=nprocs, join=True, start_method="spawn",
+                args=(nprocs, free_port(), nodes_per_process, backend, timeout_s, threads,
+                      out_dir, fn, args),
+            )
+        except mp.ProcessRaisedException as err:
+            raise WorkerError(f"exogym worker rank {err.error_index} failed:\n{err}") from None
+        except mp.ProcessExitedException as err:
+            raise WorkerError(f"exogym worker rank {err.error_index} died (exit code "
+                              f"{err.exit_code}, signal {err.signal_name}):\n{err}") from None
+        return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False)
+                for r in range(nprocs)]
+
+
+@dataclass
+class WorkerResult:
+    """One process's outcome of :func:`fit_worker`.
+
+    Attributes:
+        global_state: the global model (:func:`gather_global_state`; the same on every rank).
+        node_params: this process's nodes' final parameters, ``[n_local, *shape]``.
+        node_ids: their global ids.
+        bytes_sent, bytes_received: per global node (every rank holds all ``N`` counters).
+        comm_log: every collective, as the simulator logs it.
+        train_time_s: wall time of the training steps.
+    """
+
+    global_state: dict[str, Tensor]
+    node_params: dict[str, Tensor]
+    node_ids: list[int]
+    bytes_sent: list[float]
+    bytes_received: list[float]
+    comm_log: list[CommRecord] = field(default_factory=list)
+    train_time_s: float = 0.0
+
+
+def fit_worker(
+    ctx: RankContext, model: nn.Module, train_dataset: Dataset | DatasetFactory,
+    strategy: Strategy, *, max_steps: int, batch_size: int, seed: int = 0,
+    engine: EngineName = "auto",
+) -> WorkerResult:
+    """Train this process's ``ctx.nodes_per_process`` nodes for ``max_steps`` steps.
+
+    Every process builds the run's :class:`NodeBatches` over all ``N`` nodes with ``seed`` (only
+    its own rows are fetched), seeds the global RNG with ``seed`` as the simulator does, and calls
+    ``strategy.setup`` with its own :class:`NodeStack` and :class:`DistributedCommunicator`.
+    """
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+        raise ValueError(f"max_steps must be an integer >= 1, got {max_steps!r}")
+    strategy = copy.deepcopy(strategy)  # a fresh instance per run, as a caller's is left alone
+    torch.manual_seed(seed)
+    batches = NodeBatches(train_dataset, ctx.num_nodes, batch_size, seed=seed)
+    nodes = NodeStack(model, ctx.nodes_per_process, device=ctx.device, engine=engine)
+    comm = DistributedCommunicator(ctx.num_nodes, ctx.node_ids)
+    strategy.setup(nodes, comm, max_steps)
+    stream = local_batches(batches, ctx.node_ids)
+    t0 = time.perf_counter()
+    for step in range(max_steps):
+        comm.step = step
+        batch = nodes.to_batch_device(next(stream))
+        nodes.forward_backward(batch)
+        strategy.step(step)
+        nodes.zero_grad()
+    train_time = time.perf_counter() - t0
+    state = gather_global_state(strategy, comm)
+    return WorkerResult(
+        global_state={k: v.detach().cpu() for k, v in state.items()},
+        node_params={k: p.detach().cpu().clone() for k, p in nodes.params.items()},
+        node_ids=list(ctx.node_ids), bytes_sent=list(comm.bytes_sent),
+        bytes_received=list(comm.bytes_received), comm_log=list(comm.log),
+        train_time_s=train_time,
+    )
+
+
+def fit_strategies(
+    ctx: RankContext, model: nn.Module, train_dataset: Dataset | DatasetFactory,
+    strategies: Sequence[Strategy], max_steps: int, batch_size: int, seed: int,
+) -> list[WorkerResult]:
+    """:func:`fit_worker` for each strategy in turn, in the same processes (a ``launch`` job)."""
+    return [fit_worker(ctx, model, train_dataset, s, max_steps=max_steps, batch_size=batch_size,
+                       seed=seed, engine="loop") for s in strategies]
+
+
+# -- a whole run on local processes (the `--engine process` of `exogym run`) --------------------
+def fit_processes(
+    model: nn.Module, train_dataset: Dataset | DatasetFactory, val_dataset: Dataset | None, *,
+    strategy: Strategy, num_nodes: int, max_steps: int, batch_size: int = 64,
+    eval_interval: int | None = None, eval_batch_size: int = 1000, log_interval: int = 10,
+    seed: int = 0, out_dir: str | Path | None = None, nodes_per_process: int = 1,
+    backend: str = "auto", timeout_s: float = 300.0, threads: int | None = None,
+) -> FitResult:
+    """Train on ``num_nodes / nodes_per_process`` local processes; rank 0's :class:`FitResult`.
+
+    The original EXO Gym's execution model: real processes, real collectives (gloo on CPU, nccl
+    with one GPU per process where CUDA is available). Rank 0 logs, evaluates the global model
+    (:func:`gather_global_state`) and writes ``metrics.jsonl`` / ``summary.json`` to ``out_dir``
+    line by line, so a failed run keeps the rows written so far. ``train_loss`` is the mean over
+    all nodes (a one-number all-reduce per logged row, not counted, like evaluation). The run has
+    no simulated network clock (``network`` None): its collectives are real.
+    """
+    if num_nodes % nodes_per_process:
+        raise ValueError(f"num_nodes must be a multiple of nodes_per_process="
+                         f"{nodes_per_process}, got {num_nodes}")
+    results = launch(
+        _fit_rank, num_nodes // nodes_per_process, model, train_dataset, val_dataset, strategy,
+        max_steps, batch_size, eval_interval, eval_batch_size, log_interval, seed,
+        None if out_dir is None else str(out_dir), nodes_per_process=nodes_per_process,
+        backend=backend, timeout_s=timeout_s, threads=threads)
+    return results[0]
+
+
+@torch.no_grad()
+def _evaluate(module: nn.Module, state: dict[str, Tensor], dataset: Dataset, batch_size: int,
+              device: torch.device) -> dict[str, float]:
+    """Sample-weighted means of the model's outputs over ``dataset``, as ``eval_*``."""
+    sums: dict[str, Tensor] = {}
+    count = 0
+    for batch, size in iterate_batches(dataset, batch_size):
+        batch = tree_map(lambda t: t.to(device) if isinstance(t, Tensor) else t, batch)
+        out = functional_call(module, state, (batch,))
+        metrics = dict(out) if isinstance(out, Mapping) else {"loss": loss_of(out)}
+        for k, v in metrics.items():
+            sums[k] = sums.get(k, 0) + v.detach().float().reshape(()) * size
+        count += size
+    return {f"eval_{k}": float(v) / count for k, v in sums.items()}
+
+
+def _fit_rank(
+    ctx: RankContext, model: nn.Module, train_dataset: Dataset | DatasetFactory,
+    val_dataset: Dataset | None, strategy: Strategy, max_steps: int, batch_size: int,
+    eval_interval: int | None, eval_batch_size: int, log_interval: int, seed: int,
+    out_dir: str | None,
+) -> FitResult | None:
+    """One rank of :func:`fit_processes`; rank 0 returns the result, the others None."""
+    wall_start = time.perf_counter()
+    lead = ctx.rank == 0
+    strategy = copy.deepcopy(strategy)
+    torch.manual_seed(seed)
+    batches = NodeBatches(train_dataset, ctx.num_nodes, batch_size, seed=seed)
+    eval_interval = eval_interval or max(max_steps // 10, 1)
+    nodes = NodeStack(model, ctx.nodes_per_process, device=ctx.device, engine="loop")
+    comm = DistributedCommunicator(ctx.num_nodes, ctx.node_ids)
+    strategy.setup(nodes, comm, max_steps)
+    eval_module = copy.deepcopy(model).to(nodes.device).eval()
+    config = {
+        "strategy": strategy.id, "hyperparameters": strategy.hyperparameters(),
+        "num_nodes": ctx.num_nodes, "steps": max_steps, "batch_size_per_node": batch_size,
+        "steps_per_epoch": batches.steps_per_epoch, "eval_interval": eval_interval,
+        "engine": "process", "processes": ctx.world_size,
+        "nodes_per_process": ctx.nodes_per_process, "device": str(nodes.device), "seed": seed,
+        "parameters": nodes.num_parameters(), "network": None,
+    }
+    writer = MetricsWriter(out_dir, config) if lead and out_dir is not None else None
+    stream = local_batches(batches, ctx.node_ids)
+    history: list[dict[str, Any]] = []
+    final: dict[str, float] = {}
+    loss_sum = torch.zeros((), device=nodes.device)
+    loss_count, train_time = 0, 0.0
+    try:
+        for step in range(max_steps):
+            t0 = time.perf_counter()
+            comm.step = step
+            losses = nodes.forward_backward(nodes.to_batch_device(next(stream)))
+            strategy.step(step)
+            nodes.zero_grad()
+            loss_sum += losses.sum()
+            loss_count += 1
+            train_time += time.perf_counter() - t0
+            done = step + 1
+            is_eval = val_dataset is not None and (done % eval_interval == 0 or done == max_steps)
+            if done % log_interval and not is_eval and done != max_steps:
+                continue
+            dist.all_reduce(loss_sum)  # every node's losses: the mean over all N nodes
+            row: dict[str, Any] = {
+                "step": done, "epoch": batches.epoch,
+                "train_loss": float(loss_sum) / (loss_count * ctx.num_nodes), "lr": strategy.lr,
+                "samples": done * ctx.num_nodes * batch_size,
+                "bytes_sent": max(comm.bytes_sent), "bytes_received": max(comm.bytes_received),
+                "wall_s": time.perf_counter() - wall_start,
+            }
+            loss_sum.zero_()
+            loss_count = 0
+            if is_eval:
+                state = gather_global_state(strategy, comm)  # a collective: every rank
+                if lead and val_dataset is not None:
+                    final = _evaluate(eval_module, state, val_dataset, eval_batch_size,
+                                      nodes.device)
+                    row.update(final)
+            history.append(row)
+            if writer is not None:
+                writer.write(row)
+    except BaseException:
+        if writer is not None:
+            writer.close()
+        raise
+    state = gather_global_state(strategy, comm)
+    if not lead:
+        return None
+    final_model = copy.deepcopy(model).to(nodes.device)
+    for name, value in state.items():
+        try:
+            final_model.get_parameter(name).data.copy_(value)
+        except AttributeError:
+            final_model.get_buffer(name).copy_(value)
+    result = FitResult(
+        model=final_model.cpu(), history=history, final=final, strategy=strategy.id,
+        hyperparameters=strategy.hyperparameters(), num_nodes=ctx.num_nodes, steps=max_steps,
+        batch_size=batch_size, samples=max_steps * ctx.num_nodes * batch_size,
+        train_time_s=train_time, wall_time_s=time.perf_counter() - wall_start,
+        bytes_sent=list(comm.bytes_sent), bytes_received=list(comm.bytes_received),
+        engine="process", device=str(nodes.device), seed=seed,
+        out_dir=Path(out_dir) if out_dir is not None else None, comm_log=list(comm.log),
+    )
+    if writer is not None:
+        writer.close(result.to_dict())
+    return result

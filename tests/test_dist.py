@@ -1,0 +1,278 @@
+"""The torch.distributed engine: real gloo processes give the simulator's numbers and bytes.
+
+Every registered strategy (and a few codec / dropped-node variants) is trained for a few steps on
+a tiny model with BatchNorm (buffers: broadcast, averaged, integer counters) by
+
+- the in-process simulator (:meth:`exogym.Trainer.fit`), with N = 2 and N = 4 nodes;
+- 2 gloo processes x 1 node (N = 2) and 2 processes x 2 nodes per process (N = 4),
+
+from the same seed; the global models and every node's parameters agree to 1e-5, and the bytes
+and collective logs are identical. The two processes are spawned once and run every strategy with
+1 and then 2 nodes per process.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.data import TensorDataset
+
+from exogym import Trainer
+from exogym.comm import InProcessCommunicator
+from exogym.data.sharding import NodeBatches
+from exogym.dist import DistributedCommunicator, local_batches, local_node_ids
+from exogym.engine import NodeStack
+from exogym.launch import (
+    RankContext,
+    WorkerError,
+    _fit_rank,
+    fit_processes,
+    fit_strategies,
+    launch,
+)
+from exogym.strategy import make, registry
+from exogym.strategy.base import Strategy
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+STEPS, H, BATCH, SEED = 6, 3, 4, 0
+TOL = {"atol": 1e-5, "rtol": 0.0}
+
+
+class TinyBN(nn.Module):
+    """Linear -> BatchNorm -> tanh -> Linear, cross-entropy: parameters, float and int buffers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.fc1 = nn.Linear(6, 8, bias=False)  # a bias before BatchNorm has no gradient:
+        # Adam would turn its round-off-sized gradient into full steps of either sign
+        self.bn = nn.BatchNorm1d(8)
+        self.fc2 = nn.Linear(8, 3)
+
+    def forward(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        x, y = batch
+        return F.cross_entropy(self.fc2(torch.tanh(self.bn(self.fc1(x)))), y)
+
+
+def dataset() -> TensorDataset:
+    g = torch.Generator().manual_seed(3)
+    return TensorDataset(torch.randn(96, 6, generator=g), torch.randint(0, 3, (96,), generator=g))
+
+
+def strategies() -> dict[str, Strategy]:
+    """Every registered strategy with a short sync period, plus codec and drop variants."""
+    out: dict[str, Strategy] = {}
+    for sid in registry():
+        overrides: dict[str, Any] = {"optim.lr": 0.05}
+        fields = make(sid).hyperparameters()
+        if "H" in fields:
+            overrides["H"] = H
+        if "p" in fields:
+            overrides["p"] = 0.2
+        if sid == "streaming_diloco":
+            overrides["H"] = 2 * H  # tau = 1 needs H // P >= 2; fragments sync at steps 3 and 6
+        if sid == "demo":
+            overrides.update(s=4, k=2)
+        out[sid] = make(sid, **overrides)
+    out["ddp+topk_ef"] = make("ddp", codec="topk:0.25", error_feedback=True)
+    out["diloco+int8"] = make("diloco", H=H, codec="int8")
+    out["diloco+drop"] = make("diloco", H=H, q=0.5, seed=1)
+    out["fedavg+randk"] = make("fedavgm", H=H, codec="randk:0.5", codec_seed=5)
+    return out
+
+
+STRATEGIES = strategies()
+
+
+def reference(strategy: Strategy, num_nodes: int) -> tuple[Any, dict[str, Tensor]]:
+    """The simulator's result, and every node's final parameters from the same loop by hand."""
+    result = Trainer(TinyBN(), dataset()).fit(
+        strategy=copy.deepcopy(strategy), num_nodes=num_nodes, max_steps=STEPS, batch_size=BATCH,
+        engine="loop", device="cpu", seed=SEED, progress=False, network=None)
+    s = copy.deepcopy(strategy)
+    torch.manual_seed(SEED)
+    batches = NodeBatches(dataset(), num_nodes, BATCH, seed=SEED)
+    nodes = NodeStack(TinyBN(), num_nodes, engine="loop")
+    comm = InProcessCommunicator(num_nodes)
+    s.setup(nodes, comm, STEPS)
+    for step in range(STEPS):
+        comm.step = step
+        nodes.forward_backward(next(batches))
+        s.step(step)
+        nodes.zero_grad()
+    assert comm.bytes_sent == result.bytes_sent
+    return result, {k: p.detach().clone() for k, p in nodes.params.items()}
+
+
+def _job(ctx: RankContext, strategies: list[Strategy]) -> dict[int, dict[str, Any]]:
+    """Everything one process does, for 1 and then 2 nodes per process in the same 2-process
+    group (spawning costs seconds, so it happens once)."""
+    out = {}
+    for per_process in (1, 2):
+        c = dataclasses.replace(ctx, nodes_per_process=per_process)
+        out[per_process] = {
+            "strategies": fit_strategies(c, TinyBN(), dataset(), strategies, STEPS, BATCH, SEED),
+            "collectives": _collectives(c), "rows": _local_rows(c)}
+    # A whole logged and evaluated run (fit_processes' per-rank loop), 2 x 2 nodes.
+    out[2]["fit"] = _fit_rank(ctx if ctx.nodes_per_process == 2 else
+                              dataclasses.replace(ctx, nodes_per_process=2), TinyBN(), dataset(),
+                              dataset(), make("diloco", H=H), STEPS, BATCH, 2, 32, 2, SEED, None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[int, list[dict[str, Any]]]:
+    """``{nodes_per_process: [per-rank results]}`` of 2 gloo processes running every strategy."""
+    ranks = launch(_job, 2, list(STRATEGIES.values()), backend="gloo", timeout_s=30.0, threads=1)
+    return {per_process: [rank[per_process] for rank in ranks] for per_process in (1, 2)}
+
+
+@pytest.mark.parametrize("per_process", [1, 2])
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_processes_match_the_simulator(
+    runs: dict[int, list[dict[str, Any]]], name: str, per_process: int
+) -> None:
+    num_nodes = 2 * per_process
+    ref, ref_nodes = reference(STRATEGIES[name], num_nodes)
+    j = list(STRATEGIES).index(name)
+    ranks = [rank_results["strategies"][j] for rank_results in runs[per_process]]
+    expected_model = ref.model.state_dict()
+    for r, res in enumerate(ranks):
+        assert res.node_ids == local_node_ids(r, per_process)
+        # Bytes and the collective log: identical, on every rank, for all N nodes.
+        assert res.bytes_sent == ref.bytes_sent
+        assert res.bytes_received == ref.bytes_received
+        assert res.comm_log == ref.comm_log
+        # The global model (the same on every rank) and this rank's nodes.
+        assert set(res.global_state) == set(expected_model)
+        for k, v in expected_model.items():
+            torch.testing.assert_close(res.global_state[k], v, **TOL, msg=f"{name} {k}")
+        for k, p in res.node_params.items():
+            torch.testing.assert_close(p, ref_nodes[k][res.node_ids], **TOL, msg=f"{name} {k}")
+    assert ref.bytes_sent[0] > 0  # every strategy communicated something in 6 steps
+
+
+def test_a_logged_run_ends_with_the_simulators_summary(
+    runs: dict[int, list[dict[str, Any]]],
+) -> None:
+    ref = Trainer(TinyBN(), dataset(), dataset()).fit(
+        strategy=make("diloco", H=H), num_nodes=4, max_steps=STEPS, batch_size=BATCH,
+        eval_interval=2, eval_batch_size=32, log_interval=2, engine="loop", device="cpu",
+        seed=SEED, progress=False, network=None)
+    got = runs[2][0]["fit"]
+    assert runs[2][1]["fit"] is None  # only rank 0 reports
+    assert [r["step"] for r in got.history] == [r["step"] for r in ref.history] == [2, 4, 6]
+    for a, b in zip(got.history, ref.history, strict=True):
+        for k in ("epoch", "samples", "bytes_sent", "bytes_received"):
+            assert a[k] == b[k], k
+        for k in ("train_loss", "lr", "eval_loss"):
+            assert abs(a[k] - b[k]) <= 1e-5, k
+    assert got.final.keys() == ref.final.keys() == {"eval_loss"}
+    assert got.bytes_sent == ref.bytes_sent and got.comm_log == ref.comm_log
+    assert (got.num_nodes, got.steps, got.samples, got.engine) == (4, STEPS, 96, "process")
+    for k, v in ref.model.state_dict().items():
+        torch.testing.assert_close(got.model.state_dict()[k], v, **TOL)
+
+
+# -- the communicator itself, by hand -----------------------------------------------------------
+def _collectives(ctx: RankContext) -> dict[str, Any]:
+    comm = DistributedCommunicator(ctx.num_nodes, ctx.node_ids)
+    # Node g holds the row [g, 10 g] (fp32) and the integer g.
+    ids = torch.tensor(ctx.node_ids, dtype=torch.float32)
+    x = torch.stack([ids, 10 * ids], dim=1)  # [n_local, 2]
+    ints = torch.tensor(ctx.node_ids, dtype=torch.int64)
+    half = x.to(torch.bfloat16)
+    mean, total, int_mean = comm.all_reduce([x, x, ints], "mean")[0], \
+        comm.all_reduce(x, "sum"), comm.all_reduce(ints, "mean")
+    gathered = comm.all_gather([x, ints])
+    bcast = comm.broadcast([x, ints], src=ctx.num_nodes - 1)
+    inplace = x.clone()
+    comm.all_reduce_(inplace, "mean")
+    return {"mean": mean, "sum": total, "int_mean": int_mean, "half": comm.all_reduce(half),
+            "gathered": gathered, "bcast": bcast, "inplace": inplace,
+            "sent": comm.bytes_sent, "received": comm.bytes_received}
+
+
+def test_collectives_by_hand(runs: dict[int, list[dict[str, Any]]]) -> None:
+    # 2 processes x 2 nodes: N = 4, nodes 0..3 hold [g, 10 g].
+    for res in (rank["collectives"] for rank in runs[2]):
+        # mean of g over 0..3 = 6/4 = 1.5; of 10 g = 15; sum = 6 and 60
+        assert res["mean"].tolist() == [1.5, 15.0]
+        assert res["sum"].tolist() == [6.0, 60.0]
+        assert res["int_mean"].item() == 1  # int64 mean 6/4 = 1.5 truncates to 1
+        assert res["half"].dtype == torch.bfloat16 and res["half"].tolist() == [1.5, 15.0]
+        assert res["gathered"][0].tolist() == [[0, 0], [1, 10], [2, 20], [3, 30]]
+        assert res["gathered"][1].tolist() == [0, 1, 2, 3]
+        assert res["bcast"][0].tolist() == [3.0, 30.0] and res["bcast"][1].item() == 3
+        assert res["inplace"].tolist() == [[1.5, 15.0], [1.5, 15.0]]
+        # S = 2 fp32 = 8 bytes (x), 8 bytes (int64). Per node sent:
+        #   all_reduce [x, x, ints]: 2 * 3/4 * 24 = 36; all_reduce x: 2*3/4*8 = 12; ints: 12;
+        #   all_gather [x, ints]: 3 * 16 = 48; broadcast from node 3: node 3 sends 3 * 16 = 48;
+        #   all_reduce_ x: 12; bf16 all_reduce (S = 4): 2*3/4*4 = 6.
+        # nodes 0..2: 36 + 12 + 12 + 48 + 12 + 6 = 126; node 3: 126 + 48 = 174.
+        assert res["sent"] == [126.0, 126.0, 126.0, 174.0]
+        # received: the same but the broadcast: nodes 0..2 receive S = 16, node 3 nothing.
+        assert res["received"] == [142.0, 142.0, 142.0, 126.0]
+
+
+def _local_rows(ctx: RankContext) -> list[Tensor]:
+    batches = NodeBatches(dataset(), ctx.num_nodes, BATCH, seed=SEED)
+    stream = local_batches(batches, ctx.node_ids)
+    return [next(stream)[1] for _ in range(15)]  # 15 steps > 12 per epoch: crosses an epoch
+
+
+def test_local_batches_are_the_simulators_rows(runs: dict[int, list[dict[str, Any]]]) -> None:
+    results = [rank["rows"] for rank in runs[2]]
+    batches = NodeBatches(dataset(), 4, BATCH, seed=SEED)
+    for step in range(15):
+        full = next(batches)[1]  # [4, B] labels
+        assert torch.equal(results[0][step], full[:2])
+        assert torch.equal(results[1][step], full[2:])
+
+
+def test_wrong_layout_is_rejected() -> None:
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        DistributedCommunicator(2, [0])
+    with pytest.raises(ValueError, match="nprocs must be an integer >= 1, got 0"):
+        launch(_collectives, 0)
+
+
+# -- robustness ---------------------------------------------------------------------------------
+class Explodes(nn.Module):
+    """Raises in rank 1's forward at its third step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        self.calls_seen = getattr(self, "calls_seen", 0) + 1
+        if dist.get_rank() == 1 and self.calls_seen == 3:
+            raise FloatingPointError("boom at step 2")
+        x, y = batch
+        return F.cross_entropy(self.fc(x), y)
+
+
+def test_a_raising_worker_ends_the_run_promptly_naming_its_rank(tmp_path: Path) -> None:
+    t0 = time.perf_counter()
+    with pytest.raises(WorkerError, match=r"(?s)rank 1 .*FloatingPointError: boom at step 2"):
+        fit_processes(Explodes(), dataset(), None, strategy=make("ddp"), num_nodes=2,
+                      max_steps=10, batch_size=BATCH, log_interval=1, out_dir=tmp_path,
+                      backend="gloo", timeout_s=60.0, threads=1)
+    # Rank 0 waits in an all-reduce; the launcher ends it long before the 60 s timeout (the
+    # rest is spawning two Python processes that import torch).
+    assert time.perf_counter() - t0 < 30.0
+    # The rows written before the failure (steps 1 and 2; step 3 raised) are kept.
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
