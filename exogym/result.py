@@ -92,6 +92,8 @@ class FitResult:
         bytes_sent, bytes_received: per node, cumulative.
         comm_log: every collective (for network models).
         engine, device, seed, out_dir: how it ran.
+        eval_set: what the evaluation set was, when the dataset says (its ``test_set``
+            attribute; CIFAR-10 reports whether the full or the partial test batch was used).
         network: the simulated network of the run's clock (None: no clock).
         clock: the simulated time on it (:class:`exogym.clock.ClockReport`): total, compute,
             communication, idle, utilization.
@@ -115,6 +117,7 @@ class FitResult:
     device: str
     seed: int
     out_dir: Path | None = None
+    eval_set: str | None = None
     comm_log: list[CommRecord] = field(default_factory=list, repr=False)
     network: Network | None = None
     clock: ClockReport | None = None
@@ -151,6 +154,7 @@ class FitResult:
             "device": self.device,
             "seed": self.seed,
             "out_dir": str(self.out_dir) if self.out_dir else None,
+            "eval_set": self.eval_set,
             **self._clock_dict(),
         }
 
@@ -172,7 +176,8 @@ class FitResult:
                  f"batch/node {self.batch_size}  engine {self.engine}  device {self.device}"]
         if self.final:
             lines.append("final eval  " + "  ".join(
-                f"{k.removeprefix('eval_')} {_fmt_metric(k, v)}" for k, v in self.final.items()))
+                f"{k.removeprefix('eval_')} {_fmt_metric(k, v)}" for k, v in self.final.items())
+                + (f"  (on {self.eval_set})" if self.eval_set else ""))
         sent, recv = self.bytes_sent, self.bytes_received
         lines.append(
             f"throughput  {self.samples_per_s:,.0f} samples/s  ({self.samples:,} samples in "

@@ -1,7 +1,15 @@
-"""Benchmark tasks: a model, its data and default hyperparameters, under a string id.
+"""Benchmark tasks: a model, its data and default hyperparameters, under a versioned string id.
 
 A task is what ``exogym run --task ID`` trains. The model is built after seeding, so the same seed
-gives the same initial weights.
+gives the same initial weights. Ids carry a version suffix (``-v0``): a change to a task's model,
+data or defaults that changes its numbers gets a new version instead of silently changing results.
+
+- ``mnist-cnn-v0`` (alias ``mnist``): MNIST digits, :class:`~exogym.models.MnistCNN`;
+- ``cifar10-cnn-v0``: CIFAR-10 images, :class:`CifarCNN`; the test dataset's ``test_set``
+  attribute says which test file was used (the full ``test_batch.bin`` or the first 1,000 images);
+- ``shakespeare-char-gpt-v0``: Tiny Shakespeare characters, a 4-layer 128-wide GPT, block 64;
+- ``shakespeare-char-gpt-small-v0``: the same data, nanoGPT's "baby GPT" sizes (6 layers, 384 wide,
+  6 heads, block 256, dropout 0.2): about 10.8M parameters, slow on CPU.
 """
 
 from __future__ import annotations
@@ -11,12 +19,13 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from torch import nn
+from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from exogym.config import ConfigError
+from exogym.gpt import GPT, GPTConfig
 
-__all__ = ["TASKS", "Task", "get_task"]
+__all__ = ["ALIASES", "TASKS", "CifarCNN", "Task", "get_task"]
 
 DataDir = str | os.PathLike[str] | None
 
@@ -44,6 +53,33 @@ class Task:
     eval_interval: int = 100
 
 
+class CifarCNN(nn.Module):
+    """Three 3x3 conv + ReLU + 2x2 max-pool blocks (32, 64, 64 channels), then 1024 -> 128 -> 10.
+
+    Input ``[B, 3, 32, 32]``, output logits ``[B, 10]``; 188,810 parameters with the defaults.
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        channels: tuple[int, int, int] = (32, 64, 64),
+        hidden: int = 128,
+    ) -> None:
+        super().__init__()
+        c1, c2, c3 = channels
+        self.features = nn.Sequential(
+            nn.Conv2d(3, c1, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),   # (B, c1, 16, 16)
+            nn.Conv2d(c1, c2, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),  # (B, c2, 8, 8)
+            nn.Conv2d(c2, c3, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),  # (B, c3, 4, 4)
+        )
+        self.head = nn.Sequential(
+            nn.Flatten(), nn.Linear(c3 * 4 * 4, hidden), nn.ReLU(), nn.Linear(hidden, num_classes)
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.features(x))
+
+
 def _mnist_model() -> nn.Module:
     from exogym.models import Classifier, MnistCNN
 
@@ -56,20 +92,92 @@ def _mnist_data(data_dir: DataDir, download: bool) -> tuple[Dataset, Dataset]:
     return load_mnist(data_dir, download=download)
 
 
-TASKS: dict[str, Task] = {
-    "mnist": Task(
-        id="mnist",
-        description="MNIST digits, 2-layer CNN (215k parameters); eval: test loss and accuracy",
-        build_model=_mnist_model,
-        load_data=_mnist_data,
+def _cifar_model() -> nn.Module:
+    from exogym.models import Classifier
+
+    return Classifier(CifarCNN())
+
+
+def _cifar_data(data_dir: DataDir, download: bool) -> tuple[Dataset, Dataset]:
+    from exogym.data.cifar10 import load_cifar10
+
+    return load_cifar10(data_dir, download=download)
+
+
+def _shakespeare_task(
+    task_id: str, cfg: GPTConfig, batch_size: int, lr: float, eval_interval: int
+) -> Task:
+    def build_model() -> nn.Module:
+        return GPT(cfg)
+
+    def load_data(data_dir: DataDir, download: bool) -> tuple[Dataset, Dataset]:
+        from exogym.data.shakespeare import load_shakespeare
+
+        return load_shakespeare(data_dir, block_size=cfg.block_size, download=download)
+
+    return Task(
+        id=task_id,
+        description=(
+            f"Tiny Shakespeare characters, GPT {cfg.n_layer} layers x {cfg.n_embd} "
+            f"({cfg.n_head} heads, block {cfg.block_size}, dropout {cfg.dropout}, "
+            f"{cfg.num_params():,} parameters); eval: val loss and perplexity "
+            "(last 10% of the text)"
+        ),
+        build_model=build_model,
+        load_data=load_data,
+        batch_size=batch_size,
+        lr=lr,
+        eval_interval=eval_interval,
+    )
+
+
+_MNIST = Task(
+    id="mnist-cnn-v0",
+    description=(
+        "MNIST digits, 2-layer CNN (215,370 parameters); eval: test loss and accuracy "
+        "(alias: mnist)"
     ),
+    build_model=_mnist_model,
+    load_data=_mnist_data,
+)
+
+TASKS: dict[str, Task] = {
+    t.id: t
+    for t in (
+        _MNIST,
+        Task(
+            id="cifar10-cnn-v0",
+            description=(
+                "CIFAR-10 images, 3-layer CNN (188,810 parameters); eval: test loss and accuracy "
+                "on test_batch.bin, or on test_batch_first1000.bin when only that is present"
+            ),
+            build_model=_cifar_model,
+            load_data=_cifar_data,
+        ),
+        _shakespeare_task(
+            "shakespeare-char-gpt-v0",
+            GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128),
+            batch_size=32, lr=1e-3, eval_interval=200,
+        ),
+        _shakespeare_task(
+            "shakespeare-char-gpt-small-v0",
+            GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384, dropout=0.2),
+            batch_size=64, lr=1e-3, eval_interval=250,
+        ),
+    )
 }
+"""The registered tasks by canonical id."""
+
+ALIASES: dict[str, str] = {"mnist": "mnist-cnn-v0"}
+"""Short names accepted by :func:`get_task`, mapped to canonical ids."""
 
 
 def get_task(task_id: str) -> Task:
-    """The task registered under ``task_id``; an unknown id lists the known ones."""
+    """The task registered under ``task_id`` (or an alias); an unknown id lists the known ones."""
+    task_id = ALIASES.get(task_id, task_id)
     if task_id not in TASKS:
-        close = difflib.get_close_matches(task_id, list(TASKS), n=1)
+        close = difflib.get_close_matches(task_id, [*ALIASES, *TASKS], n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"unknown task {task_id!r}{hint}; available: {', '.join(TASKS)}")
+        known = ", ".join([*TASKS, *(f"{a} (= {t})" for a, t in ALIASES.items())])
+        raise ConfigError(f"unknown task {task_id!r}{hint}; available: {known}")
     return TASKS[task_id]

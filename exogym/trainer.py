@@ -156,6 +156,7 @@ class Trainer:
             "steps_per_epoch": batches.steps_per_epoch, "eval_interval": eval_interval,
             "engine": nodes.engine, "device": str(dev), "seed": seed,
             "parameters": nodes.num_parameters(),
+            "eval_set": getattr(self.val_dataset, "test_set", None),
             "network": net.spec() if net is not None else None,
             "step_time_s": step_time_s, "compute_source": compute_source,
         }
@@ -249,6 +250,7 @@ class Trainer:
             bytes_sent=list(comm.bytes_sent), bytes_received=list(comm.bytes_received),
             engine=nodes.engine, device=str(dev), seed=seed,
             out_dir=Path(out_dir) if out_dir is not None else None, comm_log=list(comm.log),
+            eval_set=getattr(self.val_dataset, "test_set", None),
             network=net, clock=report, trace=trace,
         )
         if writer is not None:
@@ -270,7 +272,11 @@ class Trainer:
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0) + v.detach().float().reshape(()) * size
             count += size
-        return {f"eval_{k}": float(v) / count for k, v in sums.items()}
+        out = {f"eval_{k}": float(v) / count for k, v in sums.items()}
+        if "eval_perplexity" in out:
+            # Perplexity does not average over batches: it is exp of the mean loss.
+            out["eval_perplexity"] = math.exp(out["eval_loss"])
+        return out
 
 
 def _row0(t: Any) -> Any:
