@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from exogym.codecs import Codec, make_codec
-from exogym.comm import Communicator
+from exogym.comm import Communicator, ReduceOp
 from exogym.engine import NodeStack
 from exogym.optim import LRSchedule, OptimSpec
 
@@ -127,6 +127,44 @@ class Strategy(abc.ABC):
         if self.scheduler is not None:
             self.scheduler.step()
 
+    def snapshot(self) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """Copies of node 0's parameters and buffers: a global/server model's starting point."""
+        state = self.nodes.node_state(0)
+        return ({k: state[k].clone() for k in self.nodes.params},
+                {k: state[k].clone() for k in self.nodes.buffers})
+
+    def all_reduce_with_buffers(
+        self, payload: list[Tensor], buffers: list[Tensor], op: ReduceOp, *, tag: str
+    ) -> tuple[list[Tensor], list[Tensor]]:
+        """Reduce ``payload`` through the transport codec and the float ``buffers`` exactly.
+
+        Without a codec one collective carries both (one record, tag ``tag``); with a codec the
+        buffers travel uncompressed in a second one tagged ``"buffers"``.
+        """
+        codec = self.transport_codec
+        if codec is None:
+            reduced = list(self.comm.all_reduce(payload + buffers, op, tag=tag))
+            return reduced[: len(payload)], reduced[len(payload):]
+        out = list(self.comm.all_reduce(payload, op, tag=tag, codec=codec))
+        return out, list(self.comm.all_reduce(buffers, op, tag="buffers")) if buffers else []
+
+    @torch.no_grad()
+    def adopt_buffers(
+        self, means: list[Tensor], into: dict[str, Tensor], keep: Tensor | None = None
+    ) -> None:
+        """Float buffers: every node's (``keep``'s rows only, if given) and ``into`` <- ``means``;
+        then the integer counters of ``into`` (``num_batches_tracked``) <- node 0's."""
+        for (k, b), mean in zip(self.nodes.float_buffers.items(), means, strict=True):
+            restart_rows(b, mean, keep)
+            into[k].copy_(mean)
+        self.copy_counters(into)
+
+    def copy_counters(self, into: dict[str, Tensor]) -> None:
+        """``into``'s integer buffers (``num_batches_tracked``) <- node 0's."""
+        for k, b in self.nodes.buffers.items():
+            if not b.is_floating_point():
+                into[k].copy_(b[0])
+
     @property
     def overlap_steps(self) -> int | None:
         """Steps after its start by which an ``overlap=True`` collective's result is needed.
@@ -152,6 +190,15 @@ class Strategy(abc.ABC):
             else:
                 out[f.name] = value
         return out
+
+
+def restart_rows(stacked: Tensor, value: Tensor, keep: Tensor | None = None) -> None:
+    """Every row of node-stacked ``stacked`` (``keep``'s rows only, if given) becomes ``value``."""
+    if keep is None:
+        stacked.copy_(value.expand_as(stacked))
+    else:
+        mask = keep.view(-1, *([1] * (stacked.dim() - 1)))
+        stacked.copy_(torch.where(mask, value.unsqueeze(0), stacked))
 
 
 def positive_int(name: str, value: Any) -> None:

@@ -70,7 +70,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from exogym.strategy.base import Strategy, in_range, positive_int
+from exogym.strategy.base import Strategy, in_range, positive_int, restart_rows
 
 __all__ = ["OUTER_OPTIMIZERS", "DiLoCo", "OuterOptimizerName"]
 
@@ -141,9 +141,7 @@ class DiLoCo(Strategy):
                              "allowed: q=0 or error_feedback=False")
 
     def init_state(self) -> None:
-        state = self.nodes.node_state(0)
-        self.global_params = {k: state[k].clone() for k in self.nodes.params}
-        self.global_buffers = {k: state[k].clone() for k in self.nodes.buffers}
+        self.global_params, self.global_buffers = self.snapshot()
         self.outer_steps = 0  # outer steps attempted so far (the drop generator's index t)
         params = list(self.global_params.values())
         self.outer_opt: torch.optim.Optimizer
@@ -192,8 +190,7 @@ class DiLoCo(Strategy):
         """One outer step over ``survivors`` (``[n_local]`` bool; None: every node, mean)."""
         names = list(self.nodes.params)
         local = [self.nodes.params[k] for k in names]
-        float_buffers = self.nodes.float_buffers
-        buffers = list(float_buffers.values())
+        buffers = list(self.nodes.float_buffers.values())
         # Delta_i = theta^(t-1) - theta_i^(t), node-stacked: [N, *shape].
         pseudo = [self.global_params[k].unsqueeze(0) - p for k, p in zip(names, local, strict=True)]
         op: Literal["mean", "sum"] = "mean"
@@ -202,27 +199,18 @@ class DiLoCo(Strategy):
             pseudo = [d.mul_(_rows(survivors, d)) for d in pseudo]
             buffers = [b * _rows(survivors, b) for b in buffers]
             op = "sum"
-        codec = self.transport_codec
-        if codec is None:
-            reduced = list(self.comm.all_reduce(pseudo + buffers, op, tag="pseudo_grads"))
-        else:
-            reduced = list(self.comm.all_reduce(pseudo, op, tag="pseudo_grads", codec=codec))
-            if buffers:
-                reduced += self.comm.all_reduce(buffers, op, tag="buffers")
+        reduced, buffer_means = self.all_reduce_with_buffers(pseudo, buffers, op,
+                                                             tag="pseudo_grads")
         if survivors is not None:
             reduced = [r.div_(count) for r in reduced]
-        for k, delta in zip(names, reduced[: len(names)], strict=True):
+            buffer_means = [r.div_(count) for r in buffer_means]
+        for k, delta in zip(names, reduced, strict=True):
             self.global_params[k].grad = delta
         self.outer_opt.step()
         self.outer_opt.zero_grad(set_to_none=True)
         for k, p in zip(names, local, strict=True):
-            _restart(p, self.global_params[k], survivors)
-        for (k, b), mean in zip(float_buffers.items(), reduced[len(names):], strict=True):
-            _restart(b, mean, survivors)
-            self.global_buffers[k].copy_(mean)
-        for k, b in self.nodes.buffers.items():  # counters (num_batches_tracked) of node 0
-            if not b.is_floating_point():
-                self.global_buffers[k].copy_(b[0])
+            restart_rows(p, self.global_params[k], survivors)
+        self.adopt_buffers(buffer_means, self.global_buffers, survivors)
 
     def global_state(self) -> dict[str, Tensor]:
         out = {k: v.clone() for k, v in self.global_params.items()}
@@ -234,11 +222,3 @@ def _rows(mask: Tensor, like: Tensor) -> Tensor:
     """``mask`` ``[N]`` shaped ``[N, 1, ...]`` to broadcast over ``like`` ``[N, *shape]``."""
     return mask.view(-1, *([1] * (like.dim() - 1))).to(like.dtype)
 
-
-def _restart(stacked: Tensor, value: Tensor, keep: Tensor | None) -> None:
-    """Every row of ``stacked`` (``keep``'s rows only, if given) becomes ``value``."""
-    if keep is None:
-        stacked.copy_(value.expand_as(stacked))
-    else:
-        mask = keep.view(-1, *([1] * (stacked.dim() - 1)))
-        stacked.copy_(torch.where(mask, value.unsqueeze(0), stacked))

@@ -74,9 +74,7 @@ class FedAvg(Strategy):
         self.comm.all_reduce_(tensors, "mean", tag="params", codec=self.transport_codec)
         for name, t in zip(names, tensors, strict=True):
             self.server_state[name].copy_(t[0])
-        for name, b in self.nodes.buffers.items():  # counters (num_batches_tracked) of node 0
-            if not b.is_floating_point():
-                self.server_state[name].copy_(b[0])
+        self.copy_counters(self.server_state)
 
     def global_state(self) -> dict[str, Tensor]:
         return {k: v.clone() for k, v in self.server_state.items()}

@@ -86,9 +86,7 @@ class FedOpt(Strategy):
 
     # -- rounds ----------------------------------------------------------------------------------
     def init_state(self) -> None:
-        state = self.nodes.node_state(0)
-        self.server_params = {k: state[k].clone() for k in self.nodes.params}  # x_t
-        self.server_buffers = {k: state[k].clone() for k in self.nodes.buffers}
+        self.server_params, self.server_buffers = self.snapshot()  # x_t
         self.rounds = 0
         self.init_server_optimizer()
 
@@ -103,29 +101,17 @@ class FedOpt(Strategy):
         """Average the client updates, step the server model, restart every node from it."""
         names = list(self.nodes.params)
         local = [self.nodes.params[k] for k in names]
-        float_buffers = self.nodes.float_buffers
-        buffers = list(float_buffers.values())
+        buffers = list(self.nodes.float_buffers.values())
         # Delta_i = x_i - x (client minus server), node-stacked: [N, *shape].
         updates = [p - self.server_params[k].unsqueeze(0)
                    for k, p in zip(names, local, strict=True)]
-        codec = self.transport_codec
-        if codec is None:
-            reduced = list(self.comm.all_reduce(updates + buffers, "mean", tag="client_updates"))
-        else:
-            reduced = list(self.comm.all_reduce(updates, "mean", tag="client_updates",
-                                                codec=codec))
-            if buffers:
-                reduced += self.comm.all_reduce(buffers, "mean", tag="buffers")
-        self.server_update([self.server_params[k] for k in names], reduced[: len(names)])
+        reduced, buffer_means = self.all_reduce_with_buffers(updates, buffers, "mean",
+                                                             tag="client_updates")
+        self.server_update([self.server_params[k] for k in names], reduced)
         self.rounds += 1
         for k, p in zip(names, local, strict=True):
             p.copy_(self.server_params[k].expand_as(p))
-        for (k, b), mean in zip(float_buffers.items(), reduced[len(names):], strict=True):
-            b.copy_(mean.expand_as(b))
-            self.server_buffers[k].copy_(mean)
-        for k, b in self.nodes.buffers.items():  # counters (num_batches_tracked) of node 0
-            if not b.is_floating_point():
-                self.server_buffers[k].copy_(b[0])
+        self.adopt_buffers(buffer_means, self.server_buffers)
 
     def global_state(self) -> dict[str, Tensor]:
         out = {k: v.clone() for k, v in self.server_params.items()}
