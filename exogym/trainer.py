@@ -188,18 +188,20 @@ class Trainer:
                 nodes.zero_grad()
                 loss_sum += losses.mean()
                 loss_count += 1
-                if dev.type == "cuda":
+                done = step + 1
+                is_eval = self.val_dataset is not None and (
+                    done % eval_interval == 0 or done == total_steps)
+                log_now = is_eval or done == total_steps or done % log_interval == 0
+                if log_now and dev.type == "cuda":
+                    # Only where the time is read: queued kernels of earlier steps finish here and
+                    # count as training time; a sync every step would stall the launch queue.
                     torch.cuda.synchronize(dev)
                 train_time += time.perf_counter() - t0
                 if clock is not None:
                     clock.compute(step)
                     fed = _feed(clock, comm.log, fed)
                 bar.update(1)
-
-                done = step + 1
-                is_eval = self.val_dataset is not None and (
-                    done % eval_interval == 0 or done == total_steps)
-                if done % log_interval and not is_eval and done != total_steps:
+                if not log_now:
                     continue
                 row: dict[str, Any] = {
                     "step": done,
