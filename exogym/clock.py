@@ -38,7 +38,6 @@ The report gives the means over nodes (equal for identical nodes) and
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Iterable, Sequence
@@ -47,10 +46,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 from exogym.comm import CommRecord
-from exogym.engine import loss_of
+from exogym.engine import NodeStack, Precision
 from exogym.network import Network, format_duration, parse_duration, parse_network
 from exogym.optim import OptimSpec
 
@@ -120,7 +119,8 @@ def _measure_key(model: nn.Module, batch: Any, optim: OptimSpec,
 
 def measure_step_time(model: nn.Module, batch: Any, optim: OptimSpec,
                       device: torch.device | str = "cpu", *, repeats: int = 20,
-                      budget_s: float = 1.0) -> float:
+                      budget_s: float = 1.0, micro_batch_size: int | None = None,
+                      precision: Precision = "fp32") -> float:
     """Seconds of one node's training step alone: forward, backward, optimizer step.
 
     Runs on a deep copy of ``model`` (the caller's module and the run are untouched) with
@@ -139,22 +139,26 @@ def measure_step_time(model: nn.Module, batch: Any, optim: OptimSpec,
     if not budget_s > 0:
         raise ValueError(f"budget_s must be > 0 seconds, got {budget_s!r}")
     device = torch.device(device)
-    key = _measure_key(model, batch, optim, device)
+    key = (*_measure_key(model, batch, optim, device), micro_batch_size, precision)
     if key in _MEASURED:
         return _MEASURED[key]
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     try:
-        module = copy.deepcopy(model).to(device).eval()
-        opt = optim.build([p for p in module.parameters() if p.requires_grad])
+        # One node, as the run computes it (micro-batches, autocast), in eval mode.
+        nodes = NodeStack(model, 1, device=device, engine="loop",
+                          micro_batch_size=micro_batch_size, precision=precision)
+        nodes.module.eval()
+        opt = optim.build(list(nodes.params.values()))
+        stacked = tree_map(lambda t: t.unsqueeze(0) if isinstance(t, torch.Tensor) else t, batch)
         times: list[float] = []
         timed = 0.0
         while len(times) < 2 + 3 or (len(times) < 2 + repeats and timed < budget_s):
             _sync(device)
             start = time.perf_counter()
-            loss_of(module(batch)).backward()
+            nodes.forward_backward(stacked)
             opt.step()
-            opt.zero_grad(set_to_none=False)
+            nodes.zero_grad()
             _sync(device)
             times.append(time.perf_counter() - start)
             timed += times[-1] if len(times) > 2 else 0.0

@@ -21,10 +21,32 @@ into fresh tensors), the first step falls back to the loop with a warning.
 
 Model contract: ``model(batch)`` returns a scalar loss tensor, or a mapping with a ``"loss"`` entry
 (and optionally other scalar metrics).
+
+Two options, the same in both engines:
+
+- ``micro_batch_size=m`` (gradient accumulation, for memory): each node's batch of ``B`` rows is
+  cut along the batch dimension into ``ceil(B / m)`` micro-batches of ``m`` rows, the last one
+  holding the remaining ``B mod m`` rows when ``m`` does not divide ``B``. Micro-batch ``k`` of
+  ``b_k`` rows runs forward and backward on its own with its loss scaled by ``b_k / B``, so only
+  one micro-batch's activations are alive at a time and the gradient accumulates to that of
+  ``sum_k (b_k / B) * loss_k``, the reported loss. That is the full-batch loss and gradient (to
+  round-off) when the loss is a mean over samples that do not interact, as a cross-entropy over
+  the batch is, and not otherwise: BatchNorm normalises each micro-batch with its own statistics
+  (and updates its running statistics once per micro-batch); a loss summed over samples, or
+  averaged over a varying number of tokens per sample, is re-weighted by rows. Dropout masks are
+  drawn per micro-batch: the same distribution as a whole-batch step, other numbers. ``m >= B``
+  (or None) runs the batch whole, the code path and numbers of no micro-batching.
+- ``precision="bf16"``: each forward runs under ``torch.autocast(device.type, torch.bfloat16)``,
+  each backward outside it (autocast's rule); parameters, gradients and optimizer state stay fp32
+  and the returned losses are fp32. Under vmap, autocast sees the operations vmap decomposes a
+  layer into, not the layer (pytorch/pytorch#192617): an ``nn.Linear`` with a bias multiplies in
+  bf16 but adds the bias in fp32, and on CPU ``F.cross_entropy`` of bf16 logits runs in bf16
+  where the loop engine runs it in fp32. The two engines then agree only to bf16 round-off.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import warnings
@@ -34,13 +56,17 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
-__all__ = ["ENGINES", "EngineName", "NodeStack", "loss_of", "resolve_device"]
+__all__ = [
+    "ENGINES", "PRECISIONS", "EngineName", "NodeStack", "Precision", "loss_of", "resolve_device",
+]
 
 EngineName = Literal["auto", "loop", "vmap"]
 ENGINES = ("auto", "loop", "vmap")
 DEVICES = ("auto", "cpu", "cuda", "mps")
+Precision = Literal["fp32", "bf16"]
+PRECISIONS = ("fp32", "bf16")
 
 log = logging.getLogger("exogym")
 
@@ -79,6 +105,34 @@ def loss_of(out: Any) -> Tensor:
     return out.reshape(())
 
 
+def _check_bf16(device: torch.device) -> None:
+    """Raise ValueError unless bf16 autocast runs on ``device`` (cpu; cuda with bf16; mps)."""
+    allowed = "cpu, cuda where torch.cuda.is_bf16_supported(), or mps with bf16 autocast"
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"precision='bf16' needs {allowed}; device {str(device)!r} "
+                             "is not available (torch.cuda.is_available() is False)")
+        with torch.cuda.device(device):
+            if not torch.cuda.is_bf16_supported():
+                raise ValueError(
+                    f"precision='bf16' needs {allowed}; device {str(device)!r} "
+                    f"({torch.cuda.get_device_name(device)}) does not support bfloat16: "
+                    "use precision='fp32'"
+                )
+        return
+    if not torch.amp.is_autocast_available(device.type):
+        raise ValueError(f"precision='bf16' needs {allowed}; autocast does not run on device "
+                         f"type {device.type!r}")
+    # Autocast warns and disables itself for a dtype the device type does not support (MPS on
+    # an old macOS): make that an error here rather than a silently fp32 run.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    if caught:
+        raise ValueError(f"precision='bf16' needs {allowed}; on device {str(device)!r} "
+                         f"autocast says: {caught[0].message}")
+
+
 class NodeStack:
     """N replicas of ``model``, every tensor stacked along a leading node dimension.
 
@@ -88,6 +142,9 @@ class NodeStack:
         grads: name -> ``[N, *shape]``, also each ``params[name].grad``.
         buffers: name -> ``[N, *shape]`` (BatchNorm running statistics: one per node).
         engine: ``"loop"`` or ``"vmap"``, the engine in use.
+        micro_batch_size: rows per micro-batch in :meth:`forward_backward` (gradient
+            accumulation, see the module docstring), or None: each node's batch in one pass.
+        precision: ``"fp32"``, or ``"bf16"``: forward passes under bfloat16 autocast.
 
     Strategies change parameters in place only (``copy_``, ``add_``, optimizer steps); rebinding
     ``params[name]`` would detach the per-node views the loop engine writes gradients through.
@@ -95,14 +152,28 @@ class NodeStack:
 
     def __init__(
         self, model: nn.Module, num_nodes: int, *, device: torch.device | str = "cpu",
-        engine: EngineName = "auto",
+        engine: EngineName = "auto", micro_batch_size: int | None = None,
+        precision: Precision = "fp32",
     ) -> None:
         if num_nodes < 1:
             raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+        if micro_batch_size is not None and (
+            isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int)
+            or micro_batch_size < 1
+        ):
+            raise ValueError(
+                f"micro_batch_size must be None or an integer >= 1, got {micro_batch_size!r}"
+            )
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         self.num_nodes = num_nodes
         self.device = resolve_device(device)
+        if precision == "bf16":
+            _check_bf16(self.device)
+        self.micro_batch_size = micro_batch_size
+        self.precision: Precision = precision
         if engine == "auto":
             engine = "vmap" if self.device.type == "cuda" else "loop"
         self.engine: Literal["loop", "vmap"] = engine
@@ -149,45 +220,92 @@ class NodeStack:
         """Each node's loss on its own batch and the gradient into :attr:`grads` (accumulated).
 
         ``batch`` is a pytree whose tensor leaves are ``[N, B, ...]``: row ``i`` is node ``i``'s
-        batch. Returns the detached per-node losses, shape ``[N]``.
+        batch. Returns the detached per-node losses, shape ``[N]``: with micro-batches, the
+        full-batch mean ``sum_k (b_k / B) * loss_k``.
         """
+        parts = self._micro_batches(batch)
         if self.engine == "vmap":
             if self._vmap_checked:
-                return self._vmap_step(batch)
-            return self._first_vmap_step(batch)
-        return self._loop_step(batch)
+                return self._vmap_step(parts)
+            return self._first_vmap_step(parts)
+        return self._loop_step(parts)
 
-    def _loop_step(self, batch: Any) -> Tensor:
+    def _micro_batches(self, batch: Any) -> list[tuple[float | None, Any]]:
+        """``(weight, part)`` pairs: ``[(None, batch)]`` (one unscaled pass) or micro-batches."""
+        m = self.micro_batch_size
+        if m is None:
+            return [(None, batch)]
+        leaves = [t for t in tree_flatten(batch)[0] if isinstance(t, Tensor)]
+        sizes = {t.shape[1] if t.dim() >= 2 else None for t in leaves}
+        if len(sizes) != 1 or None in sizes:
+            raise ValueError(
+                "micro_batch_size needs every tensor in the batch to be [N, B, ...] with one "
+                f"batch size B, got shapes {[tuple(t.shape) for t in leaves]}"
+            )
+        (rows,) = sizes
+        if m >= rows:
+            return [(None, batch)]
+        return [
+            ((min(start + m, rows) - start) / rows,
+             tree_map(lambda t, s=start: t[:, s:s + m] if isinstance(t, Tensor) else t, batch))
+            for start in range(0, rows, m)
+        ]
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.precision == "bf16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _loop_step(self, parts: list[tuple[float | None, Any]]) -> Tensor:
         losses = []
         for i in range(self.num_nodes):
-            node_batch = tree_map(lambda t, i=i: t[i] if isinstance(t, Tensor) else t, batch)
             node_buffers = {name: b[i] for name, b in self.buffers.items()}
-            out = functional_call(self.module, (self._node_params[i], node_buffers), (node_batch,),
-                                  tie_weights=self._tied)
-            loss = loss_of(out)
-            loss.backward()
-            losses.append(loss.detach())
+            total: Tensor | None = None
+            for weight, part in parts:
+                node_batch = tree_map(lambda t, i=i: t[i] if isinstance(t, Tensor) else t, part)
+                with self._autocast():
+                    out = functional_call(self.module, (self._node_params[i], node_buffers),
+                                          (node_batch,), tie_weights=self._tied)
+                loss = _upcast(loss_of(out))
+                if weight is None:
+                    loss.backward()
+                    total = loss.detach()
+                else:
+                    (loss * weight).backward()
+                    total = _add_scaled(total, loss.detach(), weight)
+            assert total is not None
+            losses.append(total)
         return torch.stack(losses)
 
-    def _vmap_step(self, batch: Any) -> Tensor:
+    def _vmap_step(self, parts: list[tuple[float | None, Any]]) -> Tensor:
         def one_node(params: dict[str, Tensor], buffers: dict[str, Tensor], b: Any) -> Tensor:
             return loss_of(
                 functional_call(self.module, (params, buffers), (b,), tie_weights=self._tied)
             )
 
-        in_dims = tree_map(lambda t: 0 if isinstance(t, Tensor) else None, batch)
-        losses = vmap(one_node, in_dims=(0, 0, in_dims), randomness="different")(
-            self.params, self.buffers, batch
-        )
-        losses.sum().backward()
-        return losses.detach()
+        total: Tensor | None = None
+        for weight, part in parts:
+            in_dims = tree_map(lambda t: 0 if isinstance(t, Tensor) else None, part)
+            with self._autocast():
+                losses = vmap(one_node, in_dims=(0, 0, in_dims), randomness="different")(
+                    self.params, self.buffers, part
+                )
+            losses = _upcast(losses)
+            if weight is None:
+                losses.sum().backward()
+                total = losses.detach()
+            else:
+                (losses.sum() * weight).backward()
+                total = _add_scaled(total, losses.detach(), weight)
+        assert total is not None
+        return total
 
-    def _first_vmap_step(self, batch: Any) -> Tensor:
+    def _first_vmap_step(self, parts: list[tuple[float | None, Any]]) -> Tensor:
         saved_buffers = {name: b.clone() for name, b in self.buffers.items()}
         rng = torch.get_rng_state()
         cuda_rng = torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None
         try:
-            losses = self._vmap_step(batch)
+            losses = self._vmap_step(parts)
         except Exception as err:  # model code that vmap cannot batch
             for name, b in self.buffers.items():
                 b.copy_(saved_buffers[name])
@@ -205,7 +323,7 @@ class NodeStack:
             )
             self.engine = "loop"
             self._vmap_checked = True
-            return self._loop_step(batch)
+            return self._loop_step(parts)
         self._vmap_checked = True
         return losses
 
@@ -256,3 +374,13 @@ class NodeStack:
         return tree_map(
             lambda t: t.to(dev, non_blocking=True) if isinstance(t, Tensor) else t, batch
         )
+
+
+def _add_scaled(total: Tensor | None, value: Tensor, weight: float) -> Tensor:
+    """``total + weight * value`` (``weight * value`` when ``total`` is None)."""
+    return value * weight if total is None else total + value * weight
+
+
+def _upcast(loss: Tensor) -> Tensor:
+    """A loss that autocast left in half precision, as fp32 (the reported value and its scaling)."""
+    return loss.float() if loss.dtype in (torch.bfloat16, torch.float16) else loss
