@@ -31,7 +31,10 @@ depends on nodes of other processes (evaluation traffic is not counted).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -43,12 +46,113 @@ from exogym.comm import Communicator, ReduceOp
 from exogym.data.sharding import NodeBatches, fetch
 from exogym.engine import NodeStack
 
-__all__ = ["DistributedCommunicator", "gather_global_state", "local_batches", "local_node_ids"]
+__all__ = [
+    "COLLECTIVE_TIMEOUT_S", "DistributedCommunicator", "RankContext", "TorchrunEnv",
+    "gather_global_state", "join_torchrun", "local_batches", "local_node_ids", "torchrun_env",
+]
+
+#: Collective timeout of a process group exogym initialises (a rank waiting on a dead peer fails
+#: after this instead of hanging; torchrun's agent usually ends the job sooner).
+COLLECTIVE_TIMEOUT_S = 300.0
 
 
 def local_node_ids(rank: int, nodes_per_process: int) -> list[int]:
     """The global ids of the nodes of process ``rank``: ``rank * n_local + i``."""
     return list(range(rank * nodes_per_process, (rank + 1) * nodes_per_process))
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """What a process knows about its place in a multi-process run.
+
+    Attributes:
+        rank: this process's rank; world_size: the number of processes.
+        nodes_per_process: ``n_local``, simulated nodes stacked in each process.
+        device: where this process computes (``cuda:LOCAL_RANK`` with nccl, else cpu).
+    """
+
+    rank: int
+    world_size: int
+    nodes_per_process: int
+    device: str
+
+    @property
+    def node_ids(self) -> list[int]:
+        return local_node_ids(self.rank, self.nodes_per_process)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.world_size * self.nodes_per_process
+
+
+@dataclass(frozen=True)
+class TorchrunEnv:
+    """The rendezvous ``torchrun`` (``torch.distributed.run``) puts in each worker's environment.
+
+    Attributes:
+        rank: ``RANK``, this process among all; world_size: ``WORLD_SIZE``.
+        local_rank: ``LOCAL_RANK``, this process among those on its machine (its GPU index).
+        master_addr, master_port: ``MASTER_ADDR`` / ``MASTER_PORT``, where rank 0 listens.
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+
+
+_TORCHRUN_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def torchrun_env(environ: dict[str, str] | None = None) -> TorchrunEnv | None:
+    """The rendezvous in the environment, or None when this process was not launched by torchrun
+    (none of ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` set).
+
+    Raises:
+        ValueError: some but not all of them are set, or one is not a valid number.
+    """
+    env = os.environ if environ is None else environ
+    present = [k for k in _TORCHRUN_KEYS if k in env]
+    if not present:
+        return None
+    missing = [k for k in _TORCHRUN_KEYS if k not in env]
+    if missing:
+        raise ValueError(
+            f"the environment has {', '.join(present)} but not {', '.join(missing)}: launch with "
+            "torchrun (which sets all of RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) "
+            "or unset them to simulate in one process"
+        )
+    values = {}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
+        try:
+            values[key] = int(env[key])
+        except ValueError:
+            raise ValueError(f"{key}={env[key]!r} in the environment is not an integer") from None
+    if not 0 <= values["RANK"] < values["WORLD_SIZE"]:
+        raise ValueError(f"RANK={values['RANK']} must be in [0, WORLD_SIZE={values['WORLD_SIZE']})")
+    return TorchrunEnv(values["RANK"], values["WORLD_SIZE"], values["LOCAL_RANK"],
+                       env["MASTER_ADDR"], values["MASTER_PORT"])
+
+
+def join_torchrun(env: TorchrunEnv, device: torch.device) -> torch.device:
+    """Join torchrun's process group (``env://`` rendezvous) and return this rank's device.
+
+    A CUDA ``device`` without an index becomes ``cuda:LOCAL_RANK`` (one GPU per process, the
+    torchrun convention) and the backend is nccl; otherwise gloo. The group's collective timeout
+    is :data:`COLLECTIVE_TIMEOUT_S`.
+    """
+    if device.type == "cuda":
+        if device.index is None:
+            device = torch.device("cuda", env.local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        backend = "gloo"
+    dist.init_process_group(backend, init_method="env://", rank=env.rank,
+                            world_size=env.world_size,
+                            timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    return device
 
 
 def _accumulator(dtype: torch.dtype) -> torch.dtype:

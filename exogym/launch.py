@@ -17,11 +17,12 @@ exactly its byte counts. Dropout masks differ: each process draws from its own g
 from __future__ import annotations
 
 import copy
+import inspect
 import os
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -31,16 +32,20 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor, nn
-from torch.func import functional_call
-from torch.utils._pytree import tree_map
 from torch.utils.data import Dataset
 
 from exogym.comm import CommRecord
-from exogym.data.sharding import DatasetFactory, NodeBatches, iterate_batches
-from exogym.dist import DistributedCommunicator, gather_global_state, local_batches, local_node_ids
-from exogym.engine import EngineName, NodeStack, loss_of
-from exogym.result import FitResult, MetricsWriter
+from exogym.data.sharding import DatasetFactory, NodeBatches
+from exogym.dist import (
+    DistributedCommunicator,
+    RankContext,
+    gather_global_state,
+    local_batches,
+)
+from exogym.engine import EngineName, NodeStack
+from exogym.result import FitResult
 from exogym.strategy.base import Strategy
+from exogym.trainer import Trainer
 
 __all__ = [
     "RankContext", "WorkerError", "WorkerResult", "fit_processes", "fit_worker", "free_port",
@@ -57,30 +62,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-@dataclass(frozen=True)
-class RankContext:
-    """What a worker knows about its place in the run.
-
-    Attributes:
-        rank: this process's rank; world_size: the number of processes.
-        nodes_per_process: ``n_local``, simulated nodes stacked in each process.
-        device: where this process computes (``cuda:LOCAL_RANK`` with nccl, else cpu).
-    """
-
-    rank: int
-    world_size: int
-    nodes_per_process: int
-    device: str
-
-    @property
-    def node_ids(self) -> list[int]:
-        return local_node_ids(self.rank, self.nodes_per_process)
-
-    @property
-    def num_nodes(self) -> int:
-        return self.world_size * self.nodes_per_process
 
 
 def _entry(
@@ -225,133 +206,46 @@ def fit_strategies(
 # -- a whole run on local processes (the `--engine process` of `exogym run`) --------------------
 def fit_processes(
     model: nn.Module, train_dataset: Dataset | DatasetFactory, val_dataset: Dataset | None, *,
-    strategy: Strategy, num_nodes: int, max_steps: int, batch_size: int = 64,
-    eval_interval: int | None = None, eval_batch_size: int = 1000, log_interval: int = 10,
-    seed: int = 0, out_dir: str | Path | None = None, nodes_per_process: int = 1,
-    backend: str = "auto", timeout_s: float = 300.0, threads: int | None = None,
+    strategy: Strategy, num_nodes: int, nodes_per_process: int = 1, backend: str = "auto",
+    timeout_s: float = 300.0, threads: int | None = None, **fit_args: Any,
 ) -> FitResult:
-    """Train on ``num_nodes / nodes_per_process`` local processes; rank 0's :class:`FitResult`.
+    """:meth:`exogym.Trainer.fit` on ``num_nodes / nodes_per_process`` local processes.
 
     The original EXO Gym's execution model: real processes, real collectives (gloo on CPU, nccl
-    with one GPU per process where CUDA is available). Rank 0 logs, evaluates the global model
-    (:func:`gather_global_state`) and writes ``metrics.jsonl`` / ``summary.json`` to ``out_dir``
-    line by line, so a failed run keeps the rows written so far. ``train_loss`` is the mean over
-    all nodes (a one-number all-reduce per logged row, not counted, like evaluation). The run has
-    no simulated network clock (``network`` None): its collectives are real.
+    with one GPU per process where CUDA is available). Every process runs ``Trainer.fit`` as one
+    rank (``distributed`` mode); rank 0 logs, evaluates the global model and writes
+    ``metrics.jsonl`` / ``summary.json`` line by line, so a failed run keeps the rows written so
+    far. ``fit_args`` are :meth:`~exogym.Trainer.fit`'s other keyword arguments (``max_steps``,
+    ``batch_size``, ``out_dir``, ``network``, ...; not ``device``: this function places the
+    processes) and are checked against its signature before any process starts.
     """
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
+        raise ValueError(f"num_nodes must be an integer >= 1, got {num_nodes!r}")
     if num_nodes % nodes_per_process:
         raise ValueError(f"num_nodes must be a multiple of nodes_per_process="
                          f"{nodes_per_process}, got {num_nodes}")
+    allowed = set(inspect.signature(Trainer.fit).parameters) - {
+        "self", "strategy", "num_nodes", "device", "distributed"}
+    unknown = sorted(set(fit_args) - allowed)
+    if unknown:
+        raise TypeError(f"fit_processes got unexpected arguments {unknown}; Trainer.fit takes "
+                        f"{sorted(allowed)}")
     results = launch(
         _fit_rank, num_nodes // nodes_per_process, model, train_dataset, val_dataset, strategy,
-        max_steps, batch_size, eval_interval, eval_batch_size, log_interval, seed,
-        None if out_dir is None else str(out_dir), nodes_per_process=nodes_per_process,
-        backend=backend, timeout_s=timeout_s, threads=threads)
+        fit_args, nodes_per_process=nodes_per_process, backend=backend, timeout_s=timeout_s,
+        threads=threads)
     return results[0]
-
-
-@torch.no_grad()
-def _evaluate(module: nn.Module, state: dict[str, Tensor], dataset: Dataset, batch_size: int,
-              device: torch.device) -> dict[str, float]:
-    """Sample-weighted means of the model's outputs over ``dataset``, as ``eval_*``."""
-    sums: dict[str, Tensor] = {}
-    count = 0
-    for batch, size in iterate_batches(dataset, batch_size):
-        batch = tree_map(lambda t: t.to(device) if isinstance(t, Tensor) else t, batch)
-        out = functional_call(module, state, (batch,))
-        metrics = dict(out) if isinstance(out, Mapping) else {"loss": loss_of(out)}
-        for k, v in metrics.items():
-            sums[k] = sums.get(k, 0) + v.detach().float().reshape(()) * size
-        count += size
-    return {f"eval_{k}": float(v) / count for k, v in sums.items()}
 
 
 def _fit_rank(
     ctx: RankContext, model: nn.Module, train_dataset: Dataset | DatasetFactory,
-    val_dataset: Dataset | None, strategy: Strategy, max_steps: int, batch_size: int,
-    eval_interval: int | None, eval_batch_size: int, log_interval: int, seed: int,
-    out_dir: str | None,
+    val_dataset: Dataset | None, strategy: Strategy, fit_args: dict[str, Any],
 ) -> FitResult | None:
     """One rank of :func:`fit_processes`; rank 0 returns the result, the others None."""
-    wall_start = time.perf_counter()
-    lead = ctx.rank == 0
-    strategy = copy.deepcopy(strategy)
-    torch.manual_seed(seed)
-    batches = NodeBatches(train_dataset, ctx.num_nodes, batch_size, seed=seed)
-    eval_interval = eval_interval or max(max_steps // 10, 1)
-    nodes = NodeStack(model, ctx.nodes_per_process, device=ctx.device, engine="loop")
-    comm = DistributedCommunicator(ctx.num_nodes, ctx.node_ids)
-    strategy.setup(nodes, comm, max_steps)
-    eval_module = copy.deepcopy(model).to(nodes.device).eval()
-    config = {
-        "strategy": strategy.id, "hyperparameters": strategy.hyperparameters(),
-        "num_nodes": ctx.num_nodes, "steps": max_steps, "batch_size_per_node": batch_size,
-        "steps_per_epoch": batches.steps_per_epoch, "eval_interval": eval_interval,
-        "engine": "process", "processes": ctx.world_size,
-        "nodes_per_process": ctx.nodes_per_process, "device": str(nodes.device), "seed": seed,
-        "parameters": nodes.num_parameters(), "network": None,
-    }
-    writer = MetricsWriter(out_dir, config) if lead and out_dir is not None else None
-    stream = local_batches(batches, ctx.node_ids)
-    history: list[dict[str, Any]] = []
-    final: dict[str, float] = {}
-    loss_sum = torch.zeros((), device=nodes.device)
-    loss_count, train_time = 0, 0.0
-    try:
-        for step in range(max_steps):
-            t0 = time.perf_counter()
-            comm.step = step
-            losses = nodes.forward_backward(nodes.to_batch_device(next(stream)))
-            strategy.step(step)
-            nodes.zero_grad()
-            loss_sum += losses.sum()
-            loss_count += 1
-            train_time += time.perf_counter() - t0
-            done = step + 1
-            is_eval = val_dataset is not None and (done % eval_interval == 0 or done == max_steps)
-            if done % log_interval and not is_eval and done != max_steps:
-                continue
-            dist.all_reduce(loss_sum)  # every node's losses: the mean over all N nodes
-            row: dict[str, Any] = {
-                "step": done, "epoch": batches.epoch,
-                "train_loss": float(loss_sum) / (loss_count * ctx.num_nodes), "lr": strategy.lr,
-                "samples": done * ctx.num_nodes * batch_size,
-                "bytes_sent": max(comm.bytes_sent), "bytes_received": max(comm.bytes_received),
-                "wall_s": time.perf_counter() - wall_start,
-            }
-            loss_sum.zero_()
-            loss_count = 0
-            if is_eval:
-                state = gather_global_state(strategy, comm)  # a collective: every rank
-                if lead and val_dataset is not None:
-                    final = _evaluate(eval_module, state, val_dataset, eval_batch_size,
-                                      nodes.device)
-                    row.update(final)
-            history.append(row)
-            if writer is not None:
-                writer.write(row)
-    except BaseException:
-        if writer is not None:
-            writer.close()
-        raise
-    state = gather_global_state(strategy, comm)
-    if not lead:
+    result = Trainer(model, train_dataset, val_dataset).fit(
+        strategy=copy.deepcopy(strategy), num_nodes=ctx.num_nodes, device=ctx.device,
+        distributed=True, **fit_args)
+    if ctx.rank != 0:
         return None
-    final_model = copy.deepcopy(model).to(nodes.device)
-    for name, value in state.items():
-        try:
-            final_model.get_parameter(name).data.copy_(value)
-        except AttributeError:
-            final_model.get_buffer(name).copy_(value)
-    result = FitResult(
-        model=final_model.cpu(), history=history, final=final, strategy=strategy.id,
-        hyperparameters=strategy.hyperparameters(), num_nodes=ctx.num_nodes, steps=max_steps,
-        batch_size=batch_size, samples=max_steps * ctx.num_nodes * batch_size,
-        train_time_s=train_time, wall_time_s=time.perf_counter() - wall_start,
-        bytes_sent=list(comm.bytes_sent), bytes_received=list(comm.bytes_received),
-        engine="process", device=str(nodes.device), seed=seed,
-        out_dir=Path(out_dir) if out_dir is not None else None, comm_log=list(comm.log),
-    )
-    if writer is not None:
-        writer.close(result.to_dict())
+    result.model = result.model.cpu()
     return result

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import torch
 from torch import nn
 
 from exogym.clock import ClockReport, ClockTrace
@@ -29,7 +30,8 @@ def _jsonable(value: Any) -> Any:
 
 class MetricsWriter:
     """A run folder: ``metrics.jsonl`` (one JSON object per logged step, flushed line by line so
-    a crash keeps what was written), ``config.json`` and ``summary.json``.
+    a crash keeps what was written), ``config.json``, ``summary.json`` and ``model.pt`` (the
+    global model at the last evaluation and at the end).
 
     An existing ``metrics.jsonl`` in the folder is never overwritten: that is an error.
     """
@@ -48,6 +50,13 @@ class MetricsWriter:
     def write(self, row: dict[str, Any]) -> None:
         self._file.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
         self._file.flush()
+
+    def save_model(self, state: dict[str, Any]) -> None:
+        """The global model's ``state_dict`` as ``model.pt`` (written to a temporary file, then
+        renamed: a crash leaves the previous checkpoint whole)."""
+        tmp = self.dir / ".model.pt.tmp"
+        torch.save({k: v.detach().cpu() for k, v in state.items()}, tmp)
+        tmp.replace(self.dir / "model.pt")
 
     def close(self, summary: dict[str, Any] | None = None) -> None:
         self._file.close()
@@ -92,6 +101,7 @@ class FitResult:
         bytes_sent, bytes_received: per node, cumulative.
         comm_log: every collective (for network models).
         engine, device, seed, out_dir: how it ran.
+        processes: OS processes the nodes were spread over (1: simulated in one process).
         eval_set: what the evaluation set was, when the dataset says (its ``test_set``
             attribute; CIFAR-10 reports whether the full or the partial test batch was used).
         network: the simulated network of the run's clock (None: no clock).
@@ -122,6 +132,7 @@ class FitResult:
     network: Network | None = None
     clock: ClockReport | None = None
     trace: ClockTrace | None = field(default=None, repr=False)
+    processes: int = 1
 
     @property
     def samples_per_s(self) -> float:
@@ -151,6 +162,7 @@ class FitResult:
             "bytes_received_per_node": self.bytes_received,
             "collectives": len(self.comm_log),
             "engine": self.engine,
+            "processes": self.processes,
             "device": self.device,
             "seed": self.seed,
             "out_dir": str(self.out_dir) if self.out_dir else None,
@@ -173,7 +185,8 @@ class FitResult:
     def summary(self) -> str:
         """A short human-readable report."""
         lines = [f"strategy {self.strategy}  nodes {self.num_nodes}  steps {self.steps}  "
-                 f"batch/node {self.batch_size}  engine {self.engine}  device {self.device}"]
+                 f"batch/node {self.batch_size}  engine {self.engine}  device {self.device}"
+                 + (f"  processes {self.processes}" if self.processes > 1 else "")]
         if self.final:
             lines.append("final eval  " + "  ".join(
                 f"{k.removeprefix('eval_')} {_fmt_metric(k, v)}" for k, v in self.final.items())

@@ -11,11 +11,12 @@ import copy
 import math
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 from torch.func import functional_call
 from torch.utils._pytree import tree_map
@@ -23,11 +24,29 @@ from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
 from exogym.clock import ClockTrace, SimClock, measure_step_time, resolve_step_time
-from exogym.comm import CommRecord, InProcessCommunicator
+from exogym.comm import CommRecord, Communicator, InProcessCommunicator
+from exogym.data.partition import Partition, parse_partition
 from exogym.data.sharding import DatasetFactory, NodeBatches, iterate_batches
-from exogym.engine import ENGINES, EngineName, NodeStack, loss_of, resolve_device
+from exogym.dist import (
+    DistributedCommunicator,
+    RankContext,
+    gather_global_state,
+    join_torchrun,
+    local_batches,
+    torchrun_env,
+)
+from exogym.engine import (
+    ENGINES,
+    PRECISIONS,
+    EngineName,
+    NodeStack,
+    Precision,
+    loss_of,
+    resolve_device,
+)
 from exogym.network import Network, parse_network
 from exogym.result import FitResult, MetricsWriter
+from exogym.sinks import MultiSink, Sink
 from exogym.strategy import Strategy, make
 
 __all__ = ["Trainer"]
@@ -73,10 +92,13 @@ class Trainer:
         max_steps: int | None = None,
         num_epochs: float | None = None,
         batch_size: int = 64,
+        partition: Partition | str = "iid",
         eval_interval: int | None = None,
         eval_batch_size: int = 1000,
         log_interval: int = 10,
         engine: EngineName = "auto",
+        micro_batch_size: int | None = None,
+        precision: Precision = "fp32",
         device: str | torch.device = "auto",
         seed: int = 0,
         out_dir: str | Path | None = None,
@@ -85,6 +107,9 @@ class Trainer:
         step_time: float | str | None = None,
         flops_per_sample: float | None = None,
         device_flops: float | None = None,
+        distributed: bool | None = None,
+        sinks: Sequence[Sink] = (),
+        run_info: Mapping[str, Any] | None = None,
     ) -> FitResult:
         """Train on ``num_nodes`` simulated nodes and return the global model and its metrics.
 
@@ -94,14 +119,32 @@ class Trainer:
             max_steps: training steps (each node takes one batch per step); or give
             num_epochs: passes over each node's shard (may be fractional).
             batch_size: per node.
+            partition: how a shared training set is split among the nodes
+                (:mod:`exogym.data.partition`): ``"iid"`` (a random 1/N, new each epoch),
+                ``"dirichlet:ALPHA"`` (label skew) or ``"contiguous"`` (the i-th block of
+                samples; for text, node i's own span). Sizes and label histograms go to
+                ``config.json`` (``partition_stats``).
             eval_interval: evaluate the global model every this many steps (and always at the
                 end); default: about ten evaluations per run.
             eval_batch_size: batch size of evaluation.
             log_interval: write a metrics row every this many steps (and on evaluation steps).
             engine: ``"loop"``, ``"vmap"`` or ``"auto"`` (vmap on CUDA, loop elsewhere).
+            micro_batch_size: split each node's batch into micro-batches of this many rows and
+                accumulate their gradients (the whole-batch gradient for a per-sample mean loss,
+                less activation memory); None: the whole batch at once.
+            precision: ``"fp32"``, or ``"bf16"``: forward passes under bfloat16 autocast
+                (parameters, gradients, optimizer state and evaluation stay fp32).
             device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``.
             seed: seeds data order and randomness in the model (dropout); same seed, same numbers.
-            out_dir: if given, ``metrics.jsonl``, ``config.json`` and ``summary.json`` go there.
+            out_dir: if given, ``metrics.jsonl``, ``config.json``, ``summary.json`` and
+                ``model.pt`` (the global model's ``state_dict`` at each evaluation and at the end)
+                go there.
+            sinks: more places for the same rows (:mod:`exogym.sinks`: ``CSVSink()``,
+                ``TensorBoardSink()``, ``WandbSink(project)``); each is started with the config
+                and ``out_dir``, gets every row, and is finished with the summary (None if the
+                run fails).
+            run_info: more entries for ``config.json`` (the CLI records ``{"task": id}``, which
+                ``exogym sample`` reads); they may not replace the run's own keys.
             progress: show a progress bar.
             network: the simulated network under the run's clock (:mod:`exogym.network`): a
                 profile name (``"datacenter"``, ``"home-100mbps"``, ...), a spec string
@@ -110,9 +153,19 @@ class Trainer:
                 once on this machine at the start (:func:`exogym.clock.measure_step_time`); or
             flops_per_sample, device_flops: training FLOPs per sample and the device's FLOP/s,
                 ``step time = flops_per_sample * batch_size / device_flops``.
+            distributed: run as one rank of a multi-process job over ``torch.distributed``:
+                the ``N`` nodes are split evenly over the processes (``N / world_size`` stacked
+                in each) and collectives cross processes. None (default): yes when
+                ``torch.distributed`` is initialised or the process was launched by
+                ``torchrun`` (it then joins torchrun's group, and leaves it at the end); False:
+                simulate all ``N`` nodes in this process regardless.
 
         The simulated clock (:mod:`exogym.clock`) never changes a training number: every row
         gains ``sim_time_s``, the result its :class:`exogym.clock.ClockReport`.
+
+        In a multi-process run every rank returns the same :class:`FitResult`; rank 0 alone
+        shows progress, evaluates the global model (once per evaluation step, the metrics sent
+        to the other ranks) and writes ``out_dir``.
         """
         if isinstance(strategy, str):
             strategy = make(strategy)
@@ -120,33 +173,79 @@ class Trainer:
             raise TypeError(f"strategy must be a Strategy or an id, got {type(strategy).__name__}")
         _check_int("num_nodes", num_nodes, 1)
         _check_int("batch_size", batch_size, 1)
+        _check_int("seed", seed, 0)
+        partition = parse_partition(partition)
         _check_int("eval_batch_size", eval_batch_size, 1)
         _check_int("log_interval", log_interval, 1)
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+        if micro_batch_size is not None:
+            _check_int("micro_batch_size", micro_batch_size, 1)
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        if distributed not in (None, True, False):
+            raise ValueError(f"distributed must be None, True or False, got {distributed!r}")
         dev = resolve_device(device)
         net = parse_network(network) if network is not None else None
         step_time_s, compute_source = resolve_step_time(step_time, flops_per_sample,
                                                         device_flops, batch_size)
+        sink = MultiSink(sinks)  # a non-sink is an error before anything runs
+        ranks, owns_group, dev = _join(distributed, num_nodes, dev)
+        try:
+            return self._fit(
+                strategy=strategy, num_nodes=num_nodes, max_steps=max_steps,
+                num_epochs=num_epochs, batch_size=batch_size, partition=partition,
+                eval_interval=eval_interval,
+                eval_batch_size=eval_batch_size, log_interval=log_interval, engine=engine,
+                micro_batch_size=micro_batch_size, precision=precision, dev=dev, seed=seed,
+                out_dir=out_dir, progress=progress, net=net, step_time_s=step_time_s,
+                compute_source=compute_source, ranks=ranks, sink=sink,
+                run_info=dict(run_info or {}))
+        finally:
+            if owns_group:
+                dist.destroy_process_group()
+
+    def _fit(
+        self, *, strategy: Strategy, num_nodes: int, max_steps: int | None,
+        num_epochs: float | None, batch_size: int, partition: Partition,
+        eval_interval: int | None,
+        eval_batch_size: int, log_interval: int, engine: EngineName,
+        micro_batch_size: int | None, precision: Precision, dev: torch.device,
+        seed: int, out_dir: str | Path | None, progress: bool, net: Network | None,
+        step_time_s: float | None, compute_source: str, ranks: RankContext | None,
+        sink: MultiSink, run_info: dict[str, Any],
+    ) -> FitResult:
+        """:meth:`fit` after validation; ``ranks`` None simulates every node in this process."""
         overlap_steps = strategy.overlap_steps  # overlapped results are due this many steps later
         wall_start = time.perf_counter()
+        lead = ranks is None or ranks.rank == 0
 
         torch.manual_seed(seed)
-        batches = NodeBatches(self.train_dataset, num_nodes, batch_size, seed=seed)
+        batches = NodeBatches(self.train_dataset, num_nodes, batch_size, seed=seed,
+                              partition=partition)
         total_steps = _total_steps(max_steps, num_epochs, batches.steps_per_epoch)
         if eval_interval is None:
             eval_interval = max(total_steps // 10, 1)
         _check_int("eval_interval", eval_interval, 1)
         sync_every = getattr(strategy, "H", None)
-        if isinstance(sync_every, int) and total_steps % sync_every:
+        if lead and isinstance(sync_every, int) and total_steps % sync_every:
             warnings.warn(
                 f"{total_steps} steps is not a multiple of H={sync_every}: the last "
                 f"{total_steps % sync_every} local steps never reach the global model",
-                stacklevel=2,
+                stacklevel=3,
             )
 
-        nodes = NodeStack(self.model, num_nodes, device=dev, engine=engine)
-        comm = InProcessCommunicator(num_nodes)
+        comm: Communicator
+        if ranks is None:
+            nodes = NodeStack(self.model, num_nodes, device=dev, engine=engine,
+                              micro_batch_size=micro_batch_size, precision=precision)
+            comm = InProcessCommunicator(num_nodes)
+            stream: Iterator[Any] = batches
+        else:
+            nodes = NodeStack(self.model, ranks.nodes_per_process, device=dev, engine=engine,
+                              micro_batch_size=micro_batch_size, precision=precision)
+            comm = DistributedCommunicator(num_nodes, ranks.node_ids)
+            stream = local_batches(batches, ranks.node_ids)
         strategy.setup(nodes, comm, total_steps)
         eval_module = copy.deepcopy(self.model).to(dev).eval()
 
@@ -154,13 +253,28 @@ class Trainer:
             "strategy": strategy.id, "hyperparameters": strategy.hyperparameters(),
             "num_nodes": num_nodes, "steps": total_steps, "batch_size_per_node": batch_size,
             "steps_per_epoch": batches.steps_per_epoch, "eval_interval": eval_interval,
+            "partition": partition.spec, "partition_stats": batches.partition_stats(),
             "engine": nodes.engine, "device": str(dev), "seed": seed,
+            "micro_batch_size": micro_batch_size, "precision": precision,
+            "processes": 1 if ranks is None else ranks.world_size,
             "parameters": nodes.num_parameters(),
             "eval_set": getattr(self.val_dataset, "test_set", None),
             "network": net.spec() if net is not None else None,
             "step_time_s": step_time_s, "compute_source": compute_source,
         }
-        writer = MetricsWriter(out_dir, config) if out_dir is not None else None
+        clash = sorted(set(run_info) & set(config))
+        if clash:
+            raise ValueError(f"run_info may not replace the run's own config keys {clash}")
+        config.update(run_info)
+        writer = MetricsWriter(out_dir, config) if lead and out_dir is not None else None
+        if not lead:
+            sink = MultiSink(())  # rank 0 alone writes, as for out_dir
+        try:
+            sink.start(config, writer.dir if writer is not None else None)
+        except BaseException:
+            if writer is not None:
+                writer.close()
+            raise
         history: list[dict[str, Any]] = []
         final: dict[str, float] = {}
         loss_sum = torch.zeros((), device=dev)
@@ -168,17 +282,21 @@ class Trainer:
         train_time = 0.0
         clock: SimClock | None = None
         fed = 0  # records of comm.log already given to the clock
-        bar = tqdm(total=total_steps, disable=not progress, dynamic_ncols=True, unit="step")
+        bar = tqdm(total=total_steps, disable=not (progress and lead), dynamic_ncols=True,
+                   unit="step")
         try:
             for step in range(total_steps):
                 t0 = time.perf_counter()
                 comm.step = step
-                batch = nodes.to_batch_device(next(batches))
+                batch = nodes.to_batch_device(next(stream))
                 if net is not None and clock is None:
                     m0 = time.perf_counter()
                     if step_time_s is None:  # one node's step alone, on a copy; RNG restored
-                        step_time_s = measure_step_time(
-                            self.model, tree_map(_row0, batch), strategy.optim, dev)
+                        if lead:
+                            step_time_s = measure_step_time(
+                                self.model, tree_map(_row0, batch), strategy.optim, dev,
+                                micro_batch_size=micro_batch_size, precision=precision)
+                        step_time_s = _from_lead(step_time_s, ranks)
                     clock = SimClock(net, num_nodes, step_time_s, overlap_steps=overlap_steps,
                                      compute_source=compute_source)
                     fed = _feed(clock, comm.log, fed)  # set-up collectives (step -1)
@@ -186,7 +304,7 @@ class Trainer:
                 losses = nodes.forward_backward(batch)
                 strategy.step(step)
                 nodes.zero_grad()
-                loss_sum += losses.mean()
+                loss_sum += losses.sum()
                 loss_count += 1
                 done = step + 1
                 is_eval = self.val_dataset is not None and (
@@ -203,10 +321,12 @@ class Trainer:
                 bar.update(1)
                 if not log_now:
                     continue
+                if ranks is not None:  # every node's losses: the mean over all N nodes
+                    dist.all_reduce(loss_sum)
                 row: dict[str, Any] = {
                     "step": done,
                     "epoch": batches.epoch,
-                    "train_loss": float(loss_sum) / loss_count,
+                    "train_loss": float(loss_sum) / (loss_count * num_nodes),
                     "lr": strategy.lr,
                     "samples": done * num_nodes * batch_size,
                     "bytes_sent": max(comm.bytes_sent),
@@ -218,46 +338,68 @@ class Trainer:
                 loss_sum.zero_()
                 loss_count = 0
                 if is_eval:
-                    final = self._evaluate(eval_module, strategy.global_state(), eval_batch_size,
-                                           dev)
+                    state = self._global_state(strategy, comm, ranks)
+                    if lead:
+                        final = self._evaluate(eval_module, state, eval_batch_size, dev)
+                    final = _from_lead(final, ranks)
+                    if writer is not None:
+                        _load_state(eval_module, state)  # a state_dict with tied names too
+                        writer.save_model(eval_module.state_dict())
                     row.update(final)
                     if clock is not None:  # a strategy may communicate to build its global model
                         fed = _feed(clock, comm.log, fed)
                 history.append(row)
                 if writer is not None:
                     writer.write(row)
+                sink.log(row)
                 bar.set_postfix({k: f"{v:.4g}" for k, v in row.items()
                                  if k in ("train_loss", "eval_loss", "eval_accuracy")})
+            report = trace = None
+            if clock is not None and step_time_s is not None:
+                fed = _feed(clock, comm.log, fed)
+                report = clock.finish()
+                trace = ClockTrace(num_nodes=num_nodes, steps=total_steps, step_time_s=step_time_s,
+                                   compute_source=compute_source, overlap_steps=overlap_steps,
+                                   records=tuple(comm.log[:fed]))
+            model = copy.deepcopy(self.model).to(dev)
+            state = self._global_state(strategy, comm, ranks)
+            _load_state(model, state)
+            if writer is not None:
+                writer.save_model(model.state_dict())
+            result = FitResult(
+                model=model, history=history, final=final, strategy=strategy.id,
+                hyperparameters=strategy.hyperparameters(), num_nodes=num_nodes, steps=total_steps,
+                batch_size=batch_size, samples=total_steps * num_nodes * batch_size,
+                train_time_s=train_time, wall_time_s=time.perf_counter() - wall_start,
+                bytes_sent=list(comm.bytes_sent), bytes_received=list(comm.bytes_received),
+                engine=nodes.engine, device=str(dev), seed=seed,
+                out_dir=Path(out_dir) if out_dir is not None else None, comm_log=list(comm.log),
+                eval_set=getattr(self.val_dataset, "test_set", None),
+                network=net, clock=report, trace=trace,
+                processes=1 if ranks is None else ranks.world_size,
+            )
         except BaseException:
             if writer is not None:
                 writer.close()
+            sink.finish(None)
             raise
         finally:
             bar.close()
 
-        report = trace = None
-        if clock is not None and step_time_s is not None:
-            fed = _feed(clock, comm.log, fed)
-            report = clock.finish()
-            trace = ClockTrace(num_nodes=num_nodes, steps=total_steps, step_time_s=step_time_s,
-                               compute_source=compute_source, overlap_steps=overlap_steps,
-                               records=tuple(comm.log[:fed]))
-        model = copy.deepcopy(self.model).to(dev)
-        _load_state(model, strategy.global_state())
-        result = FitResult(
-            model=model, history=history, final=final, strategy=strategy.id,
-            hyperparameters=strategy.hyperparameters(), num_nodes=num_nodes, steps=total_steps,
-            batch_size=batch_size, samples=total_steps * num_nodes * batch_size,
-            train_time_s=train_time, wall_time_s=time.perf_counter() - wall_start,
-            bytes_sent=list(comm.bytes_sent), bytes_received=list(comm.bytes_received),
-            engine=nodes.engine, device=str(dev), seed=seed,
-            out_dir=Path(out_dir) if out_dir is not None else None, comm_log=list(comm.log),
-            eval_set=getattr(self.val_dataset, "test_set", None),
-            network=net, clock=report, trace=trace,
-        )
         if writer is not None:
             writer.close(result.to_dict())
+        sink.finish(result.to_dict())
         return result
+
+    @staticmethod
+    def _global_state(
+        strategy: Strategy, comm: Communicator, ranks: RankContext | None
+    ) -> dict[str, Tensor]:
+        """The model to evaluate; across processes a collective (every rank calls it)."""
+        if ranks is None:
+            return strategy.global_state()
+        assert isinstance(comm, DistributedCommunicator)
+        return gather_global_state(strategy, comm)
 
     @torch.no_grad()
     def _evaluate(
@@ -279,6 +421,43 @@ class Trainer:
             # Perplexity does not average over batches: it is exp of the mean loss.
             out["eval_perplexity"] = math.exp(out["eval_loss"])
         return out
+
+
+def _join(
+    distributed: bool | None, num_nodes: int, dev: torch.device
+) -> tuple[RankContext | None, bool, torch.device]:
+    """Where this process stands: ``(ranks, owns_group, device)``; ranks None to simulate all
+    nodes here. Joins torchrun's group when launched by torchrun and none is initialised."""
+    if distributed is False:
+        return None, False, dev
+    live = dist.is_available() and dist.is_initialized()
+    env = None if live else torchrun_env()
+    if not live and env is None:
+        if distributed:
+            raise ValueError(
+                "distributed=True needs torch.distributed initialised or a torchrun launch "
+                "(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT in the environment)")
+        return None, False, dev
+    owns = False
+    if env is not None:
+        dev = join_torchrun(env, dev)
+        owns = True
+    world = dist.get_world_size()
+    if num_nodes % world:
+        if owns:
+            dist.destroy_process_group()
+        raise ValueError(f"num_nodes={num_nodes} must be a multiple of the {world} processes "
+                         "(each process holds num_nodes / world_size nodes)")
+    return RankContext(dist.get_rank(), world, num_nodes // world, str(dev)), owns, dev
+
+
+def _from_lead(value: Any, ranks: RankContext | None) -> Any:
+    """Rank 0's ``value`` on every rank (a broadcast); as is in one process."""
+    if ranks is None or ranks.world_size == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def _row0(t: Any) -> Any:

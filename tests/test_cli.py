@@ -115,7 +115,7 @@ def test_run_with_process_engine(tmp_path: Path) -> None:
                "--steps", "4", "--batch-size", "16", "--eval-interval", "4",
                "--out", str(out)) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["engine"] == "process" and summary["num_nodes"] == 2
+    assert summary["processes"] == 2 and summary["num_nodes"] == 2
     # 2 averagings of the 861,480 parameter bytes; ring with N = 2: 2 (N-1)/N P = P per sync.
     assert summary["bytes_sent_per_node"] == [2 * 861_480] * 2
     assert 0.0 <= summary["final"]["eval_accuracy"] <= 1.0

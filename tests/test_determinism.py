@@ -314,7 +314,11 @@ def test_run_folder(tmp_path: Path) -> None:
     assert config["hyperparameters"]["H"] == H
 
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    assert set(before) == {"metrics.jsonl", "summary.json", "config.json"}
+    assert set(before) == {"metrics.jsonl", "summary.json", "config.json", "model.pt"}
+    saved = torch.load(out / "model.pt", weights_only=True)  # the final global model
+    assert saved.keys() == r.model.state_dict().keys()
+    for k, v in r.model.state_dict().items():
+        assert torch.equal(saved[k], v.cpu()), k
     with pytest.raises(FileExistsError, match=r"metrics\.jsonl"):
         fit(model, "ddp", out_dir=out, seed=1)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing overwritten

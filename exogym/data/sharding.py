@@ -2,12 +2,24 @@
 
 Two ways to give data to N nodes (the original EXO Gym's contract):
 
-- one ``Dataset`` shared by all nodes: each epoch it is permuted with a generator seeded by
-  ``(seed, epoch)`` and node ``i`` takes every N-th index starting at ``i`` (like
-  ``DistributedSampler(drop_last=True)``), so shards are disjoint, equal in size, and reshuffled
-  every epoch; ``len(dataset) % N`` samples are left out of each epoch;
+- one ``Dataset`` shared by all nodes, split by a :class:`~exogym.data.partition.Partition`:
+
+  - ``"iid"`` (default): each epoch the dataset is permuted with a generator seeded by
+    ``(seed, epoch)`` and node ``i`` takes every N-th index starting at ``i`` (like
+    ``DistributedSampler(drop_last=True)``), so shards are disjoint, equal in size, and reshuffled
+    every epoch; ``len(dataset) % N`` samples are left out of each epoch;
+  - ``"dirichlet:ALPHA"`` (label skew) or ``"contiguous"`` (consecutive blocks): each node gets a
+    fixed shard for the whole run (:mod:`exogym.data.partition`), possibly of unequal sizes.
+    Each node cycles through its own shard: a node-local pass permutes the shard with a
+    generator seeded by ``(seed, node, pass)``, the node takes ``batch_size`` samples per step
+    and starts its next pass when fewer than ``batch_size`` are left (that remainder is dropped
+    from this pass; the next permutation puts other samples last). A small shard is therefore
+    revisited more often than a large one. ``steps_per_epoch`` is
+    ``sum(shard sizes) // (N * batch_size)``, the steps in which all nodes together draw about
+    the whole dataset once, and ``epoch`` counts those;
 - a ``dataset_factory(rank, num_nodes, train) -> Dataset``: node ``i`` gets its own dataset and
-  permutes all of it each epoch with a generator seeded by ``(seed, epoch, i)``.
+  permutes all of it each epoch with a generator seeded by ``(seed, epoch, i)`` (the factory
+  decides each node's data, so only ``"iid"`` is accepted).
 
 Every node gets exactly ``batch_size`` samples per step (the last incomplete batch of an epoch is
 dropped), so the batches stack into one ``[N, batch_size, ...]`` pytree. A dataset may offer a fast
@@ -26,9 +38,20 @@ from torch import Tensor
 from torch.utils._pytree import tree_map
 from torch.utils.data import Dataset, default_collate
 
+from exogym.data.partition import (
+    Partition,
+    contiguous_shards,
+    dataset_labels,
+    dirichlet_shards,
+    label_histogram,
+    parse_partition,
+)
+
 __all__ = ["BatchDataset", "DatasetFactory", "NodeBatches", "fetch", "iterate_batches"]
 
 DatasetFactory = Callable[[int, int, bool], Dataset]
+
+_PASS_KEY = 0x7061_7373  # "pass": separates node-pass seeds from the IID epoch seeds
 
 
 @runtime_checkable
@@ -62,23 +85,58 @@ def _length(dataset: Dataset) -> int:
 class NodeBatches:
     """An endless stream of node-stacked training batches, ``[N, batch_size, ...]`` per leaf.
 
+    Args:
+        data: one shared ``Dataset`` or a ``dataset_factory(rank, num_nodes, train)``.
+        num_nodes: ``N``.
+        batch_size: samples per node per step.
+        seed: seeds the data order (and the partition); same seed, same batches.
+        partition: how a shared dataset is split (:func:`~exogym.data.partition.parse_partition`:
+            ``"iid"``, ``"dirichlet:ALPHA"``, ``"contiguous"`` or a ``Partition``).
+
     Attributes:
-        steps_per_epoch: steps after which every node has seen its whole shard once.
-        epoch: the epoch the next batch comes from.
+        partition: the parsed :class:`~exogym.data.partition.Partition`.
+        steps_per_epoch: IID: steps after which every node has seen its whole shard once;
+            fixed shards: ``sum(shard sizes) // (N * batch_size)``.
+        epoch: the epoch of the last batch drawn (0 before the first).
+        per_node: IID: samples per node per epoch; fixed shards: the smallest shard.
+        shards: fixed shards (``"dirichlet"``, ``"contiguous"``): node ``i``'s sorted sample ids;
+            None for IID, whose shards change every epoch.
+
+    Raises:
+        ValueError: a bad ``batch_size``, ``num_nodes`` or partition; a node with fewer than
+            ``batch_size`` samples; a partition other than ``"iid"`` with a dataset_factory, or
+            ``"dirichlet"`` with a dataset without integer ``targets``.
+        TypeError: ``data`` is neither a Dataset nor a callable.
     """
 
     def __init__(
-        self, data: Dataset | DatasetFactory, num_nodes: int, batch_size: int, *, seed: int,
+        self,
+        data: Dataset | DatasetFactory,
+        num_nodes: int,
+        batch_size: int,
+        *,
+        seed: int,
+        partition: Partition | str = "iid",
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if num_nodes < 1:
+            raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
         self.num_nodes, self.batch_size, self.seed = num_nodes, batch_size, seed
+        self.partition = parse_partition(partition)
+        self.shards: list[Tensor] | None = None
         if isinstance(data, Dataset):
             self.shared: Dataset | None = data
             self.datasets: list[Dataset] = []
             per_node = _length(data) // num_nodes
             where = f"the dataset ({_length(data)} samples) split over {num_nodes} nodes"
         elif callable(data):
+            if self.partition.kind != "iid":
+                raise ValueError(
+                    f"partition {self.partition.spec!r} needs one shared Dataset; a "
+                    "dataset_factory already decides each node's data: use partition='iid' "
+                    "(or build the skew into the factory)"
+                )
             self.shared = None
             self.datasets = [data(rank, num_nodes, True) for rank in range(num_nodes)]
             for rank, ds in enumerate(self.datasets):
@@ -102,8 +160,40 @@ class NodeBatches:
                 f"each node has {per_node} samples"
             )
         self.epoch = 0
+        if self.shared is not None and self.partition.kind != "iid":
+            self.shards = self._fixed_shards(self.shared)
+            self.per_node = min(len(s) for s in self.shards)
+            total = sum(len(s) for s in self.shards)
+            self.steps_per_epoch = total // (num_nodes * batch_size)
+            self._steps = 0  # batches drawn
+            self._passes = [0] * num_nodes  # node-local passes started
+            self._node_pos = [0] * num_nodes
+            self._node_order = [self._node_pass(i, 0) for i in range(num_nodes)]
+            return
         self._pos = 0
         self._order: Tensor = self._permute(0)
+
+    def _fixed_shards(self, dataset: Dataset) -> list[Tensor]:
+        """Each node's sample ids under a ``"dirichlet"`` or ``"contiguous"`` partition."""
+        if self.partition.kind == "contiguous":
+            return contiguous_shards(_length(dataset), self.num_nodes)
+        labels = dataset_labels(dataset)
+        if labels is None:
+            raise ValueError(
+                f"partition {self.partition.spec!r} splits by class label, but "
+                f"{type(dataset).__name__} has no 'targets' (one integer label per sample); "
+                "for a dataset without labels (text) use partition='contiguous'"
+            )
+        assert self.partition.alpha is not None  # Partition guarantees it for "dirichlet"
+        return dirichlet_shards(labels, self.num_nodes, self.partition.alpha, seed=self.seed,
+                                min_size=self.batch_size)
+
+    def _node_pass(self, node: int, n_pass: int) -> Tensor:
+        """Node ``node``'s fixed shard in the order of its pass ``n_pass``."""
+        assert self.shards is not None
+        shard = self.shards[node]
+        gen = _generator(self.seed, _PASS_KEY, node, n_pass)
+        return shard[torch.randperm(len(shard), generator=gen)]
 
     def _permute(self, epoch: int) -> Tensor:
         """Sample ids for this epoch: ``[N, per_node]``."""
@@ -118,6 +208,8 @@ class NodeBatches:
 
     def next_indices(self) -> Tensor:
         """The ``[N, batch_size]`` sample ids of the next step."""
+        if self.shards is not None:
+            return self._next_fixed()
         if self._pos + self.batch_size > self.per_node:
             self.epoch += 1
             self._pos = 0
@@ -125,6 +217,46 @@ class NodeBatches:
         idx = self._order[:, self._pos : self._pos + self.batch_size]
         self._pos += self.batch_size
         return idx
+
+    def _next_fixed(self) -> Tensor:
+        """Fixed shards: each node's next ``batch_size`` ids of its current pass."""
+        assert self.shards is not None
+        b = self.batch_size
+        rows = []
+        for i, shard in enumerate(self.shards):
+            if self._node_pos[i] + b > len(shard):
+                self._passes[i] += 1
+                self._node_order[i] = self._node_pass(i, self._passes[i])
+                self._node_pos[i] = 0
+            rows.append(self._node_order[i][self._node_pos[i] : self._node_pos[i] + b])
+            self._node_pos[i] += b
+        self.epoch = self._steps // self.steps_per_epoch
+        self._steps += 1
+        return torch.stack(rows)
+
+    def partition_stats(self) -> dict[str, Any]:
+        """How the data is split, for a run's ``config.json``.
+
+        Returns:
+            ``{"partition": "dirichlet:0.5", "sizes": [samples of node i], "classes": [labels],
+            "label_histogram": [[count of classes[k] in node i] per node]}``; ``classes`` and
+            ``label_histogram`` only when the data has integer ``targets``. IID reshuffles its
+            shards every epoch: ``sizes`` and the histogram are then those of epoch 0 (of each
+            node's whole dataset for a dataset_factory).
+        """
+        if self.shared is None:
+            sizes = [_length(ds) for ds in self.datasets]
+            node_labels = [_labels_or_none(ds) for ds in self.datasets]
+        else:
+            shards = self.shards if self.shards is not None else list(self._permute(0))
+            sizes = [len(s) for s in shards]
+            labels = _labels_or_none(self.shared)
+            node_labels = [labels[s] if labels is not None else None for s in shards]
+        stats: dict[str, Any] = {"partition": self.partition.spec, "sizes": sizes}
+        present = [t for t in node_labels if t is not None]
+        if len(present) == len(node_labels):
+            stats["classes"], stats["label_histogram"] = label_histogram(present)
+        return stats
 
     def __iter__(self) -> Iterator[Any]:
         return self
@@ -139,6 +271,14 @@ class NodeBatches:
             )
         per_node = [fetch(ds, idx[i]) for i, ds in enumerate(self.datasets)]
         return tree_map(lambda *ts: torch.stack(ts), *per_node)
+
+
+def _labels_or_none(dataset: Dataset) -> Tensor | None:
+    """The dataset's integer labels, or None where it has none usable (statistics only)."""
+    try:
+        return dataset_labels(dataset)
+    except ValueError:
+        return None
 
 
 def iterate_batches(dataset: Dataset, batch_size: int) -> Iterator[tuple[Any, int]]:
