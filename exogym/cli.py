@@ -1,11 +1,14 @@
-"""The ``exogym`` command line: ``run``, ``strategies``, ``tasks``, ``networks``, ``recost``,
-``estimate``.
+"""The ``exogym`` command line: ``run``, ``compare``, ``sample``, ``strategies``, ``tasks``,
+``networks``, ``recost``, ``estimate``.
 
 A thin layer over :class:`exogym.Trainer`, the task registry and the strategy registry: every
 strategy hyperparameter is reachable with ``--set KEY=VALUE`` and checked against the strategy's
-fields, so a typo is an error, never a silently ignored option. ``recost`` replays a finished run's
-recorded collectives on other networks (:mod:`exogym.clock`); ``estimate`` is the analytic
-calculator of :mod:`exogym.estimate`.
+fields, so a typo is an error, never a silently ignored option. ``run`` under ``torchrun`` runs
+as one rank of a multi-process job (:meth:`exogym.Trainer.fit` joins torchrun's group);
+``compare`` runs several strategies on one task (:mod:`exogym.compare`); ``sample`` prints text
+from a language-model run (:mod:`exogym.sample`); ``recost`` replays a finished run's recorded
+collectives on other networks (:mod:`exogym.clock`); ``estimate`` is the analytic calculator of
+:mod:`exogym.estimate`.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -92,6 +97,24 @@ def _flops(text: str) -> float:
     return parse_count(raw)
 
 
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise ValueError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def _labels(text: str) -> list[str]:
+    items = [t.strip() for t in text.split(",")]
+    if not all(items):
+        raise ValueError("expected a comma-separated list of strategies, e.g. "
+                         f"ddp,diloco,diloco-h10, got {text!r}")
+    return items
+
+
 def _sweep(text: str) -> tuple[str, list[int]]:
     key, sep, values = text.partition("=")
     key = {"H": "H", "nodes": "num_nodes"}.get(key.strip(), "")
@@ -111,19 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="train a task with a strategy on N simulated nodes")
-    run.add_argument("--task", default="mnist", help=f"task id ({', '.join(TASKS)})")
     run.add_argument("--strategy", default="diloco",
                      help=f"strategy id ({', '.join(strategies.registry())})")
-    run.add_argument("--nodes", type=_positive_int, default=4, help="simulated nodes N")
+    _add_training_options(run)
+    run.add_argument("--seed", type=_argtype(_seed), default=0, help="seed (an integer >= 0)")
     length = run.add_mutually_exclusive_group()
     length.add_argument("--steps", type=_positive_int, help="training steps (default 500)")
     length.add_argument("--epochs", type=_positive_float, help="passes over each node's shard")
-    run.add_argument("--batch-size", type=_positive_int, help="batch size per node")
-    run.add_argument("--partition", type=_argtype(parse_partition), default="iid",
-                     metavar="iid|dirichlet:ALPHA|contiguous",
-                     help="how the training set is split among the nodes: iid (default), "
-                          "dirichlet:ALPHA label skew (0.1: few classes per node), contiguous "
-                          "blocks (text: each node its own span)")
     run.add_argument("--lr", type=_positive_float, help="inner learning rate (optim.lr)")
     run.add_argument("--set", dest="overrides", type=_key_value, action="append", default=[],
                      metavar="KEY=VALUE",
@@ -132,25 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="loop over nodes, vmap, or auto (vmap on CUDA, loop elsewhere); "
                           "process: one local worker process per node over torch.distributed "
                           "(gloo on CPU, nccl on CUDA)")
-    run.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    run.add_argument("--micro-batch-size", type=_positive_int, metavar="M",
-                     help="split each node's batch into micro-batches of M rows and accumulate "
-                          "their gradients (less activation memory, the same gradient for a "
-                          "mean loss)")
-    run.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                     help="bf16: forward passes under bfloat16 autocast (weights, gradients, "
-                          "optimizer state and evaluation stay fp32)")
-    run.add_argument("--seed", type=_argtype(_seed), default=0, help="seed (an integer >= 0)")
     run.add_argument("--eval-interval", type=_positive_int,
                      help="steps between evaluations of the global model")
     run.add_argument("--log-interval", type=_positive_int, default=10,
                      help="steps between metrics rows")
     run.add_argument("--out", type=Path,
                      help="run folder (default: runs/TASK-STRATEGY-nN-TIME)")
-    run.add_argument("--data-dir", type=Path,
-                     help="data folder (default: $EXOGYM_DATA_DIR, else ~/.cache/exogym/data)")
-    run.add_argument("--no-download", action="store_true",
-                     help="fail instead of downloading missing data")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--csv", action="store_true", help="also write metrics.csv in the run folder")
     run.add_argument("--tensorboard", action="store_true",
@@ -160,9 +164,6 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also log to Weights & Biases; MODE online, offline (upload later: "
                           'wandb sync RUN_DIR/wandb/offline-run-*) or disabled (pip install '
                           '"exogym[wandb]")')
-    run.add_argument("--network", type=_argtype(parse_network), default="datacenter",
-                     help="simulated network: a profile (see `exogym networks`) or key=value "
-                          "items, e.g. bw=1Gbps,latency=5ms (default datacenter)")
     compute = run.add_mutually_exclusive_group()
     compute.add_argument("--step-time", type=_argtype(parse_duration), metavar="TIME",
                          help="compute per step per node for the clock, e.g. 1.5s "
@@ -172,6 +173,40 @@ def build_parser() -> argparse.ArgumentParser:
                               "6 x params x tokens for a transformer")
     run.add_argument("--device-flops", type=_argtype(_flops), metavar="FLOP/S",
                      help="FLOP/s of the simulated device, e.g. 312T")
+
+    cmp = sub.add_parser(
+        "compare", help="train several strategies on one task from the same seeds, one table",
+        description="Train each strategy on the task from the same seeds and write results.md "
+                    "(final eval, steps to a target loss, bytes per node, simulated time), "
+                    "results.json, three plots and every run's folder.")
+    cmp.add_argument("--strategies", type=_argtype(_labels),
+                     default=["ddp", "fedavg", "diloco", "sparta", "demo"],
+                     metavar="LABEL,LABEL,...",
+                     help="comma-separated labels: ID or ID-NAME to list a strategy twice, e.g. "
+                          "ddp,diloco,diloco-h10 (default ddp,fedavg,diloco,sparta,demo)")
+    _add_training_options(cmp)
+    cmp.add_argument("--seed", type=_argtype(_seed), default=0,
+                     help="the first seed, an integer >= 0 (default 0)")
+    cmp.add_argument("--steps", type=_positive_int, default=500,
+                     help="training steps of every run (default 500)")
+    cmp.add_argument("--repeats", type=_positive_int, default=1,
+                     help="seeds per strategy: SEED..SEED+K-1; the table shows mean ± sample "
+                          "std (default 1)")
+    cmp.add_argument("--target-loss", type=_argtype(_finite),
+                     help="eval loss of 'steps to target' (default: the worst final eval loss "
+                          "over all runs)")
+    cmp.add_argument("--set", dest="overrides", type=_key_value, action="append", default=[],
+                     metavar="[LABEL.]KEY=VALUE",
+                     help="a strategy setting: diloco.H=50 for one label, optim.lr=2e-3 for "
+                          "every strategy (keys: `exogym strategies`)")
+    cmp.add_argument("--eval-interval", type=_positive_int,
+                     help="steps between evaluations (default: the task's, at most steps/10)")
+    cmp.add_argument("--step-time", type=_argtype(parse_duration), metavar="TIME",
+                     help="compute per step per node for the clock, e.g. 30ms (default: "
+                          "measured once on this machine)")
+    cmp.add_argument("--out", type=Path,
+                     help="results folder, must not exist (default runs/compare-TASK-TIME)")
+    cmp.add_argument("--no-progress", action="store_true", help="no per-run lines and bars")
 
     smp = sub.add_parser("sample", help="text generated by a trained language-model run")
     smp.add_argument("run_dir", type=Path, metavar="RUN_DIR",
@@ -232,6 +267,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_training_options(p: argparse.ArgumentParser) -> None:
+    """The options of how every run trains, shared by ``run`` and ``compare``."""
+    p.add_argument("--task", default="mnist", help=f"task id ({', '.join(TASKS)})")
+    p.add_argument("--nodes", type=_positive_int, default=4, help="simulated nodes N (default 4)")
+    p.add_argument("--batch-size", type=_positive_int,
+                   help="batch size per node (default: the task's)")
+    p.add_argument("--partition", type=_argtype(parse_partition), default="iid",
+                   metavar="iid|dirichlet:ALPHA|contiguous",
+                   help="how the training set is split among the nodes: iid (default), "
+                        "dirichlet:ALPHA label skew (0.1: few classes per node), contiguous "
+                        "blocks (text: each node its own span)")
+    p.add_argument("--micro-batch-size", type=_positive_int, metavar="M",
+                   help="split each node's batch into micro-batches of M rows and accumulate "
+                        "their gradients (less activation memory, the same gradient for a "
+                        "mean loss)")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="bf16: forward passes under bfloat16 autocast (weights, gradients, "
+                        "optimizer state and evaluation stay fp32)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    p.add_argument("--network", type=_argtype(parse_network), default="datacenter",
+                   help="simulated network: a profile (see `exogym networks`) or key=value "
+                        "items, e.g. bw=1Gbps,latency=5ms (default datacenter)")
+    p.add_argument("--data-dir", type=Path,
+                   help="data folder (default: $EXOGYM_DATA_DIR, else ~/.cache/exogym/data)")
+    p.add_argument("--no-download", action="store_true",
+                   help="fail instead of downloading missing data")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from exogym.trainer import Trainer
 
@@ -249,7 +312,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     train, test = task.load_data(args.data_dir, not args.no_download)
     torch.manual_seed(args.seed)
     model = task.build_model()
-    out = args.out or _default_out(args.task, args.strategy, args.nodes)
+    out = args.out or _default_out(f"{args.task}-{args.strategy}-n{args.nodes}")
     fit_args = dict(
         batch_size=args.batch_size or task.batch_size,
         partition=args.partition,
@@ -307,8 +370,33 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
-def _default_out(task: str, strategy: str, nodes: int) -> Path:
-    base = Path("runs") / f"{task}-{strategy}-n{nodes}-{time.strftime('%Y%m%d-%H%M%S')}"
+def cmd_compare(args: argparse.Namespace) -> int:
+    """``exogym compare``: print the table and where the results were written."""
+    from exogym.compare import compare
+    from exogym.report import format_table
+
+    out = args.out or _default_out(f"compare-{get_task(args.task).id}")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="plots not drawn")  # printed below instead
+        c = compare(
+            args.task, args.strategies, num_nodes=args.nodes, max_steps=args.steps,
+            out_dir=out, network=args.network, repeats=args.repeats, seed=args.seed,
+            target_loss=args.target_loss, batch_size=args.batch_size,
+            partition=args.partition, micro_batch_size=args.micro_batch_size,
+            precision=args.precision, eval_interval=args.eval_interval,
+            overrides=args.overrides, step_time=args.step_time, device=args.device,
+            data_dir=args.data_dir, download=not args.no_download, progress=not args.no_progress)
+    print("\n".join(format_table(c)))
+    if c.plot_note:
+        print(f"exogym: {c.plot_note}")
+    print(f"written to  {c.out_dir}  (results.md, results.json"
+          + "".join(f", {p.name}" for p in c.plots) + ", runs/)")
+    return 0
+
+
+def _default_out(name: str) -> Path:
+    """``runs/NAME-TIME``, with ``-2``, ``-3``, ... appended while that exists."""
+    base = Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     out, k = base, 1
     while out.exists():
         k += 1
@@ -455,6 +543,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_recost(args)
         if args.command == "estimate":
             return cmd_estimate(args)
+        if args.command == "compare":
+            return cmd_compare(args)
         return cmd_tasks()
     except (ConfigError, DatasetNotFoundError, ChecksumError, FileExistsError,
             FileNotFoundError, ValueError, ImportError) as err:

@@ -1,0 +1,392 @@
+"""``exogym compare``: several strategies on one task, from the same seeds, into one results folder.
+
+>>> comparison = compare("mnist", ["ddp", "diloco", "diloco-h10"], num_nodes=4, max_steps=500,
+...                      network="home-100mbps", overrides={"diloco-h10.H": 10},
+...                      out_dir="runs/cmp")
+>>> comparison.row("diloco").metrics["eval_loss"].mean
+
+Every run is exactly what ``exogym run --task TASK --strategy ID --seed S`` trains: the model is
+built after ``torch.manual_seed(seed)``, the inner learning rate is the task's unless a setting
+gives one, and :meth:`exogym.Trainer.fit` writes the run's own folder (``metrics.jsonl``,
+``config.json``, ``summary.json``) under ``OUT/runs/LABEL-seedS``. ``repeats=K`` trains every
+strategy with seeds ``seed, seed + 1, ..., seed + K - 1`` (the seed of data order, model
+initialisation and dropout; a strategy's own ``seed`` field, SPARTA's index stream for one, stays as
+configured, as in ``exogym run``). The data partition (``partition="dirichlet:0.1"``), gradient
+accumulation (``micro_batch_size``) and ``precision`` are those of :meth:`exogym.Trainer.fit`,
+the same for every run.
+
+Strategies are listed by label: a registry id (``diloco``), or an id and a name
+(``diloco-h10``) so that one method can appear with several settings. Settings are
+``KEY=VALUE`` items (:mod:`exogym.config`): ``LABEL.KEY`` sets one strategy's hyperparameter
+(``diloco-h10.H=10``), a bare ``KEY`` every strategy's (``optim.lr=2e-3``, ``max_grad_norm=1``);
+a label's own setting wins over a bare one, and either over the task's learning rate. A
+misspelled key, a bad value, a bare key that a strategy lacks and a label that is not compared
+are errors.
+
+The folder then holds ``results.md`` (one row per label: final evaluation, steps and simulated
+time to reach a target loss, bytes sent per node, simulated time on the network, throughput and
+wall time; with repeats, mean ± sample standard deviation), ``results.json`` (the same numbers,
+exact, with every run's; both rendered by :mod:`exogym.report`, whose result types are
+re-exported here), and three plots (:mod:`exogym.plots`; needs ``pip install "exogym[plot]"``,
+without it everything else is still written). An existing folder is an error. The command line
+is in :mod:`exogym.cli`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+import statistics
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from exogym import strategy as strategies
+from exogym.config import ConfigError, config_fields
+from exogym.data.partition import Partition, parse_partition
+from exogym.engine import PRECISIONS, Precision
+from exogym.network import Network, parse_duration, parse_network
+from exogym.plots import PLOT_FILES
+from exogym.report import (
+    RUN_METRICS,
+    Comparison,
+    ComparisonRow,
+    RunOutcome,
+    Stat,
+    format_json,
+    format_markdown,
+)
+from exogym.strategy import Strategy
+from exogym.tasks import get_task
+
+__all__ = [
+    "PLOT_FILES",
+    "Comparison",
+    "ComparisonRow",
+    "RunOutcome",
+    "Stat",
+    "compare",
+    "default_eval_interval",
+    "resolve_strategies",
+]
+
+_LABEL = re.compile(r"^[A-Za-z0-9_]+(-[A-Za-z0-9_-]+)?$")
+
+
+# -- strategies and their settings -----------------------------------------------------------------
+def _strategy_of(label: str) -> str:
+    """The registry id a label names: ``diloco`` -> ``diloco``, ``diloco-h10`` -> ``diloco``."""
+    ids = strategies.registry()
+    if not isinstance(label, str) or not _LABEL.match(label):
+        raise ConfigError(f"bad strategy label {label!r}: a label is ID or ID-NAME (letters, "
+                          "digits, '_' and '-'), e.g. diloco or diloco-h10")
+    matches = [i for i in ids if label == i or label.startswith(i + "-")]
+    if not matches:
+        head = label.split("-", 1)[0]
+        close = difflib.get_close_matches(head, ids, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"unknown strategy {head!r} in label {label!r}{hint}; a label is ID "
+                          f"or ID-NAME with ID one of: {', '.join(ids)}")
+    return max(matches, key=len)
+
+
+def _canonical(cls: type[Strategy], key: str) -> str | None:
+    """``key`` as the full config key of ``cls`` (``lr`` -> ``optim.lr``); None if unknown."""
+    keys = list(config_fields(cls))
+    if key in keys:
+        return key
+    short = [k for k in keys if k.split(".")[-1] == key]
+    return short[0] if len(short) == 1 else None
+
+
+def _items(overrides: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    if isinstance(overrides, Mapping):
+        return list(overrides.items())
+    items = list(overrides)
+    for item in items:
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
+            raise ValueError(f"overrides must be a mapping or (KEY, VALUE) pairs, got {item!r}")
+    return items
+
+
+def resolve_strategies(
+    labels: Sequence[str],
+    overrides: Mapping[str, Any] | Iterable[tuple[str, Any]] = (),
+    *,
+    lr: float | None = None,
+) -> dict[str, Strategy]:
+    """Build every labelled strategy with its settings; ``{label: strategy}`` in order.
+
+    Args:
+        labels: ``ID`` or ``ID-NAME`` (``diloco-h10``), each once.
+        overrides: ``KEY=VALUE`` settings as a mapping or pairs; ``LABEL.KEY`` for one strategy,
+            a bare ``KEY`` for every one. String values are parsed as on the command line.
+        lr: the inner learning rate (``optim.lr``) where no setting gives one (the task's).
+
+    Raises:
+        ConfigError: an unknown or repeated label, an unknown key or bad value (naming the label),
+            a bare key that some strategy lacks, a key given twice for the same strategy.
+    """
+    if isinstance(labels, str) or not labels:
+        raise ConfigError(f"strategies must be a non-empty list of labels, got {labels!r}")
+    ids: dict[str, str] = {}
+    for label in labels:
+        sid = _strategy_of(label)
+        if label in ids:
+            raise ConfigError(f"strategy {label!r} is listed twice; give the others names, "
+                              f"e.g. {sid}-2 (then set them with {sid}-2.KEY=VALUE)")
+        ids[label] = sid
+    common: dict[str, tuple[str, Any]] = {}  # raw key -> (text for messages, value)
+    own: dict[str, dict[str, tuple[str, Any]]] = {label: {} for label in labels}
+    for key, value in _items(overrides):
+        prefix, dot, rest = key.partition(".")
+        if dot and prefix in ids:
+            own[prefix][rest] = _once(own[prefix], rest, value, f"{key}={value}", prefix)
+            continue
+        if dot and _looks_like_label(prefix):
+            raise ConfigError(f"setting {key}={value} names strategy {prefix!r}, which is not "
+                              f"compared; labels: {', '.join(labels)}")
+        common[key] = _once(common, key, value, f"{key}={value}", None)
+    built: dict[str, Strategy] = {}
+    for label, sid in ids.items():
+        cls = strategies.get(sid)
+        merged: dict[str, Any] = {}
+        # task lr < bare settings < the label's own settings
+        if lr is not None:
+            merged["optim.lr"] = lr
+        for level, items in (("every strategy", common), (label, own[label])):
+            texts: dict[str, str] = {}  # full key -> the setting that gave it, at this level
+            for key, (text, value) in items.items():
+                full = _canonical(cls, key)
+                if full is None:
+                    where = (f"setting {text} applies to every strategy, but {label} ({sid}) "
+                             f"has no key {key!r}; prefix it with a label (LABEL.{key}) to set "
+                             "it for one strategy" if level == "every strategy" else "")
+                    try:
+                        strategies.make(sid, **{key: value})
+                    except ConfigError as err:
+                        raise ConfigError(where or f"{label}: setting {text}: {err}") from None
+                    raise ConfigError(where or f"{label}: unknown setting {text}")
+                if full in texts:
+                    raise ConfigError(f"{label}: settings {texts[full]} and {text} both set "
+                                      f"{full}; give it once")
+                texts[full] = text
+                merged[full] = value
+        try:
+            built[label] = strategies.make(sid, **merged)
+        except ConfigError as err:
+            raise ConfigError(f"{label}: {err}") from None
+    return built
+
+
+def _once(seen: Mapping[str, Any], key: str, value: Any, text: str,
+          label: str | None) -> tuple[str, Any]:
+    if key in seen:
+        where = f" for {label}" if label else ""
+        raise ConfigError(f"setting {key}{where} is given twice ({seen[key][0]} and {text}); "
+                          "give it once")
+    return text, value
+
+
+def _looks_like_label(prefix: str) -> bool:
+    return any(prefix == i or prefix.startswith(i + "-") for i in strategies.registry())
+
+
+# -- running ---------------------------------------------------------------------------------------
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def default_eval_interval(task_interval: int, max_steps: int) -> int:
+    """The task's evaluation interval, or finer: at least about 10 evaluations per run (as
+    :meth:`exogym.Trainer.fit` by default), so that the curves and the steps to target have some
+    resolution."""
+    return max(min(task_interval, max_steps // 10), 1)
+
+
+def compare(
+    task: str,
+    strategies: Sequence[str],
+    *,
+    num_nodes: int,
+    max_steps: int,
+    out_dir: str | Path,
+    network: Network | str = "datacenter",
+    repeats: int = 1,
+    seed: int = 0,
+    target_loss: float | None = None,
+    batch_size: int | None = None,
+    partition: Partition | str = "iid",
+    micro_batch_size: int | None = None,
+    precision: Precision = "fp32",
+    eval_interval: int | None = None,
+    overrides: Mapping[str, Any] | Iterable[tuple[str, Any]] = (),
+    step_time: float | str | None = None,
+    device: str = "auto",
+    data_dir: str | Path | None = None,
+    download: bool = True,
+    progress: bool = False,
+) -> Comparison:
+    """Train every strategy on ``task`` with the same seeds and write the comparison.
+
+    Args:
+        task: a task id (``exogym tasks``), e.g. ``"mnist"``.
+        strategies: labels, ``ID`` or ``ID-NAME`` (``["ddp", "diloco", "diloco-h10"]``).
+        num_nodes, max_steps: N and the training steps of every run.
+        out_dir: the results folder; it must not exist.
+        network: the simulated network of every run's clock (a profile, a spec or a
+            :class:`Network`).
+        repeats: K; every strategy is trained with seeds ``seed .. seed + K - 1``.
+        seed: the first seed.
+        target_loss: the eval loss of "steps to target"; default the worst (highest) final eval
+            loss over all runs, which every run reaches.
+        batch_size: per node; default the task's.
+        partition: how the training set is split among the nodes, as
+            :meth:`exogym.Trainer.fit`: ``"iid"``, ``"dirichlet:ALPHA"`` or ``"contiguous"``.
+        micro_batch_size: gradient accumulation over micro-batches of this many rows (None: the
+            whole batch at once), as :meth:`exogym.Trainer.fit`.
+        precision: ``"fp32"`` or ``"bf16"`` (forward passes under bfloat16 autocast), as
+            :meth:`exogym.Trainer.fit`.
+        eval_interval: steps between evaluations (the resolution of steps to target); default
+            :func:`default_eval_interval`.
+        overrides: strategy settings, ``{"diloco.H": 50, "optim.lr": "2e-3"}`` or pairs
+            (:func:`resolve_strategies`).
+        step_time: one node's compute per step for the clock (seconds or ``"1.5s"``); default
+            measured once on this machine and shared by runs with the same model and optimizer.
+        device: as :meth:`exogym.Trainer.fit`.
+        data_dir, download: where the task's data is, and whether it may be downloaded.
+        progress: print a line and show a progress bar per run.
+
+    Returns:
+        The :class:`Comparison`; the plots are skipped, with ``plot_note`` saying why and a
+        warning, when matplotlib is missing.
+
+    Raises:
+        ConfigError: a bad task, label or setting (before anything is trained).
+        ValueError: a bad argument.
+        FileExistsError: ``out_dir`` exists.
+    """
+    from exogym.trainer import Trainer
+
+    if isinstance(strategies, str):
+        raise ConfigError(f"strategies must be a list of labels, got the string {strategies!r} "
+                          f"(e.g. {strategies.split(',')!r})")
+    labels = list(strategies)
+    spec = get_task(task)
+    _check_int("num_nodes", num_nodes, 1)
+    _check_int("max_steps", max_steps, 1)
+    _check_int("repeats", repeats, 1)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    batch = _check_int("batch_size", spec.batch_size if batch_size is None else batch_size, 1)
+    part = parse_partition(partition)
+    if micro_batch_size is not None:
+        _check_int("micro_batch_size", micro_batch_size, 1)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    interval = _check_int("eval_interval", default_eval_interval(spec.eval_interval, max_steps)
+                          if eval_interval is None else eval_interval, 1)
+    if target_loss is not None and (isinstance(target_loss, bool) or not isinstance(
+            target_loss, (int, float)) or not math.isfinite(target_loss)):
+        raise ValueError(f"target_loss must be a finite number or None, got {target_loss!r}")
+    net = parse_network(network)
+    if step_time is not None:
+        step_time = parse_duration(step_time) if isinstance(step_time, str) else step_time
+        if isinstance(step_time, bool) or not isinstance(step_time, (int, float)) or not (
+                math.isfinite(step_time) and step_time > 0):
+            raise ValueError(f"step_time must be > 0 seconds, got {step_time!r}")
+    resolve_strategies(labels, overrides, lr=spec.lr)  # every setting checked before training
+    out = Path(out_dir)
+    if out.exists():
+        raise FileExistsError(f"results folder {out} already exists; choose another (--out) or "
+                              "move it away")
+
+    train, test = spec.load_data(data_dir, download)
+    out.mkdir(parents=True)
+    seeds = tuple(range(seed, seed + repeats))
+    outcomes: dict[str, list[RunOutcome]] = {label: [] for label in labels}
+    built: dict[str, Strategy] = {}
+    total = len(seeds) * len(labels)
+    for r, s in enumerate(seeds):
+        fresh = resolve_strategies(labels, overrides, lr=spec.lr)  # no state shared between runs
+        for j, label in enumerate(labels):
+            strategy = built[label] = fresh[label]
+            run_dir = out / "runs" / f"{label}-seed{s}"
+            if progress:
+                print(f"[{r * len(labels) + j + 1}/{total}] {label} seed {s} -> {run_dir}",
+                      flush=True)
+            torch.manual_seed(s)
+            model = spec.build_model()
+            result = Trainer(model, train, test).fit(
+                strategy=strategy, num_nodes=num_nodes, max_steps=max_steps, batch_size=batch,
+                partition=part, micro_batch_size=micro_batch_size, precision=precision,
+                eval_interval=interval, device=device, seed=s, out_dir=run_dir,
+                progress=progress, network=net, step_time=step_time,
+                run_info={"task": spec.id})
+            outcomes[label].append(RunOutcome.from_fit(label, result))
+
+    if target_loss is not None:
+        target: float | None = float(target_loss)
+        source = "given"
+    else:
+        finals = [o.final["eval_loss"] for runs in outcomes.values() for o in runs
+                  if math.isfinite(o.final.get("eval_loss", math.nan))]
+        target = max(finals) if finals else None
+        source = "worst final eval loss"
+    rows = tuple(_aggregate(label, built[label], outcomes[label], target) for label in labels)
+
+    plot_note: str | None = None
+    plots: tuple[Path, ...] = ()
+    comparison = Comparison(
+        task=spec.id, num_nodes=num_nodes, max_steps=max_steps, batch_size=batch,
+        eval_interval=interval, micro_batch_size=micro_batch_size, partition=part.spec,
+        precision=precision, network=net.spec(), network_text=f"{net.name} ({net.describe()})",
+        seeds=seeds, target_loss=target, target_source=source, rows=rows, out_dir=out,
+        results_md=out / "results.md", results_json=out / "results.json", plots=plots,
+        plot_note=None)
+    try:
+        from exogym.plots import plot_comparison
+
+        plots = plot_comparison(comparison, out)
+    except ImportError as err:
+        plot_note = f"plots not drawn: {err}"
+        warnings.warn(plot_note, stacklevel=2)
+    comparison = replace(comparison, plots=plots, plot_note=plot_note)
+    comparison.results_md.write_text(format_markdown(comparison), encoding="utf-8")
+    comparison.results_json.write_text(format_json(comparison), encoding="utf-8")
+    return comparison
+
+
+def _aggregate(label: str, strategy: Strategy, runs: list[RunOutcome],
+               target: float | None) -> ComparisonRow:
+    keys = [k for k in runs[0].final if all(k in o.final for o in runs)]
+    metrics = {k: Stat(tuple(o.final[k] for o in runs)) for k in keys}
+    for k in RUN_METRICS:
+        metrics[k] = Stat(tuple(float(getattr(o, k)) for o in runs))
+    hits = [h for h in (o.reach(target) for o in runs) if h is not None]
+    steps = [p.step for p in runs[0].curve]
+    if any([p.step for p in o.curve] != steps for o in runs):
+        raise RuntimeError("runs of one strategy evaluated at different steps")
+    by_step = list(zip(*(o.curve for o in runs), strict=True))  # per step, one point per run
+    defaults = {k: d for k, (_t, d, _h) in strategies.describe(strategy.id).items()}
+    params = strategy.hyperparameters()
+    changed = {k: v for k, v in params.items() if k in defaults and v != defaults[k]}
+    return ComparisonRow(
+        label=label, strategy=strategy.id, hyperparameters=params, changed=changed,
+        runs=tuple(runs), metrics=metrics,
+        steps_to_target=Stat(tuple(float(h.step) for h in hits)) if hits else None,
+        sim_time_to_target_s=Stat(tuple(h.sim_time_s for h in hits)) if hits else None,
+        reached=len(hits), curve_steps=tuple(steps),
+        loss_mean=tuple(statistics.fmean(p.eval_loss for p in pts) for pts in by_step),
+        loss_min=tuple(min(p.eval_loss for p in pts) for pts in by_step),
+        loss_max=tuple(max(p.eval_loss for p in pts) for pts in by_step),
+        bytes_mean=tuple(statistics.fmean(p.bytes_sent for p in pts) for pts in by_step),
+        sim_time_mean=tuple(statistics.fmean(p.sim_time_s for p in pts) for pts in by_step),
+    )

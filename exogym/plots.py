@@ -1,0 +1,113 @@
+"""Plots of a strategy comparison (:mod:`exogym.compare`): the global model's eval loss against
+training steps, against bytes sent per node, and against simulated time on the network.
+
+One line per strategy (the same colour in every plot), the mean over the repeats, with the band
+from the lowest to the highest run shaded when there are several; the target loss as a dashed
+line. The loss axis is logarithmic, and so are the bytes and simulated-time axes (strategies
+differ there by orders of magnitude: DDP sends every step, DiLoCo every H steps); points with no
+byte sent yet cannot sit on a log axis and are left out of the bytes plot.
+
+Needs matplotlib: ``pip install "exogym[plot]"``; it is imported only here, with the Agg backend
+(files only, no display).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from exogym.report import Comparison
+
+__all__ = ["PLOT_FILES", "plot_comparison", "require_matplotlib"]
+
+PLOT_FILES = ("loss_vs_step.png", "loss_vs_bytes.png", "loss_vs_sim_time.png")
+"""The files :func:`plot_comparison` writes, in this order."""
+
+
+def require_matplotlib() -> None:
+    """Raise ImportError naming the ``plot`` extra if matplotlib is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ImportError('plots need matplotlib: pip install "exogym[plot]"') from None
+
+
+def plot_comparison(comparison: Comparison, out_dir: str | Path) -> tuple[Path, ...]:
+    """Write ``loss_vs_step.png``, ``loss_vs_bytes.png`` and ``loss_vs_sim_time.png`` into
+    ``out_dir``; their paths. Raises ImportError (naming the extra) without matplotlib."""
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    c = comparison
+    runs = len(c.seeds)
+    title = (f"{c.task}: {c.num_nodes} nodes, {c.network}, "
+             + ("" if c.partition == "iid" else f"partition {c.partition}, ")
+             + (f"seed {c.seeds[0]}" if runs == 1 else f"mean of {runs} seeds, min-max shaded"))
+    axes: list[tuple[str, Any, bool]] = [  # x label, x values of a row, log x
+        ("training step", lambda r: r.curve_steps, False),
+        ("MB sent per node (max over nodes)", lambda r: [b / 1e6 for b in r.bytes_mean], True),
+        (f"simulated time on {c.network} (s)", lambda r: r.sim_time_mean, True),
+    ]
+    paths = []
+    for name, (xlabel, xs_of, log_x) in zip(PLOT_FILES, axes, strict=True):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for i, row in enumerate(c.rows):
+            xs = [float(x) for x in xs_of(row)]
+            keep = [j for j, x in enumerate(xs) if x > 0 or not log_x]
+            color = f"C{i % 10}"
+            ax.plot(_pick(xs, keep), _pick(row.loss_mean, keep), "o-", ms=3, color=color,
+                    label=row.label)
+            if runs > 1:
+                ax.fill_between(_pick(xs, keep), _pick(row.loss_min, keep),
+                                _pick(row.loss_max, keep), color=color, alpha=0.2, lw=0)
+        if c.target_loss is not None:
+            ax.axhline(c.target_loss, color="gray", ls="--", lw=1,
+                       label=f"target {c.target_loss:.4g}")
+        ax.set_yscale("log")
+        logs = [ax.yaxis, ax.xaxis] if log_x else [ax.yaxis]
+        if log_x:
+            ax.set_xscale("log")
+        for axis in logs:  # plain numbers (0.05, 2, 300), not 2 x 10^0
+            axis.set_major_formatter(_plain_formatter(minor=False))
+            axis.set_minor_formatter(_plain_formatter(minor=True))
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("eval loss (global model)")
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=8)
+        ax.grid(True, which="both", alpha=0.3)
+        fig.tight_layout()
+        path = out / name
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        paths.append(path)
+    return tuple(paths)
+
+
+def _plain_formatter(minor: bool) -> Any:
+    """Tick labels of a log axis as plain numbers; minor ticks labelled only at 2, 3 and 5 times
+    a power of ten, and only when the axis spans less than two decades (else they crowd)."""
+    from matplotlib.ticker import Formatter
+
+    class Plain(Formatter):
+        def __call__(self, x: float, pos: int | None = None) -> str:
+            if x <= 0:
+                return ""
+            if minor:
+                lo, hi = sorted(self.axis.get_view_interval())
+                lead = round(x / 10 ** math.floor(math.log10(x)))
+                if lo <= 0 or hi / lo > 100 or lead not in (2, 3, 5):
+                    return ""
+            return f"{x:g}"
+
+    return Plain()
+
+
+def _pick(values: Sequence[float], keep: list[int]) -> list[float]:
+    return [float(values[j]) for j in keep]

@@ -1,0 +1,401 @@
+"""What a strategy comparison (:mod:`exogym.compare`) measured, and how it is shown.
+
+The result types: :class:`Stat` (one quantity over the repeats of a strategy, mean ± sample
+standard deviation), :class:`CurvePoint` and :class:`RunOutcome` (one training run, as its
+``summary.json`` records it), :class:`ComparisonRow` (one strategy, aggregated over its runs) and
+:class:`Comparison` (the whole comparison). And their renderings: :func:`format_table` (the
+markdown table that ``exogym compare`` prints), :func:`format_markdown` (``results.md``) and
+:func:`format_json` (``results.json``: the same numbers, exact, with every run's).
+
+Nothing here trains or reads files; :func:`exogym.compare.compare` builds a :class:`Comparison`
+and writes these texts, :mod:`exogym.plots` draws its curves.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from exogym.network import format_duration
+from exogym.result import FitResult
+from exogym.result import _dumps as _dumps_json
+
+__all__ = [
+    "RUN_METRICS",
+    "Comparison",
+    "ComparisonRow",
+    "CurvePoint",
+    "RunOutcome",
+    "Stat",
+    "format_json",
+    "format_markdown",
+    "format_table",
+]
+
+
+# -- results -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Stat:
+    """One quantity over the repeats of a strategy.
+
+    A run that diverged has a NaN (or infinite) value: the mean is then NaN or infinite as
+    arithmetic gives it, and the spread, the lowest and the highest are NaN (not an error after
+    hours of training, and not an order-dependent ``min`` of a NaN).
+
+    Attributes:
+        values: one per run, in seed order.
+    """
+
+    values: tuple[float, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.values)
+
+    @property
+    def std(self) -> float | None:
+        """The sample standard deviation (``n - 1`` in the denominator); None for one run."""
+        if self.n < 2:
+            return None
+        return statistics.stdev(self.values) if self._finite else math.nan
+
+    @property
+    def min(self) -> float:
+        return min(self.values) if self._finite else math.nan
+
+    @property
+    def max(self) -> float:
+        return max(self.values) if self._finite else math.nan
+
+    @property
+    def _finite(self) -> bool:
+        return all(math.isfinite(v) for v in self.values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mean": self.mean, "std": self.std, "min": self.min, "max": self.max,
+                "values": list(self.values)}
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """One evaluation of the global model during a run.
+
+    Attributes:
+        step: training steps done.
+        eval_loss: the global model's evaluation loss.
+        bytes_sent: bytes sent per node so far (max over nodes).
+        sim_time_s: the simulated clock then (seconds).
+    """
+
+    step: int
+    eval_loss: float
+    bytes_sent: float
+    sim_time_s: float
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """One training run of a comparison, as its ``summary.json`` records it.
+
+    Attributes:
+        label: the strategy's label in the comparison; ``strategy`` its registry id.
+        seed: the run's seed.
+        out_dir: the run's folder (``metrics.jsonl``, ``config.json``, ``summary.json``).
+        final: the last evaluation (``eval_loss``, ``eval_accuracy`` or ``eval_perplexity``, ...).
+        bytes_sent_per_node: bytes sent, max over nodes.
+        sim_time_s: simulated wall clock of the run on the comparison's network.
+        utilization: simulated compute / total.
+        step_time_s: the compute per step per node the clock used; ``compute_source`` how it
+            was obtained (``measured``, ``given``).
+        samples_per_s: measured training throughput on this machine.
+        wall_time_s: measured wall time of the whole fit (evaluations included).
+        curve: every evaluation, in step order.
+    """
+
+    label: str
+    strategy: str
+    seed: int
+    out_dir: Path
+    final: dict[str, float]
+    bytes_sent_per_node: float
+    sim_time_s: float
+    utilization: float
+    step_time_s: float
+    compute_source: str
+    samples_per_s: float
+    wall_time_s: float
+    curve: tuple[CurvePoint, ...]
+
+    @classmethod
+    def from_fit(cls, label: str, result: FitResult) -> RunOutcome:
+        if result.clock is None or result.out_dir is None:
+            raise ValueError("a compared run needs a simulated clock and a run folder")
+        curve = tuple(
+            CurvePoint(step=row["step"], eval_loss=row["eval_loss"],
+                       bytes_sent=row["bytes_sent"], sim_time_s=row["sim_time_s"])
+            for row in result.history if "eval_loss" in row)
+        return cls(label=label, strategy=result.strategy, seed=result.seed,
+                   out_dir=result.out_dir, final=dict(result.final),
+                   bytes_sent_per_node=max(result.bytes_sent), sim_time_s=result.clock.total_s,
+                   utilization=result.clock.utilization, step_time_s=result.clock.step_time_s,
+                   compute_source=result.clock.compute_source,
+                   samples_per_s=result.samples_per_s, wall_time_s=result.wall_time_s,
+                   curve=curve)
+
+    def reach(self, target: float | None) -> CurvePoint | None:
+        """The first evaluation with ``eval_loss <= target`` (None: never, or no target)."""
+        if target is None:
+            return None
+        return next((p for p in self.curve if p.eval_loss <= target), None)
+
+    def to_dict(self, target: float | None) -> dict[str, Any]:
+        hit = self.reach(target)
+        return {"seed": self.seed, "out_dir": str(self.out_dir), "final": self.final,
+                "steps_to_target": hit.step if hit else None,
+                "sim_time_to_target_s": hit.sim_time_s if hit else None,
+                "bytes_sent_per_node": self.bytes_sent_per_node, "sim_time_s": self.sim_time_s,
+                "utilization": self.utilization, "step_time_s": self.step_time_s,
+                "samples_per_s": self.samples_per_s, "wall_time_s": self.wall_time_s}
+
+
+RUN_METRICS = ("bytes_sent_per_node", "sim_time_s", "utilization", "samples_per_s", "wall_time_s")
+"""Per-run quantities aggregated besides the final evaluation metrics."""
+
+
+@dataclass(frozen=True)
+class ComparisonRow:
+    """One strategy (label) of a comparison, aggregated over its runs.
+
+    Attributes:
+        label: as listed; ``strategy`` the registry id.
+        hyperparameters: the strategy's settings (every field, as in ``summary.json``).
+        changed: the settings that differ from the strategy's defaults.
+        runs: one per seed.
+        metrics: ``eval_*`` final metrics and :data:`RUN_METRICS`, each a :class:`Stat`.
+        steps_to_target, sim_time_to_target_s: over the runs that reached the target (None when
+            none did); ``reached`` how many did.
+        curve_steps: the evaluation steps (the same in every run); ``loss_mean``, ``loss_min``,
+            ``loss_max``, ``bytes_mean`` and ``sim_time_mean`` the curve over the runs there.
+    """
+
+    label: str
+    strategy: str
+    hyperparameters: dict[str, Any]
+    changed: dict[str, Any]
+    runs: tuple[RunOutcome, ...]
+    metrics: dict[str, Stat]
+    steps_to_target: Stat | None
+    sim_time_to_target_s: Stat | None
+    reached: int
+    curve_steps: tuple[int, ...]
+    loss_mean: tuple[float, ...]
+    loss_min: tuple[float, ...]
+    loss_max: tuple[float, ...]
+    bytes_mean: tuple[float, ...]
+    sim_time_mean: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """What :func:`exogym.compare.compare` ran and wrote.
+
+    Attributes:
+        task: the task's canonical id.
+        num_nodes, max_steps, batch_size, eval_interval: the shape shared by every run.
+        micro_batch_size, partition, precision: how every run trained (as
+            :meth:`exogym.Trainer.fit`; ``partition`` the spec string, e.g. ``"dirichlet:0.1"``).
+        network: the simulated network (its spec string); ``network_text`` its description.
+        seeds: the seeds every strategy was trained with.
+        target_loss: the loss of "steps to target" (None: no finite eval loss to choose from);
+            ``target_source`` ``"given"`` or ``"worst final eval loss"``.
+        rows: one per label, in the order given.
+        out_dir: the results folder; ``results_md``, ``results_json`` and ``plots`` inside it.
+        plot_note: why the plots were not drawn (None when they were).
+    """
+
+    task: str
+    num_nodes: int
+    max_steps: int
+    batch_size: int
+    eval_interval: int
+    micro_batch_size: int | None
+    partition: str
+    precision: str
+    network: str
+    network_text: str
+    seeds: tuple[int, ...]
+    target_loss: float | None
+    target_source: str
+    rows: tuple[ComparisonRow, ...]
+    out_dir: Path
+    results_md: Path
+    results_json: Path
+    plots: tuple[Path, ...]
+    plot_note: str | None
+
+    def row(self, label: str) -> ComparisonRow:
+        """The row of ``label``."""
+        for r in self.rows:
+            if r.label == label:
+                return r
+        raise KeyError(f"no strategy {label!r} in this comparison; "
+                       f"labels: {', '.join(r.label for r in self.rows)}")
+
+
+# -- rendering -----------------------------------------------------------------------------------
+def _to_json(c: Comparison) -> dict[str, Any]:
+    rows = []
+    for r in c.rows:
+        rows.append({
+            "label": r.label, "strategy": r.strategy, "hyperparameters": r.hyperparameters,
+            "changed": r.changed,
+            "metrics": {k: s.to_dict() for k, s in r.metrics.items()},
+            "steps_to_target": r.steps_to_target.to_dict() if r.steps_to_target else None,
+            "sim_time_to_target_s": (r.sim_time_to_target_s.to_dict()
+                                     if r.sim_time_to_target_s else None),
+            "reached": r.reached,
+            "curve": {"step": r.curve_steps, "eval_loss_mean": r.loss_mean,
+                      "eval_loss_min": r.loss_min, "eval_loss_max": r.loss_max,
+                      "bytes_sent_mean": r.bytes_mean, "sim_time_s_mean": r.sim_time_mean},
+            "runs": [o.to_dict(c.target_loss) for o in r.runs],
+        })
+    return {
+        "task": c.task, "num_nodes": c.num_nodes, "max_steps": c.max_steps,
+        "batch_size_per_node": c.batch_size, "micro_batch_size": c.micro_batch_size,
+        "partition": c.partition, "precision": c.precision, "eval_interval": c.eval_interval,
+        "network": c.network, "seeds": c.seeds, "target_loss": c.target_loss,
+        "target_source": c.target_source, "spread": "sample standard deviation (n - 1)",
+        "rows": rows, "plots": [p.name for p in c.plots], "plot_note": c.plot_note,
+    }
+
+
+def format_json(c: Comparison) -> str:
+    """The ``results.json`` text: indented by 2, lists of plain values (curves) on one line,
+    non-finite numbers as strings (``"nan"``; JSON has none), as ``summary.json``."""
+    return _dumps_json(_to_json(c)) + "\n"
+
+
+def _fmt_bytes(n: float) -> str:
+    from exogym.estimate import format_bytes
+
+    return format_bytes(n)
+
+
+def _fmt_metric(key: str) -> Any:
+    if "accuracy" in key or key == "utilization":
+        return lambda v: f"{100 * v:.2f}%"
+    return lambda v: f"{v:.4f}"
+
+
+def _fmt_time(seconds: float) -> str:
+    """:func:`exogym.network.format_duration`, with 3 significant digits below a second too."""
+    if 1e-3 <= seconds < 1:
+        return f"{seconds * 1e3:.3g} ms"
+    return format_duration(seconds)
+
+
+def _fmt_count(v: float) -> str:
+    return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.1f}"
+
+
+_FORMATS: dict[str, Any] = {
+    "bytes_sent_per_node": _fmt_bytes, "sim_time_s": _fmt_time,
+    "utilization": _fmt_metric("utilization"), "samples_per_s": lambda v: f"{v:,.0f}",
+    "wall_time_s": _fmt_time,
+}
+
+
+def _cell(stat: Stat | None, fmt: Any) -> str:
+    if stat is None:
+        return "not reached"
+    if stat.std is None or stat.min == stat.max:
+        return fmt(stat.mean)
+    return f"{fmt(stat.mean)} ± {fmt(stat.std)}"
+
+
+def format_table(c: Comparison) -> list[str]:
+    """The results table (markdown), one row per label."""
+    evals = [k for k in c.rows[0].metrics if k.startswith("eval_")]
+    evals = [k for k in evals if all(k in r.metrics for r in c.rows)]
+    target = f"{c.target_loss:.4f}" if c.target_loss is not None else "-"
+    head = ["strategy", *(k.replace("_", " ") for k in evals),
+            f"steps to loss ≤ {target}", "sim time to target", "sent per node", "sim time",
+            "utilization", "samples/s", "wall time"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    runs = len(c.seeds)
+    for r in c.rows:
+        reached = "" if r.reached in (0, runs) else f" ({r.reached}/{runs} runs)"
+        to_target = ([_cell(r.steps_to_target, _fmt_count) + reached,
+                      _cell(r.sim_time_to_target_s, _fmt_time) + reached]
+                     if c.target_loss is not None else ["-", "-"])
+        cells = [f"`{r.label}`", *(_cell(r.metrics[k], _fmt_metric(k)) for k in evals),
+                 *to_target,
+                 *(_cell(r.metrics[k], _FORMATS[k]) for k in RUN_METRICS)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def format_markdown(c: Comparison) -> str:
+    """The ``results.md`` text."""
+    runs = len(c.seeds)
+    seeds = f"seed {c.seeds[0]}" if runs == 1 else f"seeds {c.seeds[0]}..{c.seeds[-1]}"
+    steps_c = sorted({o.step_time_s for r in c.rows for o in r.runs})
+    compute = (format_duration(steps_c[0]) if len(steps_c) == 1 else
+               f"{format_duration(steps_c[0])} to {format_duration(steps_c[-1])}")
+    sources = ", ".join(sorted({o.compute_source for r in c.rows for o in r.runs}))
+    micro = "" if c.micro_batch_size is None else f" (micro-batches of {c.micro_batch_size})"
+    if c.target_loss is None:
+        target = "none (no run has a finite eval loss)"
+    elif c.target_source == "given":
+        target = f"{c.target_loss:.4f} (given)"
+    else:
+        target = (f"{c.target_loss:.4f} (default: the worst final eval loss over all runs, so "
+                  "every run reaches it)")
+    lines = [
+        f"# exogym compare: {c.task}",
+        "",
+        f"{c.num_nodes} nodes x {c.max_steps} steps, batch {c.batch_size} per node{micro}, "
+        f"partition {c.partition}, precision {c.precision}, network {c.network_text}, "
+        f"{seeds} ({runs} run{'s' if runs > 1 else ''} per strategy, the "
+        "same seeds for every strategy).",
+        "",
+        *format_table(c),
+        "",
+        "- Evaluation: the global model after the last step, on the task's evaluation set.",
+        f"- Target loss {target}. Steps to target: the first evaluation with eval loss ≤ the "
+        f"target; resolution {c.eval_interval} steps (the evaluation interval). Sim time to "
+        "target: the simulated clock at that evaluation.",
+        f"- Sent per node: bytes, max over nodes. Sim time: the simulated clock on {c.network} "
+        f"(compute {compute} per step per node, {sources}; a measured value is taken once and "
+        "shared by the runs with the same model and optimizer; `exogym recost RUN_DIR "
+        "--step-time T` re-costs a run with another); utilization = compute / total.",
+        "- Samples/s (training steps only) and wall time (the whole run, evaluations included) "
+        "were measured on this machine and vary with its load.",
+    ]
+    if runs > 1:
+        lines.append(f"- Each cell is the mean ± the sample standard deviation (n - 1) over the "
+                     f"{runs} seeds; a single value: identical in every run. Where some runs "
+                     "missed the target, the mean is over those that reached it (k/K runs). "
+                     "Plots: mean curve, shaded from the lowest to the highest run.")
+    lines += ["", "## Strategies", ""]
+    for r in c.rows:
+        changed = ", ".join(f"{k}={v}" for k, v in r.changed.items()) or "defaults"
+        lines.append(f"- `{r.label}`: {r.strategy}, {changed}")
+    lines += ["", "## Runs", ""]
+    for r in c.rows:
+        dirs = ", ".join(f"[{o.out_dir.name}]({o.out_dir.relative_to(c.out_dir).as_posix()}/)"
+                         for o in r.runs)
+        lines.append(f"- `{r.label}`: {dirs}")
+    lines += ["", "## Plots", ""]
+    if c.plot_note:
+        lines.append(c.plot_note)
+    for p in c.plots:
+        lines.append(f"![{p.stem.replace('_', ' ')}]({p.name})")
+    return "\n".join(lines) + "\n"
