@@ -18,23 +18,17 @@ import math
 
 import pytest
 import torch
+from by_hand import F64, TOL, stack, t
 from torch import Tensor, nn
 from torch.utils.data import TensorDataset
 
 from exogym import MnistCNN
-from exogym.comm import InProcessCommunicator
 from exogym.engine import NodeStack
 from exogym.optim import LRSchedule, OptimSpec
 from exogym.strategy._dct import ChunkLayout, chunk_size, dct_matrix, index_dtype
 from exogym.strategy.demo import DeMo
 
-F64 = torch.float64
-TOL = {"rtol": 0.0, "atol": 1e-12}
 P8 = torch.tensor([1.0, -1.0, -1.0, 1.0, 1.0, -1.0, -1.0, 1.0], dtype=F64)
-
-
-def t(rows) -> Tensor:
-    return torch.tensor(rows, dtype=F64)
 
 
 class Params(nn.Module):
@@ -47,10 +41,7 @@ class Params(nn.Module):
 
 
 def build(strategy: DeMo, module: nn.Module, n: int, total_steps: int = 10):
-    nodes = NodeStack(module, n, engine="loop")
-    comm = InProcessCommunicator(n)
-    strategy.setup(nodes, comm, total_steps)
-    return nodes, comm
+    return stack(strategy, module, n, total_steps)
 
 
 # -- the transform --------------------------------------------------------------------------------

@@ -10,44 +10,19 @@ from __future__ import annotations
 
 import math
 
+import by_hand
 import pytest
 import torch
-from torch import nn
+from by_hand import TOL, step_with, t
 
-from exogym.comm import InProcessCommunicator
 from exogym.config import ConfigError
-from exogym.engine import NodeStack
 from exogym.optim import OptimSpec
 from exogym.strategy import make
 from exogym.strategy.diloco import DiLoCo
 
-F64 = torch.float64
-TOL = {"rtol": 0.0, "atol": 1e-12}
-
-
-class Vec(nn.Module):
-    def __init__(self, values: list[float], *, bn: bool = False) -> None:
-        super().__init__()
-        self.w = nn.Parameter(torch.tensor(values, dtype=F64))
-        if bn:
-            self.bn = nn.BatchNorm1d(2, affine=False).to(F64)
-
-
-def t(rows) -> torch.Tensor:
-    return torch.tensor(rows, dtype=F64)
-
 
 def build(strategy, values=(1.0, 2.0), *, n=2, bn=False):
-    nodes = NodeStack(Vec(list(values), bn=bn), n, engine="loop")
-    comm = InProcessCommunicator(n)
-    strategy.setup(nodes, comm, 100)
-    return nodes, comm
-
-
-@torch.no_grad()
-def run_step(strategy, nodes, grads, step):
-    nodes.grads["w"].copy_(t(grads))
-    strategy.step(step)
+    return by_hand.build(strategy, values, n=n, bn=bn)
 
 
 SGD01 = OptimSpec(name="sgd", lr=0.1)
@@ -85,12 +60,12 @@ def test_outer_plain_sgd_by_hand():
     nodes, _ = build(diloco)
 
     # Execute / Assert: theta1 = [1,2] - 0.5*[0.2, 0.1] = [0.9, 1.95]
-    run_step(diloco, nodes, STEP0, 0)
+    step_with(diloco, nodes, STEP0, 0)
     assert torch.allclose(diloco.global_state()["w"], t([0.9, 1.95]), **TOL)
     assert torch.allclose(nodes.params["w"], t([[0.9, 1.95]] * 2), **TOL)
 
     # Execute / Assert: theta2 = [0.9, 1.95] - 0.5*[0.1, 0] = [0.85, 1.95]; no momentum buffer
-    run_step(diloco, nodes, STEP1, 1)
+    step_with(diloco, nodes, STEP1, 1)
     assert torch.allclose(diloco.global_state()["w"], t([0.85, 1.95]), **TOL)
     p = diloco.global_params["w"]
     assert diloco.outer_opt.state[p].get("momentum_buffer") is None
@@ -103,7 +78,7 @@ def test_outer_adam_two_steps_by_hand():
     nodes, comm = build(diloco)
 
     # Execute step 0: Delta = [0.2, 0.1]
-    run_step(diloco, nodes, STEP0, 0)
+    step_with(diloco, nodes, STEP0, 0)
 
     # Assert: m = 0.5*Delta = [0.1, 0.05], v = 0.25*Delta^2 = [0.01, 0.0025]
     # m_hat = m/(1-0.5) = [0.2, 0.1], v_hat = v/(1-0.75) = [0.04, 0.01], sqrt = [0.2, 0.1]
@@ -113,7 +88,7 @@ def test_outer_adam_two_steps_by_hand():
     assert torch.allclose(nodes.params["w"], theta1.expand(2, 2), **TOL)
 
     # Execute step 1: Delta = [0.1, 0]
-    run_step(diloco, nodes, STEP1, 1)
+    step_with(diloco, nodes, STEP1, 1)
 
     # Assert: m = 0.5*[0.1,0.05] + 0.5*[0.1,0] = [0.1, 0.025]
     #         v = 0.75*[0.01,0.0025] + 0.25*[0.01,0] = [0.01, 0.001875]
@@ -137,11 +112,11 @@ def test_no_drop_reproduces_the_nesterov_numbers(q):
     nodes, comm = build(diloco)
 
     # Execute / Assert: theta1 = [1,2] - 0.7*(Delta + 0.9 Delta) = [0.734, 1.867]
-    run_step(diloco, nodes, STEP0, 0)
+    step_with(diloco, nodes, STEP0, 0)
     assert torch.allclose(nodes.params["w"], t([[0.734, 1.867]] * 2), **TOL)
 
     # Execute / Assert: buf = [0.28, 0.09]; update = [0.352, 0.081]; theta2 = [0.4876, 1.8103]
-    run_step(diloco, nodes, STEP1, 1)
+    step_with(diloco, nodes, STEP1, 1)
     assert torch.allclose(nodes.params["w"], t([[0.4876, 1.8103]] * 2), **TOL)
     assert torch.allclose(diloco.global_state()["w"], t([0.4876, 1.8103]), **TOL)
     assert not diloco.dropped(0).any() and not diloco.dropped(1).any()
@@ -174,7 +149,7 @@ def test_dropped_nodes_are_left_out_of_the_mean_and_keep_their_parameters():
 
     # Execute outer step 0: g = [[1,0],[3,2],[-1,2],[5,5]]
     # x = [1,2] - 0.1 g = [[0.9,2], [0.7,1.8], [1.1,1.8], [0.5,1.5]]
-    run_step(diloco, nodes, [[1.0, 0.0], [3.0, 2.0], [-1.0, 2.0], [5.0, 5.0]], 0)
+    step_with(diloco, nodes, [[1.0, 0.0], [3.0, 2.0], [-1.0, 2.0], [5.0, 5.0]], 0)
 
     # Assert: survivors 0, 2: Delta = mean([0.1, 0], [-0.1, 0.2]) = [0, 0.1] -> theta1 = [1, 1.9]
     # nodes 0, 2 restart from theta1; nodes 1, 3 keep their own parameters
@@ -184,7 +159,7 @@ def test_dropped_nodes_are_left_out_of_the_mean_and_keep_their_parameters():
 
     # Execute outer step 1: g = [[1,1],[0,-1],[2,0],[1,1]]
     # x = [[0.9,1.8], [0.7,1.9], [0.8,1.9], [0.4,1.4]]
-    run_step(diloco, nodes, [[1.0, 1.0], [0.0, -1.0], [2.0, 0.0], [1.0, 1.0]], 1)
+    step_with(diloco, nodes, [[1.0, 1.0], [0.0, -1.0], [2.0, 0.0], [1.0, 1.0]], 1)
 
     # Assert: survivors 0, 1, against the current theta1 = [1, 1.9]:
     # Delta = mean([0.1, 0.1], [0.3, 0]) = [0.2, 0.05] -> theta2 = [0.8, 1.85]
@@ -203,7 +178,7 @@ def test_when_every_node_drops_nothing_is_sent_and_nothing_moves():
     nodes, comm = build(diloco)
 
     # Execute: x = [[0.9, 2], [0.7, 1.8]]
-    run_step(diloco, nodes, STEP0, 0)
+    step_with(diloco, nodes, STEP0, 0)
 
     # Assert: no outer step, no message, the global model is theta0, nodes keep their own
     assert comm.log == [] and comm.bytes_sent == [0.0, 0.0]
@@ -237,7 +212,7 @@ def test_pseudo_gradients_go_through_the_codec():
     nodes, comm = build(diloco)
 
     # Execute: both nodes g = [1, 0] -> Delta_i = [1 - 0.9, 0] = [0.09999999999999998, 0]
-    run_step(diloco, nodes, [[1.0, 0.0], [1.0, 0.0]], 0)
+    step_with(diloco, nodes, [[1.0, 0.0], [1.0, 0.0]], 0)
 
     # Assert: fp16 rounds 0.1 to 0.0999755859375 (1638.4 -> 1638 / 2^14): theta1 = 1 - that
     assert torch.allclose(diloco.global_state()["w"], t([1.0 - 0.0999755859375, 2.0]), **TOL)

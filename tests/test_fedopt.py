@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import math
 
+import by_hand
 import pytest
 import torch
-from torch import nn
+from by_hand import F64, TOL, step_with, t
 
-from exogym.comm import InProcessCommunicator
-from exogym.engine import NodeStack
 from exogym.optim import OptimSpec
 from exogym.strategy.diloco import DiLoCo
 from exogym.strategy.fedadagrad import FedAdagrad
@@ -26,8 +25,6 @@ from exogym.strategy.fedavgm import FedAvgM
 from exogym.strategy.fedopt import FedOpt
 from exogym.strategy.fedyogi import FedYogi
 
-F64 = torch.float64
-TOL = {"rtol": 0.0, "atol": 1e-12}
 SQRT2, SQRT5, SQRT7, SQRT13, SQRT15 = (math.sqrt(v) for v in (2, 5, 7, 13, 15))
 
 # Round 1: g0 = [-1, -0.5, 0.5], g1 = [-1, 0, 0.5] -> Delta1 = -mean = [1, 0.25, -0.5]
@@ -36,29 +33,8 @@ GRADS_1 = [[-1.0, -0.5, 0.5], [-1.0, 0.0, 0.5]]
 GRADS_2 = [[0.0, -1.0, 1.0], [0.0, -1.0, 1.0]]
 
 
-class Vec(nn.Module):
-    def __init__(self, values: list[float], *, bn: bool = False) -> None:
-        super().__init__()
-        self.w = nn.Parameter(torch.tensor(values, dtype=F64))
-        if bn:
-            self.bn = nn.BatchNorm1d(2, affine=False).to(F64)
-
-
-def t(rows) -> torch.Tensor:
-    return torch.tensor(rows, dtype=F64)
-
-
 def build(strategy, values=(0.0, 0.0, 0.0), *, n=2, bn=False):
-    nodes = NodeStack(Vec(list(values), bn=bn), n, engine="loop")
-    comm = InProcessCommunicator(n)
-    strategy.setup(nodes, comm, 100)
-    return nodes, comm
-
-
-@torch.no_grad()
-def run_round(strategy, nodes, grads, step):
-    nodes.grads["w"].copy_(t(grads))
-    strategy.step(step)
+    return by_hand.build(strategy, values, n=n, bn=bn)
 
 
 SGD1 = OptimSpec(name="sgd", lr=1.0)
@@ -73,7 +49,7 @@ def test_fedyogi_two_rounds_on_three_scalars_by_hand():
     assert torch.equal(yogi.m["w"], t([0.0, 0.0, 0.0]))
 
     # Execute round 1: Delta1 = [1, 0.25, -0.5], Delta1^2 = [1, 0.0625, 0.25]
-    run_round(yogi, nodes, GRADS_1, 0)
+    step_with(yogi, nodes, GRADS_1, 0)
 
     # Assert: m = 0.5*0 + 0.5*Delta1 = [0.5, 0.125, -0.25]
     # v = v - (1-beta2) Delta^2 sign(v - Delta^2), 1-beta2 = 0.25:
@@ -91,7 +67,7 @@ def test_fedyogi_two_rounds_on_three_scalars_by_hand():
     assert torch.allclose(nodes.params["w"], x1.expand(2, 3), **TOL)  # every node restarts at x1
 
     # Execute round 2: Delta2 = [0, 1, -1], Delta2^2 = [0, 1, 1]
-    run_round(yogi, nodes, GRADS_2, 1)
+    step_with(yogi, nodes, GRADS_2, 1)
 
     # Assert: m = 0.5*[0.5, 0.125, -0.25] + 0.5*[0, 1, -1] = [0.25, 0.5625, -0.625]
     # v: a: sign(0.5 - 0) = +1 -> 0.5 - 0 = 0.5; b: sign(0.234375 - 1) = -1 -> 0.484375;
@@ -118,7 +94,7 @@ def test_fedadam_two_rounds_by_hand_no_bias_correction():
     nodes, _ = build(adam)
 
     # Execute round 1: Delta1 = [1, 0.25, -0.5]
-    run_round(adam, nodes, GRADS_1, 0)
+    step_with(adam, nodes, GRADS_1, 0)
 
     # Assert: m = [0.5, 0.125, -0.25]; v = 0.75*0.25 + 0.25*Delta^2 = [0.4375, 0.203125, 0.25]
     assert torch.allclose(adam.m["w"], t([0.5, 0.125, -0.25]), **TOL)
@@ -131,7 +107,7 @@ def test_fedadam_two_rounds_by_hand_no_bias_correction():
     assert torch.allclose(adam.global_state()["w"], x1, **TOL)
 
     # Execute round 2: Delta2 = [0, 1, -1]
-    run_round(adam, nodes, GRADS_2, 1)
+    step_with(adam, nodes, GRADS_2, 1)
 
     # Assert: m = [0.25, 0.5625, -0.625]; v = 0.75*v + 0.25*[0, 1, 1]
     #   = [0.328125, 0.40234375, 0.4375]
@@ -150,7 +126,7 @@ def test_fedadagrad_two_rounds_by_hand():
     nodes, _ = build(adagrad)
 
     # Execute round 1: Delta1 = [1, 0.25, -0.5]
-    run_round(adagrad, nodes, GRADS_1, 0)
+    step_with(adagrad, nodes, GRADS_1, 0)
 
     # Assert: m = [0.5, 0.125, -0.25]; v = 0.25 + Delta^2 = [1.25, 0.3125, 0.5]
     assert torch.allclose(adagrad.v["w"], t([1.25, 0.3125, 0.5]), **TOL)
@@ -162,7 +138,7 @@ def test_fedadagrad_two_rounds_by_hand():
     assert torch.allclose(adagrad.global_state()["w"], x1, **TOL)
 
     # Execute round 2: Delta2 = [0, 1, -1]
-    run_round(adagrad, nodes, GRADS_2, 1)
+    step_with(adagrad, nodes, GRADS_2, 1)
 
     # Assert: v = [1.25, 1.3125, 1.5] (only ever grows); m = [0.25, 0.5625, -0.625]
     assert torch.allclose(adagrad.v["w"], t([1.25, 1.3125, 1.5]), **TOL)
@@ -179,14 +155,14 @@ def test_fedavgm_two_rounds_by_hand():
     assert avgm.eta == 1.0
 
     # Execute round 1: Delta w = x - mean(x_i) = -Delta1 = [-1, -0.25, 0.5]
-    run_round(avgm, nodes, GRADS_1, 0)
+    step_with(avgm, nodes, GRADS_1, 0)
 
     # Assert: v = Delta w = [-1, -0.25, 0.5]; w1 = w0 - v = [1, 0.25, -0.5] (plain FedAvg)
     assert torch.allclose(avgm.momentum["w"], t([-1.0, -0.25, 0.5]), **TOL)
     assert torch.allclose(avgm.global_state()["w"], t([1.0, 0.25, -0.5]), **TOL)
 
     # Execute round 2: Delta w = -[0, 1, -1] = [0, -1, 1]
-    run_round(avgm, nodes, GRADS_2, 1)
+    step_with(avgm, nodes, GRADS_2, 1)
 
     # Assert: v = 0.5*[-1, -0.25, 0.5] + [0, -1, 1] = [-0.5, -1.125, 1.25]
     #         w2 = [1, 0.25, -0.5] - v = [1.5, 1.375, -1.75]
@@ -202,8 +178,8 @@ def test_fedavgm_server_lr_scales_the_momentum_step():
     nodes, _ = build(avgm)
 
     # Execute: two rounds as above
-    run_round(avgm, nodes, GRADS_1, 0)
-    run_round(avgm, nodes, GRADS_2, 1)
+    step_with(avgm, nodes, GRADS_1, 0)
+    step_with(avgm, nodes, GRADS_2, 1)
 
     # Assert: w1 = -0.5*[-1, -0.25, 0.5] = [0.5, 0.125, -0.25];
     #         w2 = w1 - 0.5*[-0.5, -1.125, 1.25] = [0.75, 0.6875, -0.875]
@@ -223,8 +199,8 @@ def test_fedavgm_equals_diloco_with_heavy_ball_sgd_outer_optimizer():
 
     # Execute
     for step, g in enumerate(grads):
-        run_round(avgm, a_nodes, g.tolist(), step)
-        run_round(diloco, d_nodes, g.tolist(), step)
+        step_with(avgm, a_nodes, g.tolist(), step)
+        step_with(diloco, d_nodes, g.tolist(), step)
 
         # Assert
         assert torch.allclose(a_nodes.params["w"], d_nodes.params["w"], rtol=0, atol=1e-12)
@@ -263,7 +239,7 @@ def test_nodes_do_not_sync_between_rounds(cls):
     strategy = cls(H=2, optim=SGD1)
     nodes, comm = build(strategy)
 
-    run_round(strategy, nodes, GRADS_1, 0)
+    step_with(strategy, nodes, GRADS_1, 0)
 
     # node0 = -g0, node1 = -g1; the server model is still x0; nothing sent
     assert torch.allclose(nodes.params["w"], -t(GRADS_1), **TOL)
@@ -309,8 +285,8 @@ def test_fedopt_sends_client_updates_through_the_codec():
     nodes, comm = build(avgm)
 
     # Execute
-    run_round(avgm, nodes, GRADS_1, 0)
-    run_round(avgm, nodes, [[-0.1, 0.0, 0.0], [-0.1, 0.0, 0.0]], 1)
+    step_with(avgm, nodes, GRADS_1, 0)
+    step_with(avgm, nodes, [[-0.1, 0.0, 0.0], [-0.1, 0.0, 0.0]], 1)
 
     # Assert: w1 = [1, 0.25, -0.5]; w2 = w1 + fp16(0.1) on the first coordinate (1 + 0.1 = 1.1 in
     # float64 gives an update of 0.10000000000000009, still 0.0999755859375 in fp16)

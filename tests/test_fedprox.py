@@ -6,41 +6,18 @@ adds ``mu (w - w^t)`` to each node's gradient, ``w^t`` the model at the start of
 
 from __future__ import annotations
 
+import by_hand
 import pytest
 import torch
-from torch import nn
+from by_hand import F64, TOL, step_with, t
 
-from exogym.comm import InProcessCommunicator
-from exogym.engine import NodeStack
 from exogym.optim import OptimSpec
 from exogym.strategy.fedavg import FedAvg
 from exogym.strategy.fedprox import FedProx
 
-F64 = torch.float64
-TOL = {"rtol": 0.0, "atol": 1e-12}
-
-
-class Vec(nn.Module):
-    def __init__(self, values: list[float]) -> None:
-        super().__init__()
-        self.w = nn.Parameter(torch.tensor(values, dtype=F64))
-
-
-def t(rows) -> torch.Tensor:
-    return torch.tensor(rows, dtype=F64)
-
 
 def build(strategy, values=(1.0, 2.0), *, n=2):
-    nodes = NodeStack(Vec(list(values)), n, engine="loop")
-    comm = InProcessCommunicator(n)
-    strategy.setup(nodes, comm, 100)
-    return nodes, comm
-
-
-@torch.no_grad()
-def run_step(strategy, nodes, grads, step):
-    nodes.grads["w"].copy_(t(grads))
-    strategy.step(step)
+    return by_hand.build(strategy, values, n=n)
 
 
 def test_proximal_gradient_by_hand_over_two_rounds():
@@ -49,14 +26,14 @@ def test_proximal_gradient_by_hand_over_two_rounds():
     nodes, comm = build(prox)
 
     # Execute step 0: every node is at w0, so the proximal term is 0; g = [[1,0],[2,2]]
-    run_step(prox, nodes, [[1.0, 0.0], [2.0, 2.0]], 0)
+    step_with(prox, nodes, [[1.0, 0.0], [2.0, 2.0]], 0)
 
     # Assert: x = w0 - 0.5 g = [[0.5, 2], [0, 1]]; no averaging yet
     assert torch.allclose(nodes.grads["w"], t([[1.0, 0.0], [2.0, 2.0]]), **TOL)
     assert torch.allclose(nodes.params["w"], t([[0.5, 2.0], [0.0, 1.0]]), **TOL)
 
     # Execute step 1: raw gradients 0, so the gradient is the proximal term alone
-    run_step(prox, nodes, [[0.0, 0.0], [0.0, 0.0]], 1)
+    step_with(prox, nodes, [[0.0, 0.0], [0.0, 0.0]], 1)
 
     # Assert: grad = 0.5 (w - w0): node0 0.5*[-0.5, 0] = [-0.25, 0];
     #                             node1 0.5*[-1, -1] = [-0.5, -0.5]
@@ -67,7 +44,7 @@ def test_proximal_gradient_by_hand_over_two_rounds():
     assert torch.allclose(prox.global_state()["w"], w1, **TOL)
 
     # Execute step 2 (round 2): the anchor is now w1 = every node's start, so the term is 0 again
-    run_step(prox, nodes, [[1.0, 1.0], [0.0, 0.0]], 2)
+    step_with(prox, nodes, [[1.0, 1.0], [0.0, 0.0]], 2)
 
     # Assert: grads are the raw ones (an anchor left at w0 would add 0.5*(w1 - w0) =
     # [-0.28125, -0.1875]); x = [[0.4375 - 0.5, 1.625 - 0.5], w1] = [[-0.0625, 1.125], w1]
@@ -76,7 +53,7 @@ def test_proximal_gradient_by_hand_over_two_rounds():
     assert torch.allclose(prox.round_start["w"], w1.unsqueeze(0), **TOL)
 
     # Execute step 3: raw 0 -> grad = 0.5 (w - w1): node0 0.5*[-0.5, -0.5] = [-0.25, -0.25]
-    run_step(prox, nodes, [[0.0, 0.0], [0.0, 0.0]], 3)
+    step_with(prox, nodes, [[0.0, 0.0], [0.0, 0.0]], 3)
 
     # Assert: node0 = [-0.0625 + 0.125, 1.125 + 0.125] = [0.0625, 1.25]; node1 = w1;
     # mean = [0.25, 1.4375]; bytes: FedAvg's one all-reduce of the parameters per round
@@ -91,9 +68,9 @@ def test_clipping_applies_to_the_full_proximal_gradient():
     nodes, _ = build(prox, (0.0, 0.0), n=1)
 
     # Execute step 0: g = [-0.6, -0.8] (norm 1 < 2: not clipped) -> w = [0.6, 0.8]
-    run_step(prox, nodes, [[-0.6, -0.8]], 0)
+    step_with(prox, nodes, [[-0.6, -0.8]], 0)
     # Execute step 1: raw 0 -> grad = 5*[0.6, 0.8] = [3, 4], norm 5 -> times 2/(5 + 1e-6)
-    run_step(prox, nodes, [[0.0, 0.0]], 1)
+    step_with(prox, nodes, [[0.0, 0.0]], 1)
 
     # Assert: w = [0.6, 0.8] - [3, 4] * 2/(5 + 1e-6) ~ [-0.6, -0.8]
     c = 2.0 / (5.0 + 1e-6)
@@ -114,7 +91,7 @@ def test_mu_zero_is_fedavg_exactly():
     # Execute
     for step, g in enumerate(grads):
         for strategy, nodes in ((prox, p_nodes), (avg, a_nodes), (other, o_nodes)):
-            run_step(strategy, nodes, g.tolist(), step)
+            step_with(strategy, nodes, g.tolist(), step)
 
     # Assert: mu = 0 is bit-identical to FedAvg; mu = 0.1 is not
     assert torch.equal(p_nodes.params["w"], a_nodes.params["w"])

@@ -13,6 +13,8 @@ from collections import Counter
 
 import pytest
 import torch
+from by_hand import F64, TOL, Vec, set_rows, sgd, t
+from by_hand import stack as build
 from torch import Tensor, nn
 from torch.utils.data import TensorDataset
 
@@ -20,25 +22,10 @@ from exogym import Classifier, MnistCNN, Trainer
 from exogym.comm import InProcessCommunicator
 from exogym.config import ConfigError, apply_overrides, config_fields
 from exogym.engine import NodeStack
-from exogym.optim import OptimSpec
-from exogym.strategy.base import Strategy
 from exogym.strategy.diloco import DiLoCo
 from exogym.strategy.fedavg import FedAvg
 from exogym.strategy.sparta import SPARTA, SparseAverager, sample_distinct, step_seed
 from exogym.strategy.sparta_diloco import SPARTADiLoCo
-
-F64 = torch.float64
-TOL = {"rtol": 0.0, "atol": 1e-12}
-
-
-class Vec(nn.Module):
-    """One parameter vector ``w``; optionally a BatchNorm that only adds buffers."""
-
-    def __init__(self, values: list[float], *, dtype: torch.dtype = F64, bn: bool = False) -> None:
-        super().__init__()
-        self.w = nn.Parameter(torch.tensor(values, dtype=dtype))
-        if bn:
-            self.bn = nn.BatchNorm1d(2, affine=False).to(dtype)
 
 
 class TwoTensors(nn.Module):
@@ -48,28 +35,6 @@ class TwoTensors(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(2, 2, dtype=F64))
         self.bias = nn.Parameter(torch.zeros(3, dtype=F64))
-
-
-def t(rows) -> Tensor:
-    return torch.tensor(rows, dtype=F64)
-
-
-def sgd(lr: float) -> OptimSpec:
-    return OptimSpec(name="sgd", lr=lr)
-
-
-def build(
-    strategy: Strategy, model: nn.Module, n: int = 2
-) -> tuple[NodeStack, InProcessCommunicator]:
-    nodes = NodeStack(model, n, engine="loop")
-    comm = InProcessCommunicator(n)
-    strategy.setup(nodes, comm, 100)
-    return nodes, comm
-
-
-@torch.no_grad()
-def set_rows(tensor: Tensor, rows) -> None:
-    tensor.copy_(torch.tensor(rows, dtype=tensor.dtype))
 
 
 def log_of(comm: InProcessCommunicator) -> list[tuple[str, int, str]]:

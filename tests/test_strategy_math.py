@@ -9,28 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from by_hand import F64, TOL, Vec, build, set_rows, sgd, t
 from torch import nn
 
 from exogym.comm import InProcessCommunicator
 from exogym.engine import NodeStack
-from exogym.optim import OptimSpec
 from exogym.strategy import DDP, DiLoCo, FedAvg
-
-F64 = torch.float64
-TOL = {"rtol": 0.0, "atol": 1e-12}
-
-
-class Vec(nn.Module):
-    """One parameter vector ``w`` (float64), optionally a BatchNorm with buffers only."""
-
-    def __init__(self, values: list[float], *, bn: bool = False) -> None:
-        super().__init__()
-        self.w = nn.Parameter(torch.tensor(values, dtype=F64))
-        if bn:
-            self.bn = nn.BatchNorm1d(2, affine=False).to(F64)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # never called: grads are set by hand
-        return (self.w * x).sum()
 
 
 class TwoParams(nn.Module):
@@ -38,26 +22,6 @@ class TwoParams(nn.Module):
         super().__init__()
         self.a = nn.Parameter(torch.zeros(2, dtype=F64))
         self.b = nn.Parameter(torch.zeros(1, dtype=F64))
-
-
-def t(rows) -> torch.Tensor:
-    return torch.tensor(rows, dtype=F64)
-
-
-def build(strategy, values, *, n=2, bn=False, total_steps=100):
-    nodes = NodeStack(Vec(values, bn=bn), n, engine="loop")
-    comm = InProcessCommunicator(n)
-    strategy.setup(nodes, comm, total_steps)
-    return nodes, comm
-
-
-@torch.no_grad()
-def set_rows(tensor: torch.Tensor, rows) -> None:
-    tensor.copy_(t(rows))
-
-
-def sgd(lr: float, **kw) -> OptimSpec:
-    return OptimSpec(name="sgd", lr=lr, **kw)
 
 
 # -- DDP ------------------------------------------------------------------------------------------

@@ -14,6 +14,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from by_hand import F64, TOL, sgd, t
+from by_hand import stack as build
 from torch import Tensor, nn
 
 from exogym.codecs import make_codec
@@ -23,9 +25,6 @@ from exogym.engine import NodeStack
 from exogym.optim import OptimSpec
 from exogym.strategy.diloco import DiLoCo
 from exogym.strategy.streaming_diloco import StreamingDiLoCo, strided_fragments
-
-F64 = torch.float64
-TOL = {"rtol": 0.0, "atol": 1e-12}
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # tiny tensors: threads only cost time
 
@@ -65,21 +64,6 @@ class BNNet(nn.Module):
     def forward(self, batch: tuple[Tensor, Tensor]) -> Tensor:
         x, y = batch
         return F.cross_entropy(self.fc2(torch.relu(self.bn(self.fc1(x)))), y)
-
-
-def t(rows) -> Tensor:
-    return torch.tensor(rows, dtype=F64)
-
-
-def sgd(lr: float) -> OptimSpec:
-    return OptimSpec(name="sgd", lr=lr)
-
-
-def build(strategy, model: nn.Module, n: int = 2):
-    nodes = NodeStack(model, n, engine="loop")
-    comm = InProcessCommunicator(n)
-    strategy.setup(nodes, comm, 100)
-    return nodes, comm
 
 
 @torch.no_grad()

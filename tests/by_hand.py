@@ -1,0 +1,69 @@
+"""Scaffolding of the closed-form strategy tests: tiny float64 models stacked on N nodes,
+gradients written by hand, ``strategy.step`` called directly, expectations worked out in each
+test's comments.
+
+Imported by the test modules as ``from by_hand import ...`` (pytest puts ``tests/`` on the path).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from exogym.comm import InProcessCommunicator
+from exogym.engine import NodeStack
+from exogym.optim import OptimSpec
+from exogym.strategy.base import Strategy
+
+F64 = torch.float64
+TOL = {"rtol": 0.0, "atol": 1e-12}
+
+
+def t(rows, dtype: torch.dtype = F64) -> Tensor:
+    return torch.tensor(rows, dtype=dtype)
+
+
+class Vec(nn.Module):
+    """One parameter vector ``w``; optionally a BatchNorm that only adds buffers."""
+
+    def __init__(self, values, *, dtype: torch.dtype = F64, bn: bool = False) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.tensor(list(values), dtype=dtype))
+        if bn:
+            self.bn = nn.BatchNorm1d(2, affine=False).to(dtype)
+
+    def forward(self, x: Tensor) -> Tensor:  # never called: gradients are set by hand
+        return (self.w * x).sum()
+
+
+def sgd(lr: float, momentum: float = 0.0) -> OptimSpec:
+    return OptimSpec(name="sgd", lr=lr, momentum=momentum)
+
+
+def stack(
+    strategy: Strategy, model: nn.Module, n: int = 2, total_steps: int = 100
+) -> tuple[NodeStack, InProcessCommunicator]:
+    """``model`` on ``n`` nodes (loop engine), set up with ``strategy`` for ``total_steps``."""
+    nodes = NodeStack(model, n, engine="loop")
+    comm = InProcessCommunicator(n)
+    strategy.setup(nodes, comm, total_steps)
+    return nodes, comm
+
+
+def build(
+    strategy: Strategy, values, *, n: int = 2, bn: bool = False, total_steps: int = 100
+) -> tuple[NodeStack, InProcessCommunicator]:
+    """:func:`stack` of a :class:`Vec` holding ``values``."""
+    return stack(strategy, Vec(values, bn=bn), n, total_steps)
+
+
+@torch.no_grad()
+def set_rows(tensor: Tensor, rows) -> None:
+    tensor.copy_(torch.tensor(rows, dtype=tensor.dtype))
+
+
+def step_with(strategy: Strategy, nodes: NodeStack, grads, step: int) -> None:
+    """Write the per-node gradients of ``w`` by hand, then the strategy's step ``step``."""
+    set_rows(nodes.grads["w"], grads)
+    with torch.no_grad():
+        strategy.step(step)
