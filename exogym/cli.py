@@ -14,7 +14,6 @@ collectives on other networks (:mod:`exogym.clock`); ``estimate`` is the analyti
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import sys
@@ -33,6 +32,7 @@ from exogym.dist import torchrun_env
 from exogym.engine import ENGINES, PRECISIONS
 from exogym.estimate import DTYPES, STRATEGIES, parse_count
 from exogym.network import PROFILES, Network, parse_duration, parse_network
+from exogym.result import NonFiniteLossError
 from exogym.sinks import Sink, make_sink
 from exogym.tasks import TASKS, get_task
 
@@ -53,9 +53,21 @@ def _positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value}")
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
+
+
+def _eval_samples(text: str) -> int | None:
+    if text.strip().lower() == "all":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'all', got {text!r}")
     return value
 
 
@@ -224,7 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
     smp.add_argument("--no-download", action="store_true",
                      help="fail instead of downloading missing data")
 
-    sub.add_parser("strategies", help="list strategies with their hyperparameters and defaults")
+    strat = sub.add_parser("strategies",
+                           help="list strategies with their hyperparameters and defaults")
+    strat.add_argument("ids", nargs="*", metavar="ID",
+                       help="show only these strategies (default: every registered one)")
     sub.add_parser("tasks", help="list benchmark tasks")
     sub.add_parser("networks", help="list the named network profiles")
 
@@ -237,9 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     est = sub.add_parser(
         "estimate", help="analytic training time, bytes and utilization (no training)",
-        description="Defaults are the seed's example: a 7B fp16 model, 1,000 one-minute batches "
-                    "on 2 nodes, in a data centre and over 100 Mbit/s home internet, DDP and "
-                    "DiLoCo H=500.")
+        description="Defaults are the EXO Gym post's example: a 7B fp16 model, 1,000 one-minute "
+                    "batches on 2 nodes, in a data centre and over 100 Mbit/s home internet, DDP "
+                    "and DiLoCo H=500.")
     est.add_argument("--params", type=_argtype(parse_count), default=7e9,
                      help="model parameters, e.g. 7e9, 7B, 124M (default 7e9)")
     est.add_argument("--dtype", choices=list(DTYPES), default="fp16",
@@ -259,11 +274,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="steps between syncs of diloco/fedavg (default 500)")
     est.add_argument("--sync-time", action="append", default=[], metavar="[NETWORK=]TIME",
                      help="give the send-once sync time instead of computing it, for every "
-                          "network or one (e.g. home-100mbps=20min, the seed's rounding)")
+                          "network or one (e.g. home-100mbps=20min, the EXO Gym post's "
+                          "rounding)")
     est.add_argument("--sweep", type=_argtype(_sweep), metavar="H=1,10,100 | nodes=2,4,8",
                      help="a table of training time against H or the number of nodes")
     est.add_argument("--plot", type=Path, metavar="FILE.png",
-                     help="write a plot (needs matplotlib: pip install exogym[plot])")
+                     help="write a plot (PNG)")
     return parser
 
 
@@ -293,11 +309,24 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
                    help="data folder (default: $EXOGYM_DATA_DIR, else ~/.cache/exogym/data)")
     p.add_argument("--no-download", action="store_true",
                    help="fail instead of downloading missing data")
+    p.add_argument("--eval-samples", type=_eval_samples, default=2000, metavar="K|all",
+                   help="evaluations during training use a fixed random subset of K samples of "
+                        "the evaluation set, the final one the whole set (default 2000; all: "
+                        "the whole set every time)")
+    p.add_argument("--allow-nonfinite", action="store_true",
+                   help="train on when a loss turns NaN or infinite (default: stop with an "
+                        "error naming the step and the nodes)")
+    p.add_argument("--allow-unsynced", action="store_true",
+                   help="allow a run shorter than a strategy's H (its global model is then never "
+                        "fully updated; default: an error)")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from exogym.engine import check_memory, resolve_device
+    from exogym.result import check_out_dir
     from exogym.trainer import Trainer
 
+    # Everything that can be checked is checked before the data loads (which may download).
     task = get_task(args.task)
     sinks = _sinks(args)  # a bad --wandb or a missing package fails before the data loads
     overrides = dict(args.overrides)
@@ -308,11 +337,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     if "lr" not in overrides and "optim.lr" not in overrides:
         overrides["optim.lr"] = str(task.lr)
     strategy = strategies.make(args.strategy, **overrides)
-
-    train, test = task.load_data(args.data_dir, not args.no_download)
+    out = args.out if args.out is not None else _default_out(
+        f"{args.task}-{args.strategy}-n{args.nodes}")
+    ranks = torchrun_env()
+    if ranks is None or ranks.rank == 0:
+        check_out_dir(out)
+    args.network.check_nodes(args.nodes)
     torch.manual_seed(args.seed)
     model = task.build_model()
-    out = args.out or _default_out(f"{args.task}-{args.strategy}-n{args.nodes}")
+    if args.engine != "process" and ranks is None:
+        check_memory(model, args.nodes, resolve_device(args.device),
+                     strategy.optim.states_per_parameter)
+    period = strategy.sync_period
+    if period is not None and args.steps is not None and args.steps < period \
+            and not args.allow_unsynced:
+        raise ConfigError(
+            f"{strategy.id}: --steps {args.steps} is shorter than H={period}: the nodes would "
+            "never (fully) synchronise and the global model would stay the initial one; train "
+            "longer, lower H (--set H=...), or pass --allow-unsynced if that is intended")
+
+    train, test = task.load_data(args.data_dir, not args.no_download)
     fit_args = dict(
         batch_size=args.batch_size or task.batch_size,
         partition=args.partition,
@@ -328,10 +372,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         device_flops=args.device_flops,
         micro_batch_size=args.micro_batch_size,
         precision=args.precision,
-        run_info={"task": task.id},
+        eval_samples=args.eval_samples,
+        allow_nonfinite=args.allow_nonfinite,
+        allow_unsynced=args.allow_unsynced,
+        run_info=task.run_info(train),
         **({"num_epochs": args.epochs} if args.epochs else {"max_steps": args.steps or 500}),
     )
-    ranks = torchrun_env()
     if args.engine == "process":
         from exogym.launch import fit_processes
 
@@ -385,7 +431,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
             partition=args.partition, micro_batch_size=args.micro_batch_size,
             precision=args.precision, eval_interval=args.eval_interval,
             overrides=args.overrides, step_time=args.step_time, device=args.device,
-            data_dir=args.data_dir, download=not args.no_download, progress=not args.no_progress)
+            data_dir=args.data_dir, download=not args.no_download, progress=not args.no_progress,
+            eval_samples=args.eval_samples, allow_unsynced=args.allow_unsynced,
+            allow_nonfinite=args.allow_nonfinite)
     print("\n".join(format_table(c)))
     if c.plot_note:
         print(f"exogym: {c.plot_note}")
@@ -404,19 +452,31 @@ def _default_out(name: str) -> Path:
     return out
 
 
-def cmd_strategies() -> int:
-    for sid in strategies.registry():
-        cls = strategies.get(sid)
+def cmd_strategies(ids: Sequence[str]) -> int:
+    """The settings every strategy shares, once; then each strategy's own (and any shared one
+    whose default it changes)."""
+    chosen = list(ids) or strategies.registry()
+    classes = {sid: strategies.get(sid) for sid in chosen}  # an unknown id: error, listing all
+    common = config_fields(strategies.Strategy)
+
+    def show(spec: dict[str, tuple[object, object, str]], keys: list[str]) -> None:
+        width = max(len(k) for k in keys)
+        for key in keys:
+            _tp, default, help_text = spec[key]
+            print(f"    {key:<{width}}  = {default!r:<14} {help_text.replace('``', '')}")
+
+    print("shared by every strategy (--set KEY=VALUE):")
+    show(common, list(common))
+    for sid, cls in classes.items():
+        print()
         doc = (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
         print(f"{sid}  ({cls.__name__}): {doc}")
         spec = strategies.describe(sid)
-        common = config_fields(strategies.Strategy)
-        own = [k for k in spec if k not in common] + [k for k in spec if k in common]
-        width = max(len(k) for k in spec)
-        for key in own:
-            _tp, default, help_text = spec[key]
-            print(f"    {key:<{width}}  = {default!r:<14} {help_text.replace('``', '')}")
-        print()
+        own = [k for k in spec if k not in common or spec[k][1] != common[k][1]]
+        if own:
+            show(spec, own)
+        else:
+            print("    (only the shared settings)")
     return 0
 
 
@@ -433,22 +493,28 @@ def cmd_networks() -> int:
 def cmd_recost(args: argparse.Namespace) -> int:
     from exogym.clock import ClockTrace
     from exogym.network import format_duration
+    from exogym.result import read_json
 
     path = args.run_dir / "summary.json"
-    if not path.exists():
-        raise ValueError(f"{path} not found: RUN_DIR must be a finished run's folder")
-    summary = json.loads(path.read_text(encoding="utf-8"))
+    summary = read_json(path, "RUN_DIR must be a finished run's folder")
     if not summary.get("clock"):
         raise ValueError(f"{args.run_dir} has no simulated clock (it ran without a network)")
-    trace = ClockTrace.from_dict(summary["clock"]["trace"])
+    try:
+        trace = ClockTrace.from_dict(summary["clock"]["trace"])
+        ran_on = parse_network(summary["network"]["spec"])
+        strategy_id = summary["strategy"]
+        sent = max(summary["bytes_sent_per_node"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{path} is not a complete exogym run summary ({type(err).__name__}: "
+                         f"{err})") from None
     step = args.step_time
     # the run's own network, re-costed too (with --step-time the recorded report would not compare)
-    ran = trace.cost(parse_network(summary["network"]["spec"]), step)
+    ran = trace.cost(ran_on, step)
     networks: list[Network] = args.network or [
         net for net in PROFILES.values() if net.spec() != ran.network_spec]
-    print(f"run       {args.run_dir}: {summary['strategy']}, {trace.num_nodes} nodes, "
+    print(f"run       {args.run_dir}: {strategy_id}, {trace.num_nodes} nodes, "
           f"{trace.steps:,} steps, {len(trace.records):,} collectives, "
-          f"{_bytes(max(summary['bytes_sent_per_node']))} sent per node")
+          f"{_bytes(sent)} sent per node")
     print(f"compute   {format_duration(step or trace.step_time_s)} per step per node "
           f"({'given' if step else trace.compute_source})")
     rows = [["network", "total", "compute", "comm", "idle", "utilization", "vs the run"]]
@@ -475,7 +541,11 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from exogym import estimate as est
 
     if args.plot:
-        est.require_matplotlib()  # before any output
+        from exogym.plots import require_matplotlib
+        from exogym.result import check_writable
+
+        require_matplotlib()  # before any output
+        check_writable(args.plot, "plot file")
     networks: list[Network] = args.network or [PROFILES["datacenter"], PROFILES["home-100mbps"]]
     strategies_: list[str] = args.strategy or ["ddp", "diloco"]
     given: dict[str, float] = {}
@@ -526,9 +596,40 @@ def cmd_tasks() -> int:
     return 0
 
 
+def _attach_negative_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``--step-time -1s`` -> ``--step-time=-1s``: argparse takes a value that starts with ``-``
+    and is not a plain negative number for an option and says "expected one argument"; joined,
+    the value reaches its own check, which says what is wrong with it."""
+    takes_value: set[str] = set()
+    parsers = [parser]
+    while parsers:
+        p = parsers.pop()
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                parsers.extend(action.choices.values())
+            elif action.option_strings and action.nargs is None and not isinstance(
+                    action, (argparse._StoreConstAction, argparse._StoreTrueAction,
+                             argparse._StoreFalseAction, argparse._CountAction)):
+                takes_value.update(action.option_strings)
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        nxt = argv[i + 1] if i + 1 < len(argv) else ""
+        if token in takes_value and len(nxt) > 1 and nxt[0] == "-" and (
+                nxt[1].isdigit() or nxt[1] == "."):
+            out.append(f"{token}={nxt}")
+            i += 2
+            continue
+        out.append(token)
+        i += 1
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(_attach_negative_values(parser, raw))
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         if args.command == "run":
@@ -536,7 +637,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "sample":
             return cmd_sample(args)
         if args.command == "strategies":
-            return cmd_strategies()
+            return cmd_strategies(args.ids)
         if args.command == "networks":
             return cmd_networks()
         if args.command == "recost":
@@ -546,9 +647,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "compare":
             return cmd_compare(args)
         return cmd_tasks()
-    except (ConfigError, DatasetNotFoundError, ChecksumError, FileExistsError,
-            FileNotFoundError, ValueError, ImportError) as err:
+    except NonFiniteLossError as err:  # training ran and diverged: a failed run, not bad usage
         print(f"exogym: error: {err}", file=sys.stderr)
+        return 1
+    except (ConfigError, DatasetNotFoundError, ChecksumError, FileExistsError,
+            FileNotFoundError, ValueError, ImportError, MemoryError) as err:
+        print(f"exogym: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a path that cannot be written or read: one line naming it
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"exogym: error: {where}{err.strerror or err}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `exogym strategies | head`
         sys.stdout = None  # type: ignore[assignment]

@@ -27,9 +27,9 @@ The folder then holds ``results.md`` (one row per label: final evaluation, steps
 time to reach a target loss, bytes sent per node, simulated time on the network, throughput and
 wall time; with repeats, mean ± sample standard deviation), ``results.json`` (the same numbers,
 exact, with every run's; both rendered by :mod:`exogym.report`, whose result types are
-re-exported here), and three plots (:mod:`exogym.plots`; needs ``pip install "exogym[plot]"``,
-without it everything else is still written). An existing folder is an error. The command line
-is in :mod:`exogym.cli`.
+re-exported here), and three plots (:mod:`exogym.plots`; if matplotlib cannot be imported,
+everything else is still written and ``plot_note`` says why). An existing folder is an error.
+The command line is in :mod:`exogym.cli`.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ from exogym.report import (
     format_json,
     format_markdown,
 )
+from exogym.result import check_out_dir
 from exogym.strategy import Strategy
 from exogym.tasks import get_task
 
@@ -227,12 +228,15 @@ def compare(
     micro_batch_size: int | None = None,
     precision: Precision = "fp32",
     eval_interval: int | None = None,
+    eval_samples: int | None = 2000,
     overrides: Mapping[str, Any] | Iterable[tuple[str, Any]] = (),
     step_time: float | str | None = None,
     device: str = "auto",
     data_dir: str | Path | None = None,
     download: bool = True,
     progress: bool = False,
+    allow_unsynced: bool = False,
+    allow_nonfinite: bool = False,
 ) -> Comparison:
     """Train every strategy on ``task`` with the same seeds and write the comparison.
 
@@ -245,8 +249,10 @@ def compare(
             :class:`Network`).
         repeats: K; every strategy is trained with seeds ``seed .. seed + K - 1``.
         seed: the first seed.
-        target_loss: the eval loss of "steps to target"; default the worst (highest) final eval
-            loss over all runs, which every run reaches.
+        target_loss: the eval loss of "steps to target"; default the worst (highest) last
+            evaluation among the runs that improved on the initial model (step 0), which each of
+            them reaches; a run that never got below its initial loss is marked "no
+            improvement" instead.
         batch_size: per node; default the task's.
         partition: how the training set is split among the nodes, as
             :meth:`exogym.Trainer.fit`: ``"iid"``, ``"dirichlet:ALPHA"`` or ``"contiguous"``.
@@ -256,6 +262,9 @@ def compare(
             :meth:`exogym.Trainer.fit`.
         eval_interval: steps between evaluations (the resolution of steps to target); default
             :func:`default_eval_interval`.
+        eval_samples: evaluations during training (the curves, steps to target) use a fixed
+            subset of this many samples, the final metrics the whole set (None: the whole set
+            every time), as :meth:`exogym.Trainer.fit`.
         overrides: strategy settings, ``{"diloco.H": 50, "optim.lr": "2e-3"}`` or pairs
             (:func:`resolve_strategies`).
         step_time: one node's compute per step for the clock (seconds or ``"1.5s"``); default
@@ -263,6 +272,11 @@ def compare(
         device: as :meth:`exogym.Trainer.fit`.
         data_dir, download: where the task's data is, and whether it may be downloaded.
         progress: print a line and show a progress bar per run.
+        allow_unsynced: allow runs shorter than a strategy's ``H`` (otherwise an error before
+            anything is trained).
+        allow_nonfinite: a run whose loss turns NaN or infinite stops the comparison with
+            :class:`exogym.result.NonFiniteLossError` (the finished runs' folders stay); True
+            trains every run to the end regardless.
 
     Returns:
         The :class:`Comparison`; the plots are skipped, with ``plot_note`` saying why and a
@@ -302,14 +316,21 @@ def compare(
         if isinstance(step_time, bool) or not isinstance(step_time, (int, float)) or not (
                 math.isfinite(step_time) and step_time > 0):
             raise ValueError(f"step_time must be > 0 seconds, got {step_time!r}")
-    resolve_strategies(labels, overrides, lr=spec.lr)  # every setting checked before training
-    out = Path(out_dir)
-    if out.exists():
-        raise FileExistsError(f"results folder {out} already exists; choose another (--out) or "
-                              "move it away")
+    if eval_samples is not None:
+        _check_int("eval_samples (or None)", eval_samples, 1)
+    net.check_nodes(num_nodes)
+    checked = resolve_strategies(labels, overrides, lr=spec.lr)  # every setting, before training
+    for label, strategy in checked.items():
+        period = strategy.sync_period
+        if period is not None and max_steps < period and not allow_unsynced:
+            raise ConfigError(
+                f"{label}: {max_steps} steps but H={period}: its nodes would never (fully) "
+                "synchronise and its global model would stay the initial one; train longer, "
+                f"lower H (--set {label}.H=...), or pass allow_unsynced (--allow-unsynced)")
+    out = check_out_dir(out_dir)
 
     train, test = spec.load_data(data_dir, download)
-    out.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
     seeds = tuple(range(seed, seed + repeats))
     outcomes: dict[str, list[RunOutcome]] = {label: [] for label in labels}
     built: dict[str, Strategy] = {}
@@ -324,23 +345,31 @@ def compare(
                       flush=True)
             torch.manual_seed(s)
             model = spec.build_model()
-            result = Trainer(model, train, test).fit(
-                strategy=strategy, num_nodes=num_nodes, max_steps=max_steps, batch_size=batch,
-                partition=part, micro_batch_size=micro_batch_size, precision=precision,
-                eval_interval=interval, device=device, seed=s, out_dir=run_dir,
-                progress=progress, network=net, step_time=step_time,
-                run_info={"task": spec.id})
-            outcomes[label].append(RunOutcome.from_fit(label, result))
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")  # every run's own warnings, not once per place
+                result = Trainer(model, train, test).fit(
+                    strategy=strategy, num_nodes=num_nodes, max_steps=max_steps,
+                    batch_size=batch, partition=part, micro_batch_size=micro_batch_size,
+                    precision=precision, eval_interval=interval, eval_samples=eval_samples,
+                    eval_at_start=True,
+                    device=device, seed=s, out_dir=run_dir, progress=progress, network=net,
+                    step_time=step_time, run_info=spec.run_info(train),
+                    allow_unsynced=allow_unsynced, allow_nonfinite=allow_nonfinite)
+            said = tuple(dict.fromkeys(str(w.message) for w in caught))
+            for text in said:  # repeated for every run it applies to, naming the label
+                warnings.warn(f"{label} (seed {s}): {text}", UserWarning, stacklevel=2)
+            outcomes[label].append(RunOutcome.from_fit(label, result, said))
 
     if target_loss is not None:
         target: float | None = float(target_loss)
         source = "given"
     else:
-        finals = [o.final["eval_loss"] for runs in outcomes.values() for o in runs
-                  if math.isfinite(o.final.get("eval_loss", math.nan))]
-        target = max(finals) if finals else None
-        source = "worst final eval loss"
+        lasts = [o.curve[-1].eval_loss for runs in outcomes.values() for o in runs
+                 if o.improved and math.isfinite(o.curve[-1].eval_loss)]
+        target = max(lasts) if lasts else None
+        source = "default"
     rows = tuple(_aggregate(label, built[label], outcomes[label], target) for label in labels)
+    first = result  # every run evaluates on the same sets
 
     plot_note: str | None = None
     plots: tuple[Path, ...] = ()
@@ -350,7 +379,8 @@ def compare(
         precision=precision, network=net.spec(), network_text=f"{net.name} ({net.describe()})",
         seeds=seeds, target_loss=target, target_source=source, rows=rows, out_dir=out,
         results_md=out / "results.md", results_json=out / "results.json", plots=plots,
-        plot_note=None)
+        plot_note=None, eval_during_training=first.eval_during_training,
+        eval_set=first.eval_set)
     try:
         from exogym.plots import plot_comparison
 

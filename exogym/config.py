@@ -170,7 +170,12 @@ def apply_overrides(cls: type, overrides: Mapping[str, Any]) -> Any:
                 raise ConfigError(f"{section!r} is given whole and field by field; give it once")
             # Start from the section's default so that a class's own defaults survive.
             base = _default(sections[section])
-            top[section] = dataclasses.replace(base, **values)
+            try:
+                top[section] = dataclasses.replace(base, **values)
+            except (ValueError, TypeError) as err:  # "lr must be ..." -> "optim.lr must be ..."
+                raise ConfigError(f"{cls.__name__}: {section}.{err}") from err
         return cls(**top)
+    except ConfigError:
+        raise
     except (ValueError, TypeError) as err:
         raise ConfigError(f"{cls.__name__}: {err}") from err

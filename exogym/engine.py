@@ -19,8 +19,10 @@ into one batched kernel stream. ``auto`` picks vmap on CUDA and the loop elsewhe
 cannot run under vmap (``.item()``, data-dependent control flow, in-place writes of batched values
 into fresh tensors), the first step falls back to the loop with a warning.
 
-Model contract: ``model(batch)`` returns a scalar loss tensor, or a mapping with a ``"loss"`` entry
-(and optionally other scalar metrics).
+Model contract: ``model(batch)`` returns a scalar loss tensor, a mapping with a scalar ``"loss"``
+entry (a dict, or a Hugging Face ``ModelOutput``), or an object with a scalar ``.loss`` attribute.
+Other scalar entries of a mapping (``"accuracy"``) are metrics; non-scalar entries (logits, hidden
+states) and non-numbers are ignored (:func:`metrics_of`).
 
 Two options, the same in both engines:
 
@@ -59,7 +61,8 @@ from torch.func import functional_call, vmap
 from torch.utils._pytree import tree_flatten, tree_map
 
 __all__ = [
-    "ENGINES", "PRECISIONS", "EngineName", "NodeStack", "Precision", "loss_of", "resolve_device",
+    "ENGINES", "PRECISIONS", "EngineName", "NodeStack", "Precision", "available_memory",
+    "check_memory", "loss_of", "metrics_of", "resolve_device", "stack_bytes",
 ]
 
 EngineName = Literal["auto", "loop", "vmap"]
@@ -91,18 +94,93 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return torch.device(device)
 
 
-def loss_of(out: Any) -> Tensor:
-    """The loss in a model's output: the output itself, or ``out["loss"]``."""
+_CONTRACT = ("model(batch) must return a scalar loss tensor, a mapping with a scalar 'loss' entry "
+             "(a dict, or a Hugging Face ModelOutput), or an object with a scalar .loss attribute")
+
+
+def _entries(out: Any) -> Mapping[str, Any] | None:
+    """The named entries of a model output: a mapping as is (``transformers``' ``ModelOutput`` is
+    an ``OrderedDict``), ``{"loss": out.loss}`` for another object with a ``loss`` attribute,
+    None for a bare tensor."""
     if isinstance(out, Mapping):
-        if "loss" not in out:
-            raise TypeError(f"a model returning a mapping must include 'loss', got {sorted(out)}")
-        out = out["loss"]
+        return out
+    if not isinstance(out, Tensor) and hasattr(out, "loss"):
+        return {"loss": out.loss}
+    return None
+
+
+def _is_scalar(value: Any) -> bool:
+    return (isinstance(value, Tensor) and value.numel() == 1 and value.dtype != torch.bool) or (
+        isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def loss_of(out: Any) -> Tensor:
+    """The loss in a model's output: the output itself, ``out["loss"]`` or ``out.loss``."""
+    entries = _entries(out)
+    if entries is not None:
+        if "loss" not in entries:
+            raise TypeError(f"{_CONTRACT}; got a mapping without 'loss' (keys "
+                            f"{sorted(map(str, entries))})")
+        out = entries["loss"]
     if not isinstance(out, Tensor) or out.numel() != 1:
-        raise TypeError(
-            "model(batch) must return a scalar loss tensor (or a mapping with a 'loss' entry), "
-            f"got {type(out).__name__}{tuple(out.shape) if isinstance(out, Tensor) else ''}"
-        )
+        got = type(out).__name__ + (str(tuple(out.shape)) if isinstance(out, Tensor) else "")
+        raise TypeError(f"{_CONTRACT}; got {got}")
     return out.reshape(())
+
+
+def metrics_of(out: Any) -> dict[str, Tensor]:
+    """The metrics a model output reports: ``{"loss": ...}`` and, from a mapping, every other
+    entry that is a scalar number (a one-element tensor, an int or a float). Entries that are not
+    scalars (logits, hidden states, caches, strings, None) are not metrics and are left out."""
+    metrics = {"loss": loss_of(out)}
+    entries = _entries(out)
+    for key, value in (entries or {}).items():
+        if key != "loss" and isinstance(key, str) and _is_scalar(value):
+            metrics[key] = torch.as_tensor(value).detach().reshape(())
+    return metrics
+
+
+def stack_bytes(model: nn.Module, num_nodes: int, optimizer_states: int = 2) -> int:
+    """Bytes that ``num_nodes`` stacked replicas of ``model`` hold before any activation: per node
+    its parameters, their gradients, ``optimizer_states`` optimizer tensors per parameter (Adam:
+    2) and its buffers."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    return num_nodes * (params * (2 + optimizer_states) + buffers)
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free for new tensors on ``device``: the GPU's free memory, or the host's
+    ``MemAvailable`` (Linux); None where it cannot be told."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_memory(model: nn.Module, num_nodes: int, device: torch.device,
+                 optimizer_states: int = 2) -> None:
+    """Refuse, before allocating anything, a run whose stacked replicas alone
+    (:func:`stack_bytes`) would not fit in the device's available memory."""
+    need = stack_bytes(model, num_nodes, optimizer_states)
+    have = available_memory(device)
+    if have is not None and need > have:
+        per_node = need / num_nodes
+        raise MemoryError(
+            f"num_nodes={num_nodes} would need about {need / 1e9:.1f} GB on {device} for the "
+            f"replicas alone ({per_node / 1e6:.1f} MB per node: parameters, gradients, "
+            f"{optimizer_states} optimizer states per parameter, buffers), but only "
+            f"{have / 1e9:.1f} GB is available; at most about {max(have // per_node, 1):,.0f} "
+            "nodes fit here: use fewer nodes, or spread them over processes/machines "
+            "(--engine process, torchrun)")
 
 
 def _check_bf16(device: torch.device) -> None:

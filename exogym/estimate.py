@@ -12,10 +12,10 @@ last local steps unsynced, as the trainer does). Then, with node speeds from the
 
 in two modes, side by side:
 
-- **send once** (the seed's arithmetic, shared/seeds/002): a sync sends the whole model once,
-  ``sync_time = 8 S / B`` over the slowest link ``B``, no latency, whatever ``N``; or a given
-  ``sync_time`` (``--sync-time``). A 7B-parameter fp16 model is ``S`` = 14 GB = 112 Gbit: 0.56 s
-  at 200 Gbit/s, 1,120 s = 18.7 min at 100 Mbit/s. 1,000 one-minute batches on 2 nodes: one
+- **send once** (the arithmetic of the EXO Gym post, shared/seeds/002): a sync sends the whole
+  model once, ``sync_time = 8 S / B`` over the slowest link ``B``, no latency, whatever ``N``; or a
+  given ``sync_time`` (``--sync-time``). A 7B-parameter fp16 model is ``S`` = 14 GB = 112 Gbit:
+  0.56 s at 200 Gbit/s, 1,120 s = 18.7 min at 100 Mbit/s. 1,000 one-minute batches on 2 nodes: one
   node 1,000 min; DDP in a data centre 500 * (1 + 0.56/60) = 504.7 min (~505); over home
   internet 500 * (1 + 18.67) = 9,833 min, or with the seed's rounded 20-minute sync exactly
   500 * 21 = 10,500 min; DiLoCo with H = 500 syncs once: 500 + 18.67 = 518.7 min (~519), or
@@ -42,7 +42,7 @@ from exogym.comm import all_gather_bytes, all_reduce_bytes
 from exogym.network import Network, format_duration, format_rate, parse_network
 
 __all__ = ["DTYPES", "STRATEGIES", "Estimate", "estimate", "format_estimates", "format_sweep",
-           "parse_count", "plot_estimates", "require_matplotlib", "sweep"]
+           "parse_count", "plot_estimates", "sweep"]
 
 DTYPES: dict[str, torch.dtype] = {
     "fp64": torch.float64, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
@@ -221,13 +221,15 @@ def _table(rows: list[list[str]], right: set[int]) -> list[str]:
             for r in rows]
 
 
-def _verdict(speedup: float) -> str:
+def _verdict(speedup: float, syncs: int = 1) -> str:
+    if syncs == 0:  # the nodes never exchange anything: N separate runs, not one
+        return f"{speedup:.2f}x n/a"
     return f"{speedup:.2f}x " + ("yes" if speedup > 1 else "no")
 
 
 def format_estimates(estimates: Sequence[Estimate], *, params: float, dtype: str,
                      codec: str | None, batches: int, compute_s: float) -> str:
-    """The scenario table (the seed's table in its default arguments)."""
+    """The scenario table (the EXO Gym post's table in its default arguments)."""
     first = next(e for e in estimates if e.network is not None)
     payload = first.payload_bytes
     wire = f"{dtype}" + (f" through codec {codec}" if codec and codec != "none" else "")
@@ -238,7 +240,8 @@ def format_estimates(estimates: Sequence[Estimate], *, params: float, dtype: str
         f"= {first.steps:,} steps per node; one node alone: "
         f"{format_duration(batches * compute_s)}",
         "",
-        "sync time: send the model once (8S/B, the seed's model) | the network's all-reduce",
+        "sync time: send the model once (8S/B, the EXO Gym post's arithmetic) | the network's "
+        "all-reduce",
     ]
     rows = [["network", "bandwidth", "latency", "send once", "all-reduce"]]
     seen: set[str] = set()
@@ -258,14 +261,19 @@ def format_estimates(estimates: Sequence[Estimate], *, params: float, dtype: str
     for e in estimates:
         net = e.network.name if e.network is not None else "-"
         rows.append([e.label, net, f"{e.syncs:,}", format_duration(e.once_total_s),
-                     _verdict(e.once_speedup) if e.network else "1.00x",
+                     _verdict(e.once_speedup, e.syncs) if e.network else "1.00x",
                      format_duration(e.all_reduce_total_s),
-                     _verdict(e.all_reduce_speedup) if e.network else "1.00x",
+                     _verdict(e.all_reduce_speedup, e.syncs) if e.network else "1.00x",
                      f"{100 * e.utilization:.1f}%", format_bytes(e.all_reduce_bytes)])
     lines += _table(rows, {2, 4, 6, 7, 8})
     lines += ["", "speed-up: one node's time / this time; distributing pays off (yes) when the "
                   "sync time < H (N-1) x compute per batch.",
               "utilization and sent/node: all-reduce mode."]
+    unsynced = sorted({e.label for e in estimates if e.network is not None and e.syncs == 0})
+    if unsynced:
+        lines.append(f"0 syncs ({', '.join(unsynced)}): H is longer than the {first.steps:,} "
+                     "steps per node, so the nodes never exchange anything: that is N separate "
+                     "trainings, not distributed training (n/a); lower H or train longer.")
     return "\n".join(lines)
 
 
@@ -290,18 +298,12 @@ def format_sweep(key: str, values: Sequence[int], results: dict[str, list[Estima
     return "\n".join(lines + _table(rows, set(range(len(head)))))
 
 
-def require_matplotlib() -> None:
-    """Raise ImportError naming the ``plot`` extra if matplotlib is missing."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise ImportError("--plot needs matplotlib: pip install exogym[plot]") from None
-
-
 def plot_estimates(path: str, key: str | None, values: Sequence[int],
                    results: dict[str, list[Estimate]]) -> None:
     """Write a PNG: training time against the swept value (a line per network and mode), or,
-    without a sweep, one bar per scenario. Needs matplotlib (``pip install exogym[plot]``)."""
+    without a sweep, one bar per scenario. Uses matplotlib."""
+    from exogym.plots import require_matplotlib
+
     require_matplotlib()
     import matplotlib
 

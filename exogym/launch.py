@@ -5,7 +5,8 @@ automatically, ``threads`` intra-op threads each so that the processes do not ov
 cores), initialises one process group with a collective timeout, calls ``fn(ctx, *args)`` in every
 process and returns what each rank returned. A worker that raises ends the whole run promptly:
 the other workers are terminated and :class:`WorkerError` names the failing rank and carries its
-traceback; a worker stuck in a collective whose peer died fails after ``timeout_s``.
+traceback; a worker stuck in a collective whose peer died fails after ``timeout_s``. Ctrl-C
+(SIGINT) or SIGTERM to the launching process stops every worker and says so.
 
 :func:`fit_worker` is one process's training loop: it mirrors the simulator's per-step calls
 (:meth:`exogym.Trainer.fit`: ``comm.step``, ``to_batch_device``, ``forward_backward``,
@@ -16,13 +17,17 @@ exactly its byte counts. Dropout masks differ: each process draws from its own g
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import os
+import signal
 import socket
+import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -120,11 +125,14 @@ def launch(
         threads = max(1, (os.cpu_count() or 1) // nprocs)
     with tempfile.TemporaryDirectory(prefix="exogym-launch-") as out_dir:
         try:
-            mp.start_processes(
-                _entry, nprocs=nprocs, join=True, start_method="spawn",
+            context = mp.start_processes(
+                _entry, nprocs=nprocs, join=False, start_method="spawn",
                 args=(nprocs, free_port(), nodes_per_process, backend, timeout_s, threads,
                       out_dir, fn, args),
             )
+            with _stop_workers_on_signal(context.processes):
+                while not context.join(timeout=0.2):
+                    pass
         except mp.ProcessRaisedException as err:
             raise WorkerError(f"exogym worker rank {err.error_index} failed:\n{err}") from None
         except mp.ProcessExitedException as err:
@@ -132,6 +140,45 @@ def launch(
                               f"{err.exit_code}, signal {err.signal_name}):\n{err}") from None
         return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False)
                 for r in range(nprocs)]
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM to the parent, handled like Ctrl-C: the workers are stopped."""
+
+
+@contextlib.contextmanager
+def _stop_workers_on_signal(processes: Sequence[Any]) -> Iterator[None]:
+    """While the workers run: SIGINT (Ctrl-C) or SIGTERM to this process stops every worker
+    (SIGTERM, then SIGKILL after 10 s) and says so on stderr; the interrupt then propagates."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    old = signal.getsignal(signal.SIGTERM) if main_thread else None
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise _Terminated()
+
+    if main_thread:
+        signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    except KeyboardInterrupt as err:
+        alive = [p for p in processes if p.is_alive()]
+        what = "SIGTERM" if isinstance(err, _Terminated) else "interrupt"
+        print(f"exogym: {what}: stopping {len(alive)} worker process(es)", file=sys.stderr,
+              flush=True)
+        for p in alive:
+            p.terminate()
+        deadline = time.monotonic() + 10.0
+        for p in alive:
+            p.join(timeout=max(deadline - time.monotonic(), 0.0))
+        for p in alive:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        print(f"exogym: all {len(processes)} workers stopped", file=sys.stderr, flush=True)
+        raise
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, old)
 
 
 @dataclass

@@ -123,9 +123,12 @@ def parse_duration(text: str) -> float:
     The unit is required; allowed: ns, us (or µs), ms, s (sec), min, h (hr), d (day, days).
     """
     value, unit = _split(text, "a duration", "20ms", DURATION_UNITS)
+    if not unit:
+        raise ValueError(f"a duration needs a unit: {text!r} could be seconds or milliseconds; "
+                         f"write e.g. '{text.strip()}ms' or '{text.strip()}s' (units: "
+                         f"{DURATION_UNITS})")
     if unit not in _DURATION:
-        what = "a unit" if not unit else f"unknown duration unit {unit!r}"
-        raise ValueError(f"{what} in {text!r}; allowed: {DURATION_UNITS}")
+        raise ValueError(f"unknown duration unit {unit!r} in {text!r}; allowed: {DURATION_UNITS}")
     return value * _DURATION[unit]
 
 
@@ -329,6 +332,17 @@ class Network:
             speeds = tuple(s * f for s, f in zip(speeds, factors, strict=True))
         return speeds
 
+    def check_nodes(self, num_nodes: int) -> None:
+        """Raise ValueError, before a run starts, if a per-node list (``node_bw``, ``node_up``,
+        ``node_down``, ``node_speed``) does not have one value per node of a ``num_nodes`` run."""
+        for key, spec_key in (("node_up_bps", "node_up/node_bw"),
+                              ("node_down_bps", "node_down/node_bw"), ("node_speed", "node_speed")):
+            values = getattr(self, key)
+            if values is not None and len(values) != num_nodes:
+                raise ValueError(
+                    f"network {spec_key} lists {len(values)} values ({self.spec()}) but the run "
+                    f"has {num_nodes} nodes: give exactly one value per node")
+
     def slowest_link_bps(self, num_nodes: int) -> float:
         """``min_i min(up_i, down_i)``: the ``B`` of ring and tree algorithms."""
         up, down = self.node_bandwidths(num_nodes)
@@ -425,8 +439,8 @@ def _lognormal(sigma: float, seed: int, stream: int, n: int) -> tuple[float, ...
 PROFILES: dict[str, Network] = {
     "datacenter": Network(
         name="datacenter", up_bps=200e9, latency_s=10e-6,
-        description="one 200 Gbit/s NIC per node (InfiniBand HDR / 200 GbE, the seed's data "
-                    "centre figure), ~10 us one-way latency inside a cluster"),
+        description="one 200 Gbit/s NIC per node (InfiniBand HDR / 200 GbE, the EXO Gym post's "
+                    "data centre figure), ~10 us one-way latency inside a cluster"),
     "cloud-10g": Network(
         name="cloud-10g", up_bps=10e9, latency_s=100e-6,
         description="cloud VMs in one region: 10 Gbit/s per VM (a common instance network "
@@ -437,8 +451,8 @@ PROFILES: dict[str, Network] = {
                     "in one region (assumption)"),
     "home-100mbps": Network(
         name="home-100mbps", up_bps=100e6, latency_s=20e-3,
-        description="the seed's 100 Mbit/s home internet, symmetric, ~20 ms one-way latency "
-                    "between peers in one country (assumption)"),
+        description="the EXO Gym post's 100 Mbit/s home internet, symmetric, ~20 ms one-way "
+                    "latency between peers in one country (assumption)"),
     "mobile": Network(
         name="mobile", up_bps=10e6, down_bps=50e6, latency_s=50e-3,
         description="4G/LTE-class mobile link: 50 Mbit/s down, 10 Mbit/s up, ~50 ms one-way "
@@ -482,27 +496,10 @@ def parse_network(spec: str | Network | None = None) -> Network:
         if key not in _SPEC_KEYS:
             raise ValueError(f"unknown network key {key!r} in {spec!r}; allowed: "
                              f"{', '.join(_SPEC_KEYS)}")
-        if key in ("bw", "up"):
-            values["up_bps"] = parse_rate(value)
-        if key in ("bw", "down"):
-            values["down_bps"] = parse_rate(value)
-        if key == "latency":
-            values["latency_s"] = parse_duration(value)
-        if key in ("node_bw", "node_up"):
-            values["node_up_bps"] = tuple(parse_rate(v) for v in value.split(":"))
-        if key in ("node_bw", "node_down"):
-            values["node_down_bps"] = tuple(parse_rate(v) for v in value.split(":"))
-        if key == "node_speed":
-            values["node_speed"] = tuple(_number(key, v) for v in value.split(":"))
-        if key in ("bw_sigma", "speed_sigma"):
-            values[key] = _number(key, value)
-        if key == "seed":
-            try:
-                values["seed"] = int(value)
-            except ValueError:
-                raise ValueError(f"seed takes an integer, got {value!r}") from None
-        if key in ("name", "all_reduce", "all_gather", "broadcast"):
-            values[key] = value
+        try:
+            _parse_item(key, value, values)
+        except ValueError as err:  # name the item: "latency=5: a duration needs a unit ..."
+            raise ValueError(f"network {key}={value}: {err}") from None
     if base is None:
         if "up_bps" not in values:
             raise ValueError(f"network spec {spec!r} needs a bandwidth (bw=, or up= and down=) "
@@ -512,6 +509,31 @@ def parse_network(spec: str | Network | None = None) -> Network:
         return base
     values.setdefault("name", f"{base.name}+")  # a modified profile is no longer the profile
     return replace(base, **values)
+
+
+def _parse_item(key: str, value: str, values: dict[str, Any]) -> None:
+    """One ``key=value`` item of a network spec into :class:`Network` field values."""
+    if key in ("bw", "up"):
+        values["up_bps"] = parse_rate(value)
+    if key in ("bw", "down"):
+        values["down_bps"] = parse_rate(value)
+    if key == "latency":
+        values["latency_s"] = parse_duration(value)
+    if key in ("node_bw", "node_up"):
+        values["node_up_bps"] = tuple(parse_rate(v) for v in value.split(":"))
+    if key in ("node_bw", "node_down"):
+        values["node_down_bps"] = tuple(parse_rate(v) for v in value.split(":"))
+    if key == "node_speed":
+        values["node_speed"] = tuple(_number(key, v) for v in value.split(":"))
+    if key in ("bw_sigma", "speed_sigma"):
+        values[key] = _number(key, value)
+    if key == "seed":
+        try:
+            values["seed"] = int(value)
+        except ValueError:
+            raise ValueError(f"seed takes an integer, got {value!r}") from None
+    if key in ("name", "all_reduce", "all_gather", "broadcast"):
+        values[key] = value
 
 
 def _number(key: str, text: str) -> float:

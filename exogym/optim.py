@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from exogym.validation import check_int, check_number
+
 __all__ = ["OPTIMIZERS", "LRSchedule", "OptimSpec"]
 
 # Elementwise torch optimizers: stacking N replicas into one tensor leaves each replica's update
@@ -53,16 +55,26 @@ class OptimSpec:
             raise ValueError(
                 f"optimizer name must be one of {sorted(OPTIMIZERS)}, got {self.name!r}"
             )
-        _positive("lr", self.lr)
-        _non_negative("weight_decay", self.weight_decay)
-        _positive("eps", self.eps)
+        check_number("lr", self.lr, lo=0.0, lo_open=True)
+        check_number("weight_decay", self.weight_decay, lo=0.0)
+        check_number("eps", self.eps, lo=0.0, lo_open=True)
         self.betas = tuple(self.betas)  # type: ignore[assignment]
-        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+        if len(self.betas) != 2:
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
-        if not 0.0 <= self.momentum < 1.0:
-            raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
+        for i, beta in enumerate(self.betas):
+            check_number(f"betas[{i}]", beta, lo=0.0, hi=1.0, hi_open=True)
+        check_number("momentum", self.momentum, lo=0.0, hi=1.0, hi_open=True)
+        if not isinstance(self.nesterov, bool):
+            raise ValueError(f"nesterov must be True or False, got {self.nesterov!r}")
         if self.nesterov and (self.name != "sgd" or self.momentum == 0.0):
             raise ValueError("nesterov=True needs name='sgd' and momentum > 0")
+
+    @property
+    def states_per_parameter(self) -> int:
+        """Tensors of optimizer state per parameter tensor (Adam: 2 moments; SGD: momentum)."""
+        if self.name in ("adam", "adamw"):
+            return 2
+        return 1 if self.momentum else 0
 
     def build(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
         """The torch optimizer over ``params`` (node-stacked tensors)."""
@@ -96,10 +108,10 @@ class LRSchedule:
     min_lr_ratio: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        check_int("warmup_steps", self.warmup_steps, 0)
+        if not isinstance(self.cosine, bool):
+            raise ValueError(f"cosine must be True or False, got {self.cosine!r}")
+        check_number("min_lr_ratio", self.min_lr_ratio, lo=0.0, hi=1.0)
 
     @property
     def active(self) -> bool:
@@ -115,16 +127,6 @@ class LRSchedule:
         progress = min((t - w) / span, 1.0)
         r = self.min_lr_ratio
         return r + (1.0 - r) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def _positive(name: str, value: float) -> None:
-    if not value > 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
-
-
-def _non_negative(name: str, value: float) -> None:
-    if not value >= 0:
-        raise ValueError(f"{name} must be >= 0, got {value!r}")
 
 
 def field_names(cls: type) -> list[str]:

@@ -3,36 +3,40 @@ training steps, against bytes sent per node, and against simulated time on the n
 
 One line per strategy (the same colour in every plot), the mean over the repeats, with the band
 from the lowest to the highest run shaded when there are several; the target loss as a dashed
-line. The loss axis is logarithmic, and so are the bytes and simulated-time axes (strategies
-differ there by orders of magnitude: DDP sends every step, DiLoCo every H steps); points with no
-byte sent yet cannot sit on a log axis and are left out of the bytes plot.
+line. The loss axis is logarithmic; the bytes and simulated-time axes are symmetric-log
+(strategies differ there by orders of magnitude: DDP sends every step, DiLoCo every H steps): linear
+from 0 up to the smallest positive value plotted, logarithmic above, so that the points before a
+strategy's first synchronisation (0 bytes sent, the initial model at time 0) are shown too.
 
-Needs matplotlib: ``pip install "exogym[plot]"``; it is imported only here, with the Agg backend
-(files only, no display).
+Uses matplotlib (a core dependency), imported only here, with the Agg backend (files only, no
+display).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from exogym.report import Comparison
 
-__all__ = ["PLOT_FILES", "plot_comparison", "require_matplotlib"]
+__all__ = ["MISSING_MATPLOTLIB", "PLOT_FILES", "plot_comparison", "require_matplotlib"]
+
+MISSING_MATPLOTLIB = ('plots need matplotlib, an exogym dependency that is missing here: '
+                      'pip install "matplotlib>=3.7"')
+"""The message when matplotlib cannot be imported (a core dependency, so a broken install)."""
 
 PLOT_FILES = ("loss_vs_step.png", "loss_vs_bytes.png", "loss_vs_sim_time.png")
 """The files :func:`plot_comparison` writes, in this order."""
 
 
 def require_matplotlib() -> None:
-    """Raise ImportError naming the ``plot`` extra if matplotlib is missing."""
+    """Raise ImportError (:data:`MISSING_MATPLOTLIB`) if matplotlib cannot be imported."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise ImportError('plots need matplotlib: pip install "exogym[plot]"') from None
+        raise ImportError(MISSING_MATPLOTLIB) from None
 
 
 def plot_comparison(comparison: Comparison, out_dir: str | Path) -> tuple[Path, ...]:
@@ -58,25 +62,25 @@ def plot_comparison(comparison: Comparison, out_dir: str | Path) -> tuple[Path, 
     paths = []
     for name, (xlabel, xs_of, log_x) in zip(PLOT_FILES, axes, strict=True):
         fig, ax = plt.subplots(figsize=(7, 4.5))
+        positive = [float(x) for row in c.rows for x in xs_of(row) if float(x) > 0]
         for i, row in enumerate(c.rows):
             xs = [float(x) for x in xs_of(row)]
-            keep = [j for j, x in enumerate(xs) if x > 0 or not log_x]
             color = f"C{i % 10}"
-            ax.plot(_pick(xs, keep), _pick(row.loss_mean, keep), "o-", ms=3, color=color,
-                    label=row.label)
+            ax.plot(xs, row.loss_mean, "o-", ms=3, color=color, label=row.label)
             if runs > 1:
-                ax.fill_between(_pick(xs, keep), _pick(row.loss_min, keep),
-                                _pick(row.loss_max, keep), color=color, alpha=0.2, lw=0)
+                ax.fill_between(xs, row.loss_min, row.loss_max, color=color, alpha=0.2, lw=0)
         if c.target_loss is not None:
             ax.axhline(c.target_loss, color="gray", ls="--", lw=1,
                        label=f"target {c.target_loss:.4g}")
         ax.set_yscale("log")
-        logs = [ax.yaxis, ax.xaxis] if log_x else [ax.yaxis]
-        if log_x:
-            ax.set_xscale("log")
-        for axis in logs:  # plain numbers (0.05, 2, 300), not 2 x 10^0
-            axis.set_major_formatter(_plain_formatter(minor=False))
-            axis.set_minor_formatter(_plain_formatter(minor=True))
+        ax.yaxis.set_major_formatter(_plain_formatter(minor=False))
+        ax.yaxis.set_minor_formatter(_plain_formatter(minor=True))
+        if log_x and positive:  # linear below the smallest positive value: 0 is on the axis
+            ax.set_xscale("symlog", linthresh=min(positive), linscale=0.5)
+            ax.set_xlim(left=0)
+            # plain numbers (0.05, 2, 300), not 2 x 10^0; nothing inside the linear part but 0
+            ax.xaxis.set_major_formatter(_plain_formatter(minor=False, linear=min(positive)))
+            ax.xaxis.set_minor_formatter(_plain_formatter(minor=True, linear=min(positive)))
         ax.set_xlabel(xlabel)
         ax.set_ylabel("eval loss (global model)")
         ax.set_title(title, fontsize=9)
@@ -90,17 +94,21 @@ def plot_comparison(comparison: Comparison, out_dir: str | Path) -> tuple[Path, 
     return tuple(paths)
 
 
-def _plain_formatter(minor: bool) -> Any:
+def _plain_formatter(minor: bool, linear: float = 0.0) -> Any:
     """Tick labels of a log axis as plain numbers; minor ticks labelled only at 2, 3 and 5 times
-    a power of ten, and only when the axis spans less than two decades (else they crowd)."""
+    a power of ten, and only when the axis spans less than two decades (else they crowd). On a
+    symmetric-log axis, ticks inside the linear part ``(0, linear)`` are not labelled."""
     from matplotlib.ticker import Formatter
 
     class Plain(Formatter):
         def __call__(self, x: float, pos: int | None = None) -> str:
-            if x <= 0:
+            if x == 0 and not minor:
+                return "0"
+            if x <= 0 or x < linear * (1 - 1e-9):
                 return ""
             if minor:
                 lo, hi = sorted(self.axis.get_view_interval())
+                lo = max(lo, linear)
                 lead = round(x / 10 ** math.floor(math.log10(x)))
                 if lo <= 0 or hi / lo > 100 or lead not in (2, 3, 5):
                     return ""
@@ -108,6 +116,3 @@ def _plain_formatter(minor: bool) -> Any:
 
     return Plain()
 
-
-def _pick(values: Sequence[float], keep: list[int]) -> list[float]:
-    return [float(values[j]) for j in keep]

@@ -116,7 +116,8 @@ class RunOutcome:
             was obtained (``measured``, ``given``).
         samples_per_s: measured training throughput on this machine.
         wall_time_s: measured wall time of the whole fit (evaluations included).
-        curve: every evaluation, in step order.
+        curve: every evaluation, in step order (the first, at step 0, is the initial model).
+        warnings: what the run warned about (e.g. a run that is not a multiple of H).
     """
 
     label: str
@@ -132,9 +133,16 @@ class RunOutcome:
     samples_per_s: float
     wall_time_s: float
     curve: tuple[CurvePoint, ...]
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def improved(self) -> bool:
+        """Whether the last evaluation's loss is below the first's (the initial model's)."""
+        return len(self.curve) >= 2 and self.curve[-1].eval_loss < self.curve[0].eval_loss
 
     @classmethod
-    def from_fit(cls, label: str, result: FitResult) -> RunOutcome:
+    def from_fit(cls, label: str, result: FitResult,
+                 warnings: tuple[str, ...] = ()) -> RunOutcome:
         if result.clock is None or result.out_dir is None:
             raise ValueError("a compared run needs a simulated clock and a run folder")
         curve = tuple(
@@ -147,7 +155,7 @@ class RunOutcome:
                    utilization=result.clock.utilization, step_time_s=result.clock.step_time_s,
                    compute_source=result.clock.compute_source,
                    samples_per_s=result.samples_per_s, wall_time_s=result.wall_time_s,
-                   curve=curve)
+                   curve=curve, warnings=warnings)
 
     def reach(self, target: float | None) -> CurvePoint | None:
         """The first evaluation with ``eval_loss <= target`` (None: never, or no target)."""
@@ -162,7 +170,8 @@ class RunOutcome:
                 "sim_time_to_target_s": hit.sim_time_s if hit else None,
                 "bytes_sent_per_node": self.bytes_sent_per_node, "sim_time_s": self.sim_time_s,
                 "utilization": self.utilization, "step_time_s": self.step_time_s,
-                "samples_per_s": self.samples_per_s, "wall_time_s": self.wall_time_s}
+                "samples_per_s": self.samples_per_s, "wall_time_s": self.wall_time_s,
+                "improved": self.improved, "warnings": list(self.warnings)}
 
 
 RUN_METRICS = ("bytes_sent_per_node", "sim_time_s", "utilization", "samples_per_s", "wall_time_s")
@@ -213,8 +222,11 @@ class Comparison:
             :meth:`exogym.Trainer.fit`; ``partition`` the spec string, e.g. ``"dirichlet:0.1"``).
         network: the simulated network (its spec string); ``network_text`` its description.
         seeds: the seeds every strategy was trained with.
-        target_loss: the loss of "steps to target" (None: no finite eval loss to choose from);
-            ``target_source`` ``"given"`` or ``"worst final eval loss"``.
+        target_loss: the loss of "steps to target" (None: no run improved on the initial
+            model); ``target_source`` ``"given"`` or ``"default"`` (the worst last evaluation
+            of the runs that improved on their initial model).
+        eval_during_training: what the curves were evaluated on (a fixed subset, or the whole
+            set); ``eval_set`` what the final metrics were evaluated on (the whole set).
         rows: one per label, in the order given.
         out_dir: the results folder; ``results_md``, ``results_json`` and ``plots`` inside it.
         plot_note: why the plots were not drawn (None when they were).
@@ -239,6 +251,8 @@ class Comparison:
     results_json: Path
     plots: tuple[Path, ...]
     plot_note: str | None
+    eval_during_training: str | None = None
+    eval_set: str | None = None
 
     def row(self, label: str) -> ComparisonRow:
         """The row of ``label``."""
@@ -272,6 +286,7 @@ def _to_json(c: Comparison) -> dict[str, Any]:
         "partition": c.partition, "precision": c.precision, "eval_interval": c.eval_interval,
         "network": c.network, "seeds": c.seeds, "target_loss": c.target_loss,
         "target_source": c.target_source, "spread": "sample standard deviation (n - 1)",
+        "eval_during_training": c.eval_during_training, "eval_set": c.eval_set,
         "rows": rows, "plots": [p.name for p in c.plots], "plot_note": c.plot_note,
     }
 
@@ -335,6 +350,11 @@ def format_table(c: Comparison) -> list[str]:
         to_target = ([_cell(r.steps_to_target, _fmt_count) + reached,
                       _cell(r.sim_time_to_target_s, _fmt_time) + reached]
                      if c.target_loss is not None else ["-", "-"])
+        stuck = sum(not o.improved for o in r.runs)
+        if stuck:  # a run that never got below its initial loss: say so, not "reached"
+            note = "no improvement" + ("" if stuck == runs else f" ({stuck}/{runs} runs)")
+            to_target = [f"{cell}; {note}" if cell not in ("-", "not reached") else note
+                         for cell in to_target]
         cells = [f"`{r.label}`", *(_cell(r.metrics[k], _fmt_metric(k)) for k in evals),
                  *to_target,
                  *(_cell(r.metrics[k], _FORMATS[k]) for k in RUN_METRICS)]
@@ -352,12 +372,16 @@ def format_markdown(c: Comparison) -> str:
     sources = ", ".join(sorted({o.compute_source for r in c.rows for o in r.runs}))
     micro = "" if c.micro_batch_size is None else f" (micro-batches of {c.micro_batch_size})"
     if c.target_loss is None:
-        target = "none (no run has a finite eval loss)"
+        target = ("none: no run improved on the initial model's eval loss" if c.target_source
+                  != "given" else "none")
     elif c.target_source == "given":
         target = f"{c.target_loss:.4f} (given)"
     else:
-        target = (f"{c.target_loss:.4f} (default: the worst final eval loss over all runs, so "
-                  "every run reaches it)")
+        target = (f"{c.target_loss:.4f} (default: the worst last evaluation among the runs "
+                  "that improved on the initial model, so each of them reaches it; a run that "
+                  "never got below its initial loss is marked 'no improvement')")
+    during = c.eval_during_training or c.eval_set or "the task's evaluation set"
+    final_set = c.eval_set or "the task's evaluation set"
     lines = [
         f"# exogym compare: {c.task}",
         "",
@@ -368,7 +392,8 @@ def format_markdown(c: Comparison) -> str:
         "",
         *format_table(c),
         "",
-        "- Evaluation: the global model after the last step, on the task's evaluation set.",
+        f"- Evaluation: the global model; final columns after the last step on {final_set}; "
+        f"the curves (step 0 = the initial model) and steps to target on {during}.",
         f"- Target loss {target}. Steps to target: the first evaluation with eval loss ≤ the "
         f"target; resolution {c.eval_interval} steps (the evaluation interval). Sim time to "
         "target: the simulated clock at that evaluation.",
@@ -384,6 +409,10 @@ def format_markdown(c: Comparison) -> str:
                      f"{runs} seeds; a single value: identical in every run. Where some runs "
                      "missed the target, the mean is over those that reached it (k/K runs). "
                      "Plots: mean curve, shaded from the lowest to the highest run.")
+    warned = [(r.label, w) for r in c.rows for w in dict.fromkeys(
+        w for o in r.runs for w in o.warnings)]
+    if warned:
+        lines += ["", "## Warnings", ""] + [f"- `{label}`: {w}" for label, w in warned]
     lines += ["", "## Strategies", ""]
     for r in c.rows:
         changed = ", ".join(f"{k}={v}" for k, v in r.changed.items()) or "defaults"

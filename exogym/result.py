@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -15,7 +16,74 @@ from exogym.clock import ClockReport, ClockTrace
 from exogym.comm import CommRecord
 from exogym.network import Network, format_duration, parse_network
 
-__all__ = ["FitResult", "MetricsWriter"]
+__all__ = ["FitResult", "MetricsWriter", "NonFiniteLossError", "check_out_dir", "check_writable",
+           "read_json"]
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training produced a NaN or infinite loss (the run diverged); the message names the first
+    step, the nodes and the strategy. Pass ``allow_nonfinite=True`` (``--allow-nonfinite``) to
+    train on regardless."""
+
+
+def read_json(path: str | Path, hint: str = "") -> dict[str, Any]:
+    """A JSON object from a file a run wrote (``config.json``, ``summary.json``).
+
+    Raises:
+        FileNotFoundError: the file does not exist (``hint`` says what was expected).
+        ValueError: it is not valid JSON (truncated, corrupted) or not an object, naming it.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist" + (f": {hint}" if hint else ""))
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON (truncated or corrupted?): {err}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} does not hold a JSON object")
+    return data
+
+
+def check_writable(path: str | Path, what: str = "output") -> Path:
+    """``path`` (a file or folder that may not exist yet) can be created: its nearest existing
+    ancestor is a writable folder. Raises OSError naming the path, before any work is done."""
+    path = Path(path)
+    if str(path) == "":
+        raise ValueError(f"the {what} path is empty; give a folder or file name")
+    ancestor = path.absolute()
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise NotADirectoryError(f"cannot create {what} {str(path)!r}: {str(ancestor)!r} is a "
+                                 "file, not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise PermissionError(f"cannot write {what} {str(path)!r}: {str(ancestor)!r} is not "
+                              "writable")
+    return path
+
+
+def check_out_dir(out_dir: str | Path) -> Path:
+    """A run folder must not exist, or be an empty folder, and must be creatable: anything else
+    is an error before any work (an existing run is continued only by an explicit resume).
+
+    Raises:
+        ValueError: an empty path.
+        FileExistsError: the path exists and is a file or a non-empty folder.
+        OSError: the folder cannot be created (the message names the path).
+    """
+    if str(out_dir) == "":
+        raise ValueError("the output folder is empty (''): give a folder name, e.g. --out runs/a")
+    path = Path(out_dir)
+    if path.exists():
+        if not path.is_dir():
+            raise FileExistsError(f"output folder {str(path)!r} is an existing file; choose "
+                                  "another (--out)")
+        if any(path.iterdir()):
+            raise FileExistsError(
+                f"output folder {str(path)!r} already exists and is not empty; choose another "
+                "(--out) or move it away (exogym never writes into a folder that holds files)")
+    return check_writable(path, "output folder")
 
 
 def _jsonable(value: Any) -> Any:
@@ -33,17 +101,14 @@ class MetricsWriter:
     a crash keeps what was written), ``config.json``, ``summary.json`` and ``model.pt`` (the
     global model at the last evaluation and at the end).
 
-    An existing ``metrics.jsonl`` in the folder is never overwritten: that is an error.
+    The folder must not exist or be empty (:func:`check_out_dir`): nothing a user put there is
+    ever overwritten.
     """
 
     def __init__(self, out_dir: str | Path, config: dict[str, Any]) -> None:
-        self.dir = Path(out_dir)
+        self.dir = check_out_dir(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         metrics = self.dir / "metrics.jsonl"
-        if metrics.exists():
-            raise FileExistsError(
-                f"{metrics} already exists; choose another output folder (--out) or move it away"
-            )
         self._write_json("config.json", config)
         self._file: IO[str] = metrics.open("w", encoding="utf-8")
 
@@ -102,8 +167,13 @@ class FitResult:
         comm_log: every collective (for network models).
         engine, device, seed, out_dir: how it ran.
         processes: OS processes the nodes were spread over (1: simulated in one process).
-        eval_set: what the evaluation set was, when the dataset says (its ``test_set``
-            attribute; CIFAR-10 reports whether the full or the partial test batch was used).
+        eval_set: the evaluation set of ``final`` (the whole set): its ``test_set`` attribute
+            (CIFAR-10 reports whether the full or the partial test batch was used), else its
+            size.
+        eval_during_training: the fixed subset the rows' ``eval_*`` metrics were measured on
+            during training, or None when every evaluation used the whole set.
+        nonfinite: ``{"step": s, "nodes": [...]}`` where a loss first was NaN or infinite in a
+            run allowed to go on (``allow_nonfinite=True``); None if it never was.
         network: the simulated network of the run's clock (None: no clock).
         clock: the simulated time on it (:class:`exogym.clock.ClockReport`): total, compute,
             communication, idle, utilization.
@@ -128,6 +198,8 @@ class FitResult:
     seed: int
     out_dir: Path | None = None
     eval_set: str | None = None
+    eval_during_training: str | None = None
+    nonfinite: dict[str, Any] | None = None
     comm_log: list[CommRecord] = field(default_factory=list, repr=False)
     network: Network | None = None
     clock: ClockReport | None = None
@@ -167,6 +239,8 @@ class FitResult:
             "seed": self.seed,
             "out_dir": str(self.out_dir) if self.out_dir else None,
             "eval_set": self.eval_set,
+            "eval_during_training": self.eval_during_training,
+            "nonfinite": self.nonfinite,
             **self._clock_dict(),
         }
 
@@ -191,6 +265,9 @@ class FitResult:
             lines.append("final eval  " + "  ".join(
                 f"{k.removeprefix('eval_')} {_fmt_metric(k, v)}" for k, v in self.final.items())
                 + (f"  (on {self.eval_set})" if self.eval_set else ""))
+        if self.nonfinite:
+            lines.append(f"diverged    non-finite loss first at step {self.nonfinite['step']} on "
+                         f"node(s) {', '.join(map(str, self.nonfinite['nodes']))}")
         sent, recv = self.bytes_sent, self.bytes_received
         lines.append(
             f"throughput  {self.samples_per_s:,.0f} samples/s  ({self.samples:,} samples in "

@@ -4,23 +4,33 @@ A run folder written by ``exogym run`` holds ``config.json`` (with the task id) 
 (the global model at the last evaluation and at the end of the run, so a crashed run can be
 sampled from its last checkpoint). :func:`sample` rebuilds the task's model, loads the weights,
 and continues a prompt with :meth:`exogym.gpt.GPT.generate` (temperature, top-k, a seeded
-generator: the same seed gives the same text). The character vocabulary comes from the task's
-data, as in training.
+generator: the same seed gives the same text). The character vocabulary is the one recorded in
+``config.json`` (``"vocab"``, written by every run of a GPT task), so no corpus is needed; a run
+folder without it (written before exogym recorded it) rebuilds it from the task's data.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from exogym.config import ConfigError
+from exogym.data.shakespeare import CharVocab
 from exogym.gpt import GPT
+from exogym.result import read_json
 from exogym.tasks import get_task
 
-__all__ = ["load_run_model", "sample"]
+__all__ = ["load_run_model", "read_run_config", "sample"]
+
+
+def read_run_config(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """A run folder's ``config.json`` (errors name the file: :func:`exogym.result.read_json`)."""
+    return read_json(Path(run_dir) / "config.json",
+                     "RUN_DIR must be a run folder written by `exogym run` (it has config.json "
+                     "and model.pt)")
 
 
 def load_run_model(run_dir: str | os.PathLike[str]) -> tuple[str, torch.nn.Module]:
@@ -28,21 +38,28 @@ def load_run_model(run_dir: str | os.PathLike[str]) -> tuple[str, torch.nn.Modul
 
     Raises:
         FileNotFoundError: the folder has no ``config.json`` or no ``model.pt``.
+        ValueError: one of them is corrupted or does not fit the task's model (naming the file).
         ConfigError: the run does not record its task (a run from the Python API without
             ``run_info={"task": ...}``), or the task is unknown.
     """
     run = Path(run_dir)
-    config_path, weights = run / "config.json", run / "model.pt"
-    for path in (config_path, weights):
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} does not exist: RUN_DIR must be a run folder "
-                                    "written by `exogym run` (it has config.json and model.pt)")
-    task_id = json.loads(config_path.read_text()).get("task")
+    config = read_run_config(run)
+    weights = run / "model.pt"
+    if not weights.is_file():
+        raise FileNotFoundError(f"{weights} does not exist: RUN_DIR must be a run folder "
+                                "written by `exogym run` (it has config.json and model.pt)")
+    task_id = config.get("task")
     if not task_id:
-        raise ConfigError(f"{config_path} records no task; a Python-API run can record one "
-                          'with Trainer.fit(..., run_info={"task": "shakespeare-char-gpt-v0"})')
+        raise ConfigError(f"{run / 'config.json'} records no task; a Python-API run can record "
+                          'one with Trainer.fit(..., run_info={"task": "shakespeare-char-gpt-v0"})')
     model = get_task(task_id).build_model()
-    model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+    try:
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+        model.load_state_dict(state)
+    except Exception as err:  # pickle, zip and size errors all mean: not this model's weights
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"{weights} cannot be loaded as the {task_id} model's weights "
+                         f"(truncated or corrupted?): {first}") from None
     return task_id, model.eval()
 
 
@@ -61,7 +78,8 @@ def sample(
         temperature: > 0; below 1 sharpens the distribution, above 1 flattens it.
         top_k: sample among the ``top_k`` most likely characters only (None: all).
         seed: seeds the sampling generator.
-        data_dir, download: where the task's corpus is (its vocabulary decodes the ids).
+        data_dir, download: where the task's corpus is, needed only for a run folder that does
+            not record its vocabulary.
     """
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
             or max_new_tokens < 1:
@@ -72,8 +90,12 @@ def sample(
     if not isinstance(model, GPT):
         raise ConfigError(f"task {task_id!r} is not a language model; `sample` works with the "
                           "shakespeare-char-gpt-* tasks")
-    train, _ = get_task(task_id).load_data(data_dir, download)
-    vocab = train.vocab  # type: ignore[attr-defined]
+    recorded = read_run_config(run_dir).get("vocab")
+    if isinstance(recorded, str) and recorded:
+        vocab = CharVocab(recorded)
+    else:  # a run folder from before the vocabulary was recorded: rebuild it from the corpus
+        train, _ = get_task(task_id).load_data(data_dir, download)
+        vocab = train.vocab  # type: ignore[attr-defined]
     unknown = sorted(set(prompt) - set(vocab.chars))
     if unknown:
         raise ValueError(f"prompt has characters outside the corpus vocabulary: {unknown}")

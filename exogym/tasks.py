@@ -18,6 +18,7 @@ import difflib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from torch import Tensor, nn
 from torch.utils.data import Dataset
@@ -42,6 +43,9 @@ class Task:
         batch_size: default batch size per node.
         lr: default inner learning rate.
         eval_interval: default steps between evaluations.
+        describe_data: ``train -> {key: value}``, more entries for a run's ``config.json`` that
+            using the trained model needs (the GPT tasks record their character vocabulary, so
+            that ``exogym sample`` needs no corpus); None: nothing more.
     """
 
     id: str
@@ -51,6 +55,12 @@ class Task:
     batch_size: int = 64
     lr: float = 1e-3
     eval_interval: int = 100
+    describe_data: Callable[[Dataset], dict[str, Any]] | None = None
+
+    def run_info(self, train: Dataset) -> dict[str, Any]:
+        """What a run of this task records in ``config.json`` besides the run's own keys:
+        ``{"task": id}`` and the task's :attr:`describe_data`."""
+        return {"task": self.id, **(self.describe_data(train) if self.describe_data else {})}
 
 
 class CifarCNN(nn.Module):
@@ -128,7 +138,13 @@ def _shakespeare_task(
         batch_size=batch_size,
         lr=lr,
         eval_interval=eval_interval,
+        describe_data=_vocabulary,
     )
+
+
+def _vocabulary(train: Dataset) -> dict[str, Any]:
+    """A character corpus's vocabulary, in id order (id ``i`` is ``vocab[i]``)."""
+    return {"vocab": "".join(train.vocab.chars)}  # type: ignore[attr-defined]
 
 
 _MNIST = Task(

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from exogym.clock import ClockTrace, SimClock, measure_step_time, resolve_step_time
 from exogym.comm import CommRecord, Communicator, InProcessCommunicator
 from exogym.data.partition import Partition, parse_partition
-from exogym.data.sharding import DatasetFactory, NodeBatches, iterate_batches
+from exogym.data.sharding import DatasetFactory, FixedSubset, NodeBatches, iterate_batches
 from exogym.dist import (
     DistributedCommunicator,
     RankContext,
@@ -41,11 +41,12 @@ from exogym.engine import (
     EngineName,
     NodeStack,
     Precision,
-    loss_of,
+    check_memory,
+    metrics_of,
     resolve_device,
 )
 from exogym.network import Network, parse_network
-from exogym.result import FitResult, MetricsWriter
+from exogym.result import FitResult, MetricsWriter, NonFiniteLossError, check_out_dir
 from exogym.sinks import MultiSink, Sink
 from exogym.strategy import Strategy, make
 
@@ -95,6 +96,8 @@ class Trainer:
         partition: Partition | str = "iid",
         eval_interval: int | None = None,
         eval_batch_size: int = 1000,
+        eval_samples: int | None = 2000,
+        eval_at_start: bool = False,
         log_interval: int = 10,
         engine: EngineName = "auto",
         micro_batch_size: int | None = None,
@@ -110,6 +113,8 @@ class Trainer:
         distributed: bool | None = None,
         sinks: Sequence[Sink] = (),
         run_info: Mapping[str, Any] | None = None,
+        allow_nonfinite: bool = False,
+        allow_unsynced: bool = False,
     ) -> FitResult:
         """Train on ``num_nodes`` simulated nodes and return the global model and its metrics.
 
@@ -127,6 +132,13 @@ class Trainer:
             eval_interval: evaluate the global model every this many steps (and always at the
                 end); default: about ten evaluations per run.
             eval_batch_size: batch size of evaluation.
+            eval_samples: evaluations during training use a fixed random subset of this many
+                samples of the evaluation set (drawn once with seed 0: the same for every run),
+                the final one the whole set (``result.final``); None: the whole set every time.
+                The rows' ``eval_*`` metrics are on the subset (``result.eval_during_training``
+                says which), ``final`` on the whole set (``result.eval_set``).
+            eval_at_start: also evaluate the initial model, as a first row at ``step`` 0 (no
+                ``train_loss``), where every curve of :mod:`exogym.compare` starts.
             log_interval: write a metrics row every this many steps (and on evaluation steps).
             engine: ``"loop"``, ``"vmap"`` or ``"auto"`` (vmap on CUDA, loop elsewhere).
             micro_batch_size: split each node's batch into micro-batches of this many rows and
@@ -138,7 +150,7 @@ class Trainer:
             seed: seeds data order and randomness in the model (dropout); same seed, same numbers.
             out_dir: if given, ``metrics.jsonl``, ``config.json``, ``summary.json`` and
                 ``model.pt`` (the global model's ``state_dict`` at each evaluation and at the end)
-                go there.
+                go there. It must not exist or be an empty folder (checked before any work).
             sinks: more places for the same rows (:mod:`exogym.sinks`: ``CSVSink()``,
                 ``TensorBoardSink()``, ``WandbSink(project)``); each is started with the config
                 and ``out_dir``, gets every row, and is finished with the summary (None if the
@@ -160,6 +172,13 @@ class Trainer:
                 ``torchrun`` (it then joins torchrun's group, and leaves it at the end); False:
                 simulate all ``N`` nodes in this process regardless.
 
+            allow_nonfinite: a NaN or infinite training loss (any node) or eval loss stops the run
+                with :class:`exogym.result.NonFiniteLossError` naming the step, the nodes and the
+                strategy, after the metrics so far are written; True trains on regardless (the
+                summary records where it first happened).
+            allow_unsynced: a run shorter than the strategy's period ``H`` never (fully) updates
+                the global model and is an error; True runs it anyway.
+
         The simulated clock (:mod:`exogym.clock`) never changes a training number: every row
         gains ``sim_time_s``, the result its :class:`exogym.clock.ClockReport`.
 
@@ -176,7 +195,13 @@ class Trainer:
         _check_int("seed", seed, 0)
         partition = parse_partition(partition)
         _check_int("eval_batch_size", eval_batch_size, 1)
+        if eval_samples is not None:
+            _check_int("eval_samples (or None)", eval_samples, 1)
         _check_int("log_interval", log_interval, 1)
+        for name, flag in (("allow_nonfinite", allow_nonfinite),
+                           ("allow_unsynced", allow_unsynced), ("eval_at_start", eval_at_start)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name} must be True or False, got {flag!r}")
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         if micro_batch_size is not None:
@@ -187,6 +212,8 @@ class Trainer:
             raise ValueError(f"distributed must be None, True or False, got {distributed!r}")
         dev = resolve_device(device)
         net = parse_network(network) if network is not None else None
+        if net is not None:
+            net.check_nodes(num_nodes)
         step_time_s, compute_source = resolve_step_time(step_time, flops_per_sample,
                                                         device_flops, batch_size)
         sink = MultiSink(sinks)  # a non-sink is an error before anything runs
@@ -195,12 +222,13 @@ class Trainer:
             return self._fit(
                 strategy=strategy, num_nodes=num_nodes, max_steps=max_steps,
                 num_epochs=num_epochs, batch_size=batch_size, partition=partition,
-                eval_interval=eval_interval,
-                eval_batch_size=eval_batch_size, log_interval=log_interval, engine=engine,
+                eval_interval=eval_interval, eval_samples=eval_samples,
+                eval_at_start=eval_at_start, eval_batch_size=eval_batch_size, log_interval=log_interval, engine=engine,
                 micro_batch_size=micro_batch_size, precision=precision, dev=dev, seed=seed,
                 out_dir=out_dir, progress=progress, net=net, step_time_s=step_time_s,
                 compute_source=compute_source, ranks=ranks, sink=sink,
-                run_info=dict(run_info or {}))
+                run_info=dict(run_info or {}), allow_nonfinite=allow_nonfinite,
+                allow_unsynced=allow_unsynced)
         finally:
             if owns_group:
                 dist.destroy_process_group()
@@ -208,17 +236,22 @@ class Trainer:
     def _fit(
         self, *, strategy: Strategy, num_nodes: int, max_steps: int | None,
         num_epochs: float | None, batch_size: int, partition: Partition,
-        eval_interval: int | None,
+        eval_interval: int | None, eval_samples: int | None, eval_at_start: bool,
         eval_batch_size: int, log_interval: int, engine: EngineName,
         micro_batch_size: int | None, precision: Precision, dev: torch.device,
         seed: int, out_dir: str | Path | None, progress: bool, net: Network | None,
         step_time_s: float | None, compute_source: str, ranks: RankContext | None,
-        sink: MultiSink, run_info: dict[str, Any],
+        sink: MultiSink, run_info: dict[str, Any], allow_nonfinite: bool,
+        allow_unsynced: bool,
     ) -> FitResult:
         """:meth:`fit` after validation; ``ranks`` None simulates every node in this process."""
         overlap_steps = strategy.overlap_steps  # overlapped results are due this many steps later
         wall_start = time.perf_counter()
         lead = ranks is None or ranks.rank == 0
+        if lead and out_dir is not None:
+            check_out_dir(out_dir)
+        n_here = num_nodes if ranks is None else ranks.nodes_per_process
+        check_memory(self.model, n_here, dev, strategy.optim.states_per_parameter)
 
         torch.manual_seed(seed)
         batches = NodeBatches(self.train_dataset, num_nodes, batch_size, seed=seed,
@@ -227,13 +260,11 @@ class Trainer:
         if eval_interval is None:
             eval_interval = max(total_steps // 10, 1)
         _check_int("eval_interval", eval_interval, 1)
-        sync_every = getattr(strategy, "H", None)
-        if lead and isinstance(sync_every, int) and total_steps % sync_every:
-            warnings.warn(
-                f"{total_steps} steps is not a multiple of H={sync_every}: the last "
-                f"{total_steps % sync_every} local steps never reach the global model",
-                stacklevel=3,
-            )
+        _check_sync(strategy, total_steps, allow_unsynced, warn=lead)
+        eval_full = self.val_dataset
+        eval_set = eval_full
+        if eval_full is not None and eval_samples is not None and eval_samples < len(eval_full):
+            eval_set = FixedSubset(eval_full, eval_samples)
 
         comm: Communicator
         if ranks is None:
@@ -279,12 +310,55 @@ class Trainer:
         final: dict[str, float] = {}
         loss_sum = torch.zeros((), device=dev)
         loss_count = 0
+        # First step (as 0-based step index) at which each local node's loss was not finite, -1
+        # while it is; tracked on the device (no host sync per step) and read at log steps.
+        first_bad = torch.full((nodes.num_nodes,), -1, dtype=torch.long, device=dev)
+        nonfinite: dict[str, Any] | None = None
         train_time = 0.0
         clock: SimClock | None = None
         fed = 0  # records of comm.log already given to the clock
         bar = tqdm(total=total_steps, disable=not (progress and lead), dynamic_ncols=True,
                    unit="step")
+
+        def evaluate(dataset: Dataset) -> dict[str, float]:
+            """The global model on ``dataset`` (rank 0 computes, every rank gets it); the
+            checkpoint ``model.pt`` is written."""
+            state = self._global_state(strategy, comm, ranks)
+            metrics: dict[str, float] = {}
+            if lead:
+                metrics = self._evaluate(eval_module, state, dataset, eval_batch_size, dev)
+            metrics = _from_lead(metrics, ranks)
+            if writer is not None:
+                _load_state(eval_module, state)  # a state_dict with tied names too
+                writer.save_model(eval_module.state_dict())
+            return metrics
+
+        def emit(row: dict[str, Any]) -> None:
+            """Record a metrics row; a non-finite eval loss then stops the run (unless
+            allowed), the row written."""
+            history.append(row)
+            if writer is not None:
+                writer.write(row)
+            sink.log(row)
+            loss = row.get("eval_loss", 0.0)
+            if not allow_nonfinite and not math.isfinite(loss):
+                raise NonFiniteLossError(
+                    f"the global model's eval loss is {loss} after step {row['step']} "
+                    f"(strategy {strategy.id}, {num_nodes} nodes): the run diverged; metrics "
+                    "so far are written. Lower the learning rate(s), clip gradients "
+                    "(--set max_grad_norm=1), or pass allow_nonfinite=True (--allow-nonfinite) "
+                    "to train on regardless")
+
         try:
+            if eval_set is not None and eval_at_start:  # the initial model: where curves start
+                row0: dict[str, Any] = {"step": 0, "epoch": 0, "samples": 0,
+                                        "bytes_sent": max(comm.bytes_sent),
+                                        "bytes_received": max(comm.bytes_received),
+                                        "wall_s": time.perf_counter() - wall_start}
+                if net is not None:
+                    row0["sim_time_s"] = 0.0
+                row0.update(evaluate(eval_set))
+                emit(row0)
             for step in range(total_steps):
                 t0 = time.perf_counter()
                 comm.step = step
@@ -306,8 +380,10 @@ class Trainer:
                 nodes.zero_grad()
                 loss_sum += losses.sum()
                 loss_count += 1
+                if not allow_nonfinite or nonfinite is None:
+                    first_bad.masked_fill_((first_bad < 0) & ~torch.isfinite(losses), step)
                 done = step + 1
-                is_eval = self.val_dataset is not None and (
+                is_eval = eval_set is not None and (
                     done % eval_interval == 0 or done == total_steps)
                 log_now = is_eval or done == total_steps or done % log_interval == 0
                 if log_now and dev.type == "cuda":
@@ -337,23 +413,45 @@ class Trainer:
                     row["sim_time_s"] = clock.now
                 loss_sum.zero_()
                 loss_count = 0
+                if nonfinite is None:
+                    bad = _first_bad_steps(first_bad, comm, ranks)
+                    if bad:
+                        first = min(bad.values())
+                        nonfinite = {"step": first + 1,
+                                     "nodes": sorted(i for i, s in bad.items() if s == first)}
+                        message = (
+                            f"non-finite training loss at step {first + 1} on node(s) "
+                            f"{', '.join(map(str, nonfinite['nodes']))} of {num_nodes} "
+                            f"(strategy {strategy.id}): the run diverged")
+                        if not allow_nonfinite:
+                            history.append(row)
+                            if writer is not None:
+                                writer.write(row)
+                            sink.log(row)
+                            raise NonFiniteLossError(
+                                f"{message}; metrics so far are written. Lower the learning "
+                                "rate(s), clip gradients (--set max_grad_norm=1), or pass "
+                                "allow_nonfinite=True (--allow-nonfinite) to train on "
+                                "regardless")
+                        if lead:
+                            warnings.warn(f"{message}; training on (allow_nonfinite=True)",
+                                          RuntimeWarning, stacklevel=3)
                 if is_eval:
-                    state = self._global_state(strategy, comm, ranks)
-                    if lead:
-                        final = self._evaluate(eval_module, state, eval_batch_size, dev)
-                    final = _from_lead(final, ranks)
-                    if writer is not None:
-                        _load_state(eval_module, state)  # a state_dict with tied names too
-                        writer.save_model(eval_module.state_dict())
-                    row.update(final)
+                    row.update(evaluate(eval_set))
                     if clock is not None:  # a strategy may communicate to build its global model
                         fed = _feed(clock, comm.log, fed)
-                history.append(row)
-                if writer is not None:
-                    writer.write(row)
-                sink.log(row)
+                emit(row)
                 bar.set_postfix({k: f"{v:.4g}" for k, v in row.items()
                                  if k in ("train_loss", "eval_loss", "eval_accuracy")})
+            if eval_set is not None:
+                final = {k: v for k, v in history[-1].items() if k.startswith("eval_")}
+                if eval_set is not eval_full:  # the last evaluation again, on the whole set
+                    assert eval_full is not None
+                    final = evaluate(eval_full)
+                    if not allow_nonfinite and not math.isfinite(final.get("eval_loss", 0.0)):
+                        raise NonFiniteLossError(
+                            f"the global model's eval loss on the whole evaluation set is "
+                            f"{final['eval_loss']} at the end (strategy {strategy.id})")
             report = trace = None
             if clock is not None and step_time_s is not None:
                 fed = _feed(clock, comm.log, fed)
@@ -374,9 +472,11 @@ class Trainer:
                 bytes_sent=list(comm.bytes_sent), bytes_received=list(comm.bytes_received),
                 engine=nodes.engine, device=str(dev), seed=seed,
                 out_dir=Path(out_dir) if out_dir is not None else None, comm_log=list(comm.log),
-                eval_set=getattr(self.val_dataset, "test_set", None),
+                eval_set=_describe_eval_set(eval_full),
+                eval_during_training=(_describe_eval_set(eval_set)
+                                      if eval_set is not eval_full else None),
                 network=net, clock=report, trace=trace,
-                processes=1 if ranks is None else ranks.world_size,
+                processes=1 if ranks is None else ranks.world_size, nonfinite=nonfinite,
             )
         except BaseException:
             if writer is not None:
@@ -401,18 +501,18 @@ class Trainer:
         assert isinstance(comm, DistributedCommunicator)
         return gather_global_state(strategy, comm)
 
+    @staticmethod
     @torch.no_grad()
     def _evaluate(
-        self, module: nn.Module, state: dict[str, Tensor], batch_size: int, dev: torch.device
+        module: nn.Module, state: dict[str, Tensor], dataset: Dataset, batch_size: int,
+        dev: torch.device,
     ) -> dict[str, float]:
-        """Sample-weighted means of the model's outputs over the validation set, ``eval_*``."""
-        assert self.val_dataset is not None
+        """Sample-weighted means of the model's scalar metrics over ``dataset``, ``eval_*``."""
         sums: dict[str, Tensor] = {}
         count = 0
-        for batch, size in iterate_batches(self.val_dataset, batch_size):
+        for batch, size in iterate_batches(dataset, batch_size):
             batch = _to(batch, dev)
-            out = functional_call(module, state, (batch,))
-            metrics = dict(out) if isinstance(out, Mapping) else {"loss": loss_of(out)}
+            metrics = metrics_of(functional_call(module, state, (batch,)))
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0) + v.detach().float().reshape(()) * size
             count += size
@@ -458,6 +558,50 @@ def _from_lead(value: Any, ranks: RankContext | None) -> Any:
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def _first_bad_steps(first_bad: Tensor, comm: Communicator,
+                     ranks: RankContext | None) -> dict[int, int]:
+    """``{global node id: first 0-based step with a non-finite loss}`` over the whole run (a
+    collective across processes, so that every rank stops at the same step)."""
+    if ranks is not None:
+        full = torch.full((comm.num_nodes,), -1, dtype=torch.long, device=first_bad.device)
+        full[comm.node_ids] = first_bad
+        dist.all_reduce(full, op=dist.ReduceOp.MAX)
+        ids: list[int] = list(range(comm.num_nodes))
+    else:
+        full, ids = first_bad, comm.node_ids
+    values = full.tolist()
+    return {i: s for i, s in zip(ids, values, strict=True) if s >= 0}
+
+
+def _check_sync(strategy: Strategy, total_steps: int, allow_unsynced: bool, *,
+                warn: bool) -> None:
+    """A run shorter than the strategy's period H is an error (the global model would never be
+    fully updated) unless allowed; a run that is not a multiple of H gets a warning naming the
+    strategy (so that a comparison warns for each one)."""
+    period = strategy.sync_period
+    if period is None:
+        return
+    if total_steps < period and not allow_unsynced:
+        raise ValueError(
+            f"{strategy.id}: the run has {total_steps} steps but H={period}: the nodes would "
+            "never (fully) synchronise and the global model would stay the initial one. Train "
+            f"for at least {period} steps, lower H (--set H=...), or pass allow_unsynced=True "
+            "(--allow-unsynced) if that is intended")
+    if warn and total_steps % period:
+        warnings.warn(
+            f"{strategy.id}: {total_steps} steps is not a multiple of H={period}: the last "
+            f"{total_steps % period} local steps never reach the global model",
+            stacklevel=4)
+
+
+def _describe_eval_set(dataset: Dataset | None) -> str | None:
+    """What an evaluation set is: its ``test_set`` attribute, else its size."""
+    if dataset is None:
+        return None
+    name = getattr(dataset, "test_set", None)
+    return name if name is not None else f"{len(dataset):,} samples"  # type: ignore[arg-type]
 
 
 def _row0(t: Any) -> Any:

@@ -35,7 +35,11 @@ def test_run_diloco_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert 0.0 <= summary["final"]["eval_accuracy"] <= 1.0
     assert [r["step"] for r in rows] == [2, 3, 4, 6]  # log every 2, eval at 3 and 6
     assert "eval_loss" in rows[1] and "eval_loss" not in rows[0]
-    assert rows[-1]["eval_accuracy"] == summary["final"]["eval_accuracy"]
+    # During training: a fixed 2,000-image subset of the test set; at the end: all 10,000.
+    assert summary["eval_during_training"] == ("2,000-sample fixed subset (seed 0) of "
+                                               "t10k-images-idx3-ubyte.gz (10,000)")
+    assert summary["eval_set"] == "t10k-images-idx3-ubyte.gz (10,000)"
+    assert rows[-1]["eval_accuracy"] != summary["final"]["eval_accuracy"]
     assert config["parameters"] == 215_370
     printed = capsys.readouterr().out
     assert "final eval" in printed and "samples/s" in printed and "sent" in printed
@@ -88,7 +92,7 @@ def test_missing_data_folder_says_where_to_put_files(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     missing = tmp_path / "nowhere"
-    rc = main(["run", "--data-dir", str(missing), "--no-download", "--steps", "1",
+    rc = main(["run", "--data-dir", str(missing), "--no-download", "--steps", "100",
                "--no-progress", "--out", str(tmp_path / "x")])
     assert rc == 2
     err = capsys.readouterr().err

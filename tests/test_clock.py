@@ -323,7 +323,7 @@ def test_bad_clock_arguments() -> None:
         fit(DDP(), network="dialup")
     with pytest.raises(ValueError, match="not both"):
         fit(DDP(), step_time=1.0, flops_per_sample=1e9, device_flops=1e12)
-    with pytest.raises(ValueError, match="node_speed lists 2 nodes but the run has 3"):
+    with pytest.raises(ValueError, match="node_speed lists 2 values .* but the run has 3 nodes"):
         fit(DDP(), network="datacenter,node_speed=1:2", step_time=1.0)
     r = fit(DDP(), network=None)
     with pytest.raises(ValueError, match="no simulated clock"):
@@ -355,7 +355,13 @@ def test_recost_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     names = [line.split()[0] for line in capsys.readouterr().out.splitlines()[3:]]
     assert names == ["datacenter", "cloud-10g", "home-1gbps", "home-100mbps", "mobile"]
     assert main(["recost", str(tmp_path / "nowhere")]) == 2
-    assert "summary.json not found" in capsys.readouterr().err
+    assert "nowhere/summary.json does not exist" in capsys.readouterr().err
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / "summary.json").write_text((out / "summary.json").read_text()[:200])
+    assert main(["recost", str(tmp_path / "cut")]) == 2  # truncated: one line naming the file
+    err = capsys.readouterr().err
+    assert "cut/summary.json is not valid JSON (truncated or corrupted?)" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
 
 
 def test_run_command_reports_the_simulated_time(

@@ -77,7 +77,7 @@ def test_simulator_max_local_step_caps_steps() -> None:
         ({"optimizer_cls": torch.optim.Adagrad}, "optimizer_cls must be one of"),
         ({"outer_optimizer_cls": torch.optim.Adam}, "outer_optimizer_cls must be torch.optim.SGD"),
         ({"outer_optimizer_kwargs": {"lr": 0.5, "dampening": 0.1}}, "dampening"),
-        ({"optimizer_kwargs": {"lr": -1.0}}, "lr must be > 0"),
+        ({"optimizer_kwargs": {"lr": -1.0}}, "lr must be a finite number > 0"),
         ({"diloco_interval": 0}, "H must be an integer >= 1"),
     ],
 )

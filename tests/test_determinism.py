@@ -319,6 +319,6 @@ def test_run_folder(tmp_path: Path) -> None:
     assert saved.keys() == r.model.state_dict().keys()
     for k, v in r.model.state_dict().items():
         assert torch.equal(saved[k], v.cpu()), k
-    with pytest.raises(FileExistsError, match=r"metrics\.jsonl"):
+    with pytest.raises(FileExistsError, match=r"already exists and is not empty"):
         fit(model, "ddp", out_dir=out, seed=1)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing overwritten

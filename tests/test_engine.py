@@ -1,12 +1,19 @@
-"""NodeStack details: tied weights, input validation, device resolution."""
+"""NodeStack details: tied weights, input validation, device resolution, the model contract."""
 
 from __future__ import annotations
 
+import math
+from collections import OrderedDict
+from typing import Any
+
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import TensorDataset
 
-from exogym.engine import NodeStack, loss_of, resolve_device
+from exogym import Trainer
+from exogym.engine import NodeStack, loss_of, metrics_of, resolve_device
 
 
 class TiedLM(nn.Module):
@@ -55,10 +62,69 @@ def test_node_stack_rejects_bad_arguments() -> None:
 def test_loss_of_accepts_scalar_or_mapping_only() -> None:
     assert loss_of(torch.tensor([2.0])).shape == ()
     assert loss_of({"loss": torch.tensor(1.0), "accuracy": torch.tensor(0.5)}) == 1.0
-    with pytest.raises(TypeError, match="must include 'loss'"):
+    with pytest.raises(TypeError, match="a mapping without 'loss' \\(keys \\['acc'\\]\\)"):
         loss_of({"acc": torch.tensor(1.0)})
-    with pytest.raises(TypeError, match=r"scalar loss tensor.*\(3,\)"):
+    with pytest.raises(TypeError, match=r"scalar loss tensor.*got Tensor\(3,\)"):
         loss_of(torch.ones(3))
+    with pytest.raises(TypeError, match=r"scalar loss tensor.*got str"):
+        loss_of({"loss": "0.5"})
+
+
+class _ModelOutput(OrderedDict):
+    """The shape of ``transformers.utils.ModelOutput``: an OrderedDict whose entries are also
+    attributes (a dataclass in transformers; its None fields are left out of the mapping)."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+class _LossObject:
+    def __init__(self, loss: torch.Tensor) -> None:
+        self.loss, self.logits = loss, torch.zeros(4, 3)
+
+
+def test_metrics_of_keeps_scalar_numbers_and_ignores_the_rest() -> None:
+    out = _ModelOutput(loss=torch.tensor(0.25), logits=torch.zeros(8, 10),
+                       hidden_states=(torch.zeros(8, 4),), aux=torch.tensor([0.5]),
+                       tokens=7, note="text", flag=torch.tensor(True), past=None)
+    got = metrics_of(out)
+    assert sorted(got) == ["aux", "loss", "tokens"]
+    assert got["loss"] == 0.25 and got["aux"] == 0.5 and got["tokens"] == 7
+    assert all(v.shape == () for v in got.values())
+    assert loss_of(out) == 0.25 and loss_of(_LossObject(torch.tensor(1.5))) == 1.5
+    assert metrics_of(_LossObject(torch.tensor(1.5))) == {"loss": torch.tensor(1.5)}
+    assert metrics_of(torch.tensor(3.0)) == {"loss": torch.tensor(3.0)}
+
+
+class _HFStyleClassifier(nn.Module):
+    """A model that returns what every ``transformers`` model returns: a ModelOutput with the
+    loss, the logits (not a metric) and a scalar extra."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> _ModelOutput:
+        x, y = batch
+        logits = self.lin(x)
+        return _ModelOutput(loss=F.cross_entropy(logits, y), logits=logits,
+                            accuracy=(logits.argmax(-1) == y).float().mean(), name="hf")
+
+
+@pytest.mark.parametrize("engine", ["loop", "vmap"])
+def test_a_transformers_shaped_model_trains_and_evaluates(engine: str) -> None:
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 4), torch.randint(0, 3, (64,))
+    data = TensorDataset(x, y)
+    result = Trainer(_HFStyleClassifier(), data, data).fit(
+        strategy="ddp", num_nodes=2, max_steps=4, batch_size=8, eval_interval=2,
+        engine=engine, progress=False, network=None, eval_at_start=True)
+    assert sorted(result.final) == ["eval_accuracy", "eval_loss"]
+    assert all(math.isfinite(v) for v in result.final.values())
+    assert [r["step"] for r in result.history if "eval_loss" in r] == [0, 2, 4]
 
 
 def test_resolve_device() -> None:

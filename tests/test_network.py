@@ -69,7 +69,7 @@ def test_parse_duration(text: str, seconds: float) -> None:
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [("20", "a unit in '20'"), ("20 parsecs", "unknown duration unit 'parsecs'"),
+    [("20", "a duration needs a unit: '20' could be seconds or milliseconds; write e.g. '20ms'"), ("20 parsecs", "unknown duration unit 'parsecs'"),
      ("3m", "unknown duration unit 'm'"), ("soon", "a number with a unit")],
 )
 def test_parse_duration_errors(text: str, message: str) -> None:
@@ -224,7 +224,7 @@ def test_spec_round_trips(spec: str) -> None:
         ("home-10mbps", "unknown network profile 'home-10mbps'; profiles: datacenter"),
         ("bw=1Gbps,lat=5ms", "unknown network key 'lat'"),
         ("latency=5ms", "needs a bandwidth"),
-        ("bw=1Gbps,latency=5", "a unit in '5'"),
+        ("bw=1Gbps,latency=5", "network latency=5: a duration needs a unit"),
         ("bw=1Gbit,latency=5ms", "unknown bandwidth unit 'Gbit'"),
         ("bw=1Gbps,all_reduce=butterfly", "all_reduce algorithm must be one of ('ring', 'tree'"),
         ("bw=1Gbps,all_gather=tree", "all_gather algorithm must be one of ('ring',)"),

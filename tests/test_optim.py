@@ -25,11 +25,13 @@ def test_unknown_optimizer_name_lists_allowed_names():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"lr": 0.0}, "lr must be > 0"),
-        ({"lr": -1e-3}, "lr must be > 0"),
-        ({"lr": float("nan")}, "lr must be > 0"),
-        ({"weight_decay": -0.1}, "weight_decay must be >= 0"),
-        ({"eps": 0.0}, "eps must be > 0"),
+        ({"lr": 0.0}, "lr must be a finite number > 0"),
+        ({"lr": -1e-3}, "lr must be a finite number > 0"),
+        ({"lr": float("nan")}, "lr must be a finite number > 0"),
+        ({"lr": float("inf")}, "lr must be a finite number > 0, got inf"),
+        ({"weight_decay": float("inf")}, "weight_decay must be a finite number >= 0"),
+        ({"weight_decay": -0.1}, "weight_decay must be a finite number >= 0"),
+        ({"eps": 0.0}, "eps must be a finite number > 0"),
         ({"betas": (0.9, 1.0)}, "betas"),
         ({"betas": (-0.1, 0.999)}, "betas"),
         ({"betas": (0.9,)}, "betas"),

@@ -21,7 +21,7 @@ from torch.utils.data import Subset
 from exogym.config import ConfigError
 from exogym.data import cifar10
 from exogym.data.cifar10 import CIFAR10, MEAN, STD, load_cifar10, read_cifar_batch
-from exogym.data.download import DatasetNotFoundError, RemoteFile
+from exogym.data.download import ChecksumError, DatasetNotFoundError, RemoteFile
 from exogym.data.paths import ENV_VAR
 from exogym.data.shakespeare import CharVocab, ShakespeareChar, load_shakespeare, split_text
 from exogym.gpt import GPT, GPTConfig
@@ -81,6 +81,51 @@ def _cifar_folder(root: Path, test_name: str) -> Path:
     return folder
 
 
+@pytest.fixture
+def fake_checksums(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every batch file is expected to be TWO_RECORDS (size and sha256), as the hand-made
+    folders hold: the checks themselves run unchanged."""
+    digest = hashlib.sha256(TWO_RECORDS).hexdigest()
+    monkeypatch.setattr(cifar10, "BATCH_FILES", {
+        name: (2, RemoteFile(name, sha256=digest)) for name in cifar10.BATCH_FILES})
+
+
+def test_cifar_files_are_checked_against_their_official_size_and_checksum(
+        tmp_path: Path, data_root: Path) -> None:
+    real = data_root / "cifar10" / "cifar-10-batches-bin"
+    folder = tmp_path / "cifar10" / "cifar-10-batches-bin"
+    folder.mkdir(parents=True)
+    for name in (*cifar10.TRAIN_FILES, "test_batch_first1000.bin"):
+        (folder / name).symlink_to(real / name)
+    assert len(load_cifar10(tmp_path, download=False)[0]) == 50_000  # the official files pass
+    # data_batch_1.bin cut to 100 records: an error naming it, not 40,100 training images
+    (folder / "data_batch_1.bin").unlink()
+    (folder / "data_batch_1.bin").write_bytes((real / "data_batch_1.bin").read_bytes()[:307_300])
+    with pytest.raises(ValueError, match=r"data_batch_1.bin' has 307,300 bytes \(100.0 records"
+                                         r"\), expected 30,730,000 \(10,000 records\)"):
+        load_cifar10(tmp_path, download=False)
+    # the right size but one byte changed: the checksum says so
+    data = bytearray((real / "data_batch_1.bin").read_bytes())
+    data[5] ^= 1
+    (folder / "data_batch_1.bin").write_bytes(bytes(data))
+    with pytest.raises(ChecksumError, match=r"data_batch_1.bin' has the wrong checksum: sha256"):
+        load_cifar10(tmp_path, download=False)
+
+
+def test_a_missing_test_batch_is_named(tmp_path: Path, fake_checksums: None,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = _cifar_folder(tmp_path, "test_batch.bin")
+    (folder / "test_batch.bin").unlink()
+    with pytest.raises(DatasetNotFoundError,
+                       match=r"missing files:   test_batch.bin \(or test_batch_first1000.bin\)"):
+        load_cifar10(tmp_path, download=False)
+    monkeypatch.setattr(cifar10, "MIRRORS", ((tmp_path / "no-mirror").as_uri() + "/",))
+    with pytest.raises(DatasetNotFoundError,  # no mirror answers, downloading allowed: named
+                       match=r"missing in .*: test_batch.bin \(or test_batch_first1000.bin\); "
+                             "fetching the archive that holds them failed"):
+        load_cifar10(tmp_path, download=True)
+
+
 def test_cifar_reader_by_hand(tmp_path: Path) -> None:
     path = tmp_path / "b.bin"
     path.write_bytes(TWO_RECORDS)
@@ -100,7 +145,8 @@ def test_cifar_reader_by_hand(tmp_path: Path) -> None:
         read_cifar_batch(tmp_path / "label.bin")
 
 
-def test_cifar_dataset_normalises_and_reports_the_test_set(tmp_path: Path) -> None:
+def test_cifar_dataset_normalises_and_reports_the_test_set(tmp_path: Path,
+                                                            fake_checksums: None) -> None:
     folder = _cifar_folder(tmp_path, "test_batch_first1000.bin")
     train, test = load_cifar10(tmp_path, download=False)
     assert len(train) == 10 and train.test_set == "data_batch_1..5.bin (10)"
@@ -119,9 +165,9 @@ def test_cifar_dataset_normalises_and_reports_the_test_set(tmp_path: Path) -> No
     assert MEAN[0] == 0.4914 and STD[2] == 0.2616
 
     # the official test batch wins when present
-    (folder / "test_batch.bin").write_bytes(TWO_RECORDS[:3073])
+    (folder / "test_batch.bin").write_bytes(TWO_RECORDS)
     full = CIFAR10(tmp_path, train=False, download=False)
-    assert full.test_set == "test_batch.bin (1)" and len(full) == 1
+    assert full.test_set == "test_batch.bin (2)" and len(full) == 2
 
 
 def test_cifar_missing_files_is_a_clear_error(tmp_path: Path) -> None:
@@ -130,7 +176,7 @@ def test_cifar_missing_files_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_cifar_downloads_verifies_and_extracts_the_archive(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_checksums: None
 ) -> None:
     src = _cifar_folder(tmp_path / "src", "test_batch.bin")
     buf = io.BytesIO()

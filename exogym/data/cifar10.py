@@ -9,6 +9,9 @@ verified by MD5 and extracted there.
 Each record of a binary batch is 3073 bytes: one label byte (0..9), then the 32x32 image as three
 1024-byte planes (red, green, blue), each plane row-major.
 
+Every batch file read is checked against its official size and checksum (:data:`BATCH_FILES`):
+a truncated or altered file is an error naming it, never silently fewer images.
+
 Test set: the official ``test_batch.bin`` (10,000 images) is used when present; otherwise
 ``test_batch_first1000.bin`` (a file holding only the first 1,000 records of the official test
 batch, as in exogym's shared offline data folder) is accepted in its place. The dataset's
@@ -26,11 +29,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from exogym.data.download import DatasetNotFoundError, RemoteFile, ensure_files
+from exogym.data.download import DatasetNotFoundError, RemoteFile, ensure_files, verify_file
 from exogym.data.paths import resolve_data_dir
 
 __all__ = [
     "ARCHIVE",
+    "BATCH_FILES",
     "CIFAR10",
     "CLASSES",
     "MEAN",
@@ -41,6 +45,7 @@ __all__ = [
     "TRAIN_FILES",
     "load_cifar10",
     "read_cifar_batch",
+    "verify_batch",
 ]
 
 MIRRORS: tuple[str, ...] = ("https://www.cs.toronto.edu/~kriz/",)
@@ -65,6 +70,46 @@ STD: tuple[float, float, float] = (0.2470, 0.2435, 0.2616)
 """Per-channel standard deviation of the training pixels (scaled to [0, 1])."""
 
 RECORD_BYTES = 1 + 3 * 32 * 32
+
+# The extracted files, with their sizes and checksums: sha256 of the official archive's training
+# batches and of the first-1,000-records test file (shared/data/SHA256SUMS, byte-identical to the
+# official release), the published md5 of the full test batch.
+BATCH_FILES: dict[str, tuple[int, RemoteFile]] = {
+    "data_batch_1.bin": (10_000, RemoteFile("data_batch_1.bin", sha256=(
+        "cee916563c9f80d84e3cc88e17fdc0941787f1244f00a67874d45b261883ada5"))),
+    "data_batch_2.bin": (10_000, RemoteFile("data_batch_2.bin", sha256=(
+        "a591ca11fa1708a91ee40f54b3da4784ccd871ecf2137de63f51ada8b3fa57ed"))),
+    "data_batch_3.bin": (10_000, RemoteFile("data_batch_3.bin", sha256=(
+        "bbe8596564c0f86427f876058170b84dac6670ddf06d79402899d93ceea26f67"))),
+    "data_batch_4.bin": (10_000, RemoteFile("data_batch_4.bin", sha256=(
+        "014e562d6e23c72197cc727519169a60359f5eccd8945ad5a09d710285ff4e48"))),
+    "data_batch_5.bin": (10_000, RemoteFile("data_batch_5.bin", sha256=(
+        "755304fc0b379caeae8c14f0dac912fbc7d6cd469eb67a1029a08a39453a9add"))),
+    "test_batch.bin": (10_000, RemoteFile("test_batch.bin",
+                                          md5="803d5f7f4d78ea53de84dbe85f74fb6d")),
+    "test_batch_first1000.bin": (1_000, RemoteFile("test_batch_first1000.bin", sha256=(
+        "8314c96d7cd65618193bab23acdd5d4c4af15bf6dd00a1781d55beedf3be1ef5"))),
+}
+"""Extracted file name -> (records, checksums): :func:`verify_batch` checks both."""
+
+
+def verify_batch(path: Path) -> None:
+    """A CIFAR-10 batch file must have its official size and checksum (a truncated or altered
+    file would otherwise train silently on the wrong data).
+
+    Raises:
+        ValueError: the size is wrong (naming the file, the size found and the one expected).
+        ChecksumError: the checksum is wrong.
+    """
+    records, spec = BATCH_FILES[path.name]
+    size = path.stat().st_size
+    if size != records * RECORD_BYTES:
+        raise ValueError(
+            f"CIFAR-10 file {str(path)!r} has {size:,} bytes ({size / RECORD_BYTES:,.1f} "
+            f"records), expected {records * RECORD_BYTES:,} ({records:,} records): it is "
+            "truncated or not the official file; delete it and extract the official "
+            f"{ARCHIVE.name} again")
+    verify_file(path, spec)
 _SUBDIR = "cifar10"
 _BATCH_DIR = "cifar-10-batches-bin"
 
@@ -119,8 +164,8 @@ def _batch_dir(data_dir: str | os.PathLike[str] | None, download: bool) -> Path:
     has_test = (folder / TEST_FILE).is_file() or (folder / PARTIAL_TEST_FILE).is_file()
     if not missing and has_test:
         return folder
+    names = missing + ([] if has_test else [f"{TEST_FILE} (or {PARTIAL_TEST_FILE})"])
     if not download:
-        names = missing + ([] if has_test else [f"{TEST_FILE} (or {PARTIAL_TEST_FILE})"])
         raise DatasetNotFoundError(
             f"dataset 'cifar10': required files are missing.\n"
             f"  folder searched: {folder}\n"
@@ -129,7 +174,11 @@ def _batch_dir(data_dir: str | os.PathLike[str] | None, download: bool) -> Path:
             f"To fix: extract the official {ARCHIVE.name} into {root}, or set EXOGYM_DATA_DIR "
             f"(or pass --data-dir) to a folder containing '{_SUBDIR}/{_BATCH_DIR}/'."
         )
-    (archive,) = ensure_files(root, [ARCHIVE], MIRRORS, dataset=_SUBDIR, download=True)
+    try:
+        (archive,) = ensure_files(root, [ARCHIVE], MIRRORS, dataset=_SUBDIR, download=True)
+    except DatasetNotFoundError as err:
+        raise DatasetNotFoundError(f"CIFAR-10 files missing in {folder}: {', '.join(names)}; "
+                                   f"fetching the archive that holds them failed:\n{err}") from None
     _extract(archive, root)
     return folder
 
@@ -176,6 +225,8 @@ class CIFAR10(Dataset):
         self.root = _batch_dir(root, download)
         self.train = bool(train)
         if self.train:
+            for n in TRAIN_FILES:
+                verify_batch(self.root / n)
             parts = [read_cifar_batch(self.root / n) for n in TRAIN_FILES]
             self.data = torch.cat([p[0] for p in parts])
             self.targets: torch.Tensor = torch.cat([p[1] for p in parts])
@@ -183,6 +234,7 @@ class CIFAR10(Dataset):
         else:
             full = self.root / TEST_FILE
             path = full if full.is_file() else self.root / PARTIAL_TEST_FILE
+            verify_batch(path)
             self.data, self.targets = read_cifar_batch(path)
             if path == full:
                 self.test_set = f"{TEST_FILE} ({len(self.targets):,})"

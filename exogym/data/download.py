@@ -30,6 +30,7 @@ __all__ = [
     "RemoteFile",
     "ensure_files",
     "file_digest",
+    "verify_file",
 ]
 
 logger = logging.getLogger("exogym")
@@ -123,6 +124,11 @@ def _mismatches(actual: dict[str, str], expected: dict[str, str]) -> list[str]:
         for algo, want in expected.items()
         if actual[algo] != want
     ]
+
+
+def verify_file(path: str | os.PathLike[str], spec: RemoteFile) -> None:
+    """Raise :class:`ChecksumError` naming ``path`` unless it has ``spec``'s checksums."""
+    _verify_existing(Path(path), spec)
 
 
 def _verify_existing(path: Path, spec: RemoteFile) -> None:

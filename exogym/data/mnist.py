@@ -124,6 +124,8 @@ class MNIST(Dataset):
         train: whether this is the 60,000-image training split (else the 10,000-image test split).
         images: float32 ``[L, 1, 28, 28]``, equal to ``(pixel / 255 - MEAN) / STD``.
         targets: int64 ``[L]`` with values in ``0..9``.
+        test_set: the images file and size, e.g. ``"t10k-images-idx3-ubyte.gz (10,000)"``, for a
+            run's records.
 
     Batch access: :meth:`get_batch` returns a whole collated batch ``(images[idx],
     targets[idx])`` by tensor indexing, the fast path exogym's trainer uses; a plain
@@ -178,6 +180,7 @@ class MNIST(Dataset):
             )
         images = raw_images.to(torch.float32).div_(255.0).sub_(MEAN).div_(STD)
         self.images: torch.Tensor = images.unsqueeze(1).contiguous()
+        self.test_set = f"{img_path.name} ({len(self.targets):,})"
 
     def __len__(self) -> int:
         """Number of examples (60,000 for train, 10,000 for test)."""

@@ -82,6 +82,7 @@ class ShakespeareChar(Dataset):
         block_size: ``T``, tokens per window.
         stride: ``s``, tokens between consecutive window starts.
         split: ``"train"`` or ``"val"``.
+        test_set: what this split is, for a run's records.
 
     ``len`` is ``(L - T - 1) // s + 1``; index ``i`` is the window starting at ``i * s``.
     :meth:`get_batch` returns ``(x [B, T], y [B, T])`` by tensor indexing.
@@ -105,6 +106,8 @@ class ShakespeareChar(Dataset):
         self.stride = stride
         self.split = split
         self._offsets = torch.arange(block_size + 1)
+        self.test_set = (f"the {split} split ({self.tokens.numel():,} characters, {len(self):,} "
+                         f"windows of {block_size})")
 
     def __len__(self) -> int:
         return (self.tokens.numel() - self.block_size - 1) // self.stride + 1

@@ -47,7 +47,8 @@ from exogym.data.partition import (
     parse_partition,
 )
 
-__all__ = ["BatchDataset", "DatasetFactory", "NodeBatches", "fetch", "iterate_batches"]
+__all__ = ["BatchDataset", "DatasetFactory", "FixedSubset", "NodeBatches", "fetch",
+           "iterate_batches"]
 
 DatasetFactory = Callable[[int, int, bool], Dataset]
 
@@ -279,6 +280,37 @@ def _labels_or_none(dataset: Dataset) -> Tensor | None:
         return dataset_labels(dataset)
     except ValueError:
         return None
+
+
+class FixedSubset(Dataset):
+    """A fixed random subset of ``k`` samples of ``dataset`` (evaluation during training).
+
+    The samples are drawn once, without replacement, by a generator seeded with ``seed`` (0 by
+    default: the same subset for every run, seed and strategy, so their curves are comparable),
+    and kept in dataset order. ``get_batch`` is forwarded, so a fast dataset stays fast.
+
+    Attributes:
+        dataset: the full dataset; indices: the ``k`` sample ids, sorted.
+        test_set: what it is, e.g. ``"2,000-sample fixed subset of test_batch.bin (10,000)"``.
+    """
+
+    def __init__(self, dataset: Dataset, k: int, seed: int = 0) -> None:
+        n = _length(dataset)
+        if not 1 <= k <= n:
+            raise ValueError(f"a subset of {k} samples needs 1 <= k <= {n} (the dataset's size)")
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+        self.dataset, self.indices = dataset, perm[:k].sort().values
+        name = getattr(dataset, "test_set", None) or f"the evaluation set ({n:,})"
+        self.test_set = f"{k:,}-sample fixed subset (seed {seed}) of {name}"
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[int(self.indices[index])]
+
+    def get_batch(self, indices: Sequence[int] | Tensor) -> Any:
+        return fetch(self.dataset, self.indices[torch.as_tensor(indices, dtype=torch.long)])
 
 
 def iterate_batches(dataset: Dataset, batch_size: int) -> Iterator[tuple[Any, int]]:

@@ -33,8 +33,9 @@ from exogym.codecs import Codec, make_codec
 from exogym.comm import Communicator, ReduceOp
 from exogym.engine import NodeStack
 from exogym.optim import LRSchedule, OptimSpec
+from exogym.validation import check_number, in_range, positive_int
 
-__all__ = ["Strategy"]
+__all__ = ["Strategy", "in_range", "positive_int", "restart_rows"]
 
 
 @dataclass(kw_only=True)
@@ -66,8 +67,8 @@ class Strategy(abc.ABC):
             raise TypeError(f"optim must be an OptimSpec, got {type(self.optim).__name__}")
         if not isinstance(self.schedule, LRSchedule):
             raise TypeError(f"schedule must be an LRSchedule, got {type(self.schedule).__name__}")
-        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
-            raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm!r}")
+        if self.max_grad_norm is not None:
+            check_number("max_grad_norm (or None)", self.max_grad_norm, lo=0.0, lo_open=True)
         if self.codec is not None and not type(self).supports_codec:
             raise ValueError(f"strategy {type(self).__name__} does not support a transport codec; "
                              f"got codec={self.codec!r}, allowed: None")
@@ -175,6 +176,15 @@ class Strategy(abc.ABC):
         return None
 
     @property
+    def sync_period(self) -> int | None:
+        """Steps between the synchronisations that update the whole global model (the paper's
+        ``H``), or None for a method that synchronises every step. The trainer refuses a run
+        shorter than this (the global model would stay the initial one) unless told otherwise.
+        Default: the field ``H`` if the strategy has one."""
+        period = getattr(self, "H", None)
+        return period if isinstance(period, int) else None
+
+    @property
     def lr(self) -> float:
         """The current inner learning rate."""
         return float(self.optimizer.param_groups[0]["lr"])
@@ -200,19 +210,3 @@ def restart_rows(stacked: Tensor, value: Tensor, keep: Tensor | None = None) -> 
         mask = keep.view(-1, *([1] * (stacked.dim() - 1)))
         stacked.copy_(torch.where(mask, value.unsqueeze(0), stacked))
 
-
-def positive_int(name: str, value: Any) -> None:
-    """Validation helper: ``value`` must be an int >= 1 (bools rejected)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-
-
-def in_range(name: str, value: Any, lo: float, hi: float, *, lo_open: bool = False,
-             hi_open: bool = False) -> None:
-    """Validation helper: ``lo <= value <= hi`` (or strict where ``*_open``)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if ok:
-        ok = (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
-    if not ok:
-        lb, rb = ("(" if lo_open else "["), (")" if hi_open else "]")
-        raise ValueError(f"{name} must be in {lb}{lo}, {hi}{rb}, got {value!r}")
