@@ -143,10 +143,11 @@ def metrics_of(out: Any) -> dict[str, Tensor]:
 def stack_bytes(model: nn.Module, num_nodes: int, optimizer_states: int = 2) -> int:
     """Bytes that ``num_nodes`` stacked replicas of ``model`` hold before any activation: per node
     its parameters, their gradients, ``optimizer_states`` optimizer tensors per parameter (Adam:
-    2) and its buffers."""
+    2), one more parameter-sized temporary that communication makes (DiLoCo's pseudo-gradients,
+    a codec's reconstruction), and its buffers. A lower bound of what a run needs."""
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
-    return num_nodes * (params * (2 + optimizer_states) + buffers)
+    return num_nodes * (params * (3 + optimizer_states) + buffers)
 
 
 def available_memory(device: torch.device) -> int | None:
@@ -177,7 +178,8 @@ def check_memory(model: nn.Module, num_nodes: int, device: torch.device,
         raise MemoryError(
             f"num_nodes={num_nodes} would need about {need / 1e9:.1f} GB on {device} for the "
             f"replicas alone ({per_node / 1e6:.1f} MB per node: parameters, gradients, "
-            f"{optimizer_states} optimizer states per parameter, buffers), but only "
+            f"{optimizer_states} optimizer states per parameter, a communication buffer, "
+            "buffers), but only "
             f"{have / 1e9:.1f} GB is available; at most about {max(have // per_node, 1):,.0f} "
             "nodes fit here: use fewer nodes, or spread them over processes/machines "
             "(--engine process, torchrun)")

@@ -17,7 +17,7 @@ in two modes, side by side:
   given ``sync_time`` (``--sync-time``). A 7B-parameter fp16 model is ``S`` = 14 GB = 112 Gbit:
   0.56 s at 200 Gbit/s, 1,120 s = 18.7 min at 100 Mbit/s. 1,000 one-minute batches on 2 nodes: one
   node 1,000 min; DDP in a data centre 500 * (1 + 0.56/60) = 504.7 min (~505); over home
-  internet 500 * (1 + 18.67) = 9,833 min, or with the seed's rounded 20-minute sync exactly
+  internet 500 * (1 + 18.67) = 9,833 min, or with the post's rounded 20-minute sync exactly
   500 * 21 = 10,500 min; DiLoCo with H = 500 syncs once: 500 + 18.67 = 518.7 min (~519), or
   exactly 520 with the 20-minute sync;
 - **all-reduce**: ``sync_time`` is the network's all-reduce of ``S`` bytes over ``N`` nodes
@@ -26,7 +26,7 @@ in two modes, side by side:
 
 Bytes sent per node: send once ``syncs * S``; all-reduce ``syncs * 2(N-1)/N * S`` (``(N-1) S``
 for a sparse codec), the communicator's formulas. Distributing pays off when ``total`` is below
-one node's time, i.e. when ``sync_time < H (N-1) c`` (with ``N = 2``: the seed's
+one node's time, i.e. when ``sync_time < H (N-1) c`` (with ``N = 2``: the post's
 ``sync_time < H c``). ``utilization = steps * c / total``.
 """
 

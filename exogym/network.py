@@ -86,7 +86,7 @@ _DURATION = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1
              "min": 60.0, "h": 3600.0, "hr": 3600.0, "d": 86400.0, "day": 86400.0,
              "days": 86400.0}
 DURATION_UNITS = ", ".join(_DURATION)
-_NUMBER_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([^\s0-9].*?)?\s*$")
+_NUMBER_UNIT = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([^\s0-9].*?)?\s*$")
 
 
 def _split(text: str, what: str, example: str, units: str) -> tuple[float, str]:
@@ -129,6 +129,8 @@ def parse_duration(text: str) -> float:
                          f"{DURATION_UNITS})")
     if unit not in _DURATION:
         raise ValueError(f"unknown duration unit {unit!r} in {text!r}; allowed: {DURATION_UNITS}")
+    if value < 0:
+        raise ValueError(f"a duration must be >= 0, got {text!r}")
     return value * _DURATION[unit]
 
 

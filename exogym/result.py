@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -46,20 +47,26 @@ def read_json(path: str | Path, hint: str = "") -> dict[str, Any]:
 
 
 def check_writable(path: str | Path, what: str = "output") -> Path:
-    """``path`` (a file or folder that may not exist yet) can be created: its nearest existing
-    ancestor is a writable folder. Raises OSError naming the path, before any work is done."""
+    """``path`` (a file or folder that may not exist yet) can be created: something can really
+    be created in its nearest existing ancestor (a probe folder, removed at once; permission
+    bits alone do not tell, e.g. for root on a read-only or virtual file system). Raises
+    OSError naming the path, before any work is done."""
     path = Path(path)
     if str(path) == "":
         raise ValueError(f"the {what} path is empty; give a folder or file name")
     ancestor = path.absolute()
     while not ancestor.exists():
         ancestor = ancestor.parent
-    if not ancestor.is_dir():
+    target = path if path.exists() else ancestor
+    if not target.is_dir() and target == ancestor:
         raise NotADirectoryError(f"cannot create {what} {str(path)!r}: {str(ancestor)!r} is a "
                                  "file, not a folder")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise PermissionError(f"cannot write {what} {str(path)!r}: {str(ancestor)!r} is not "
-                              "writable")
+    probe_in = target if target.is_dir() else target.parent
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".exogym-probe-", dir=probe_in))
+    except OSError as err:
+        raise PermissionError(f"cannot write {what} {str(path)!r}: creating anything in "
+                              f"{str(probe_in)!r} fails ({err.strerror})") from None
     return path
 
 

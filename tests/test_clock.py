@@ -323,7 +323,7 @@ def test_bad_clock_arguments() -> None:
         fit(DDP(), network="dialup")
     with pytest.raises(ValueError, match="not both"):
         fit(DDP(), step_time=1.0, flops_per_sample=1e9, device_flops=1e12)
-    with pytest.raises(ValueError, match="node_speed lists 2 values .* but the run has 3 nodes"):
+    with pytest.raises(ValueError, match=r"node_speed lists 2 values .* but the run has 3 nodes"):
         fit(DDP(), network="datacenter,node_speed=1:2", step_time=1.0)
     r = fit(DDP(), network=None)
     with pytest.raises(ValueError, match="no simulated clock"):

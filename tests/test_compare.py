@@ -382,3 +382,32 @@ def test_a_diverged_run_gives_nan_cells_not_a_crash(repeated: Comparison) -> Non
     assert cells["eval loss"] == "nan ± nan"
     assert cells["eval accuracy"] == _table(repeated.results_md.read_text())["ddp"][
         "eval accuracy"]
+
+
+def test_the_bytes_and_time_plots_keep_the_points_before_the_first_sync(
+        repeated: Comparison, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import matplotlib.axes
+
+    from exogym.plots import plot_comparison
+
+    drawn: list[tuple[str, list[float]]] = []
+    scales: list[str] = []
+    plot, set_xscale = matplotlib.axes.Axes.plot, matplotlib.axes.Axes.set_xscale
+
+    def record_plot(self, xs, *args, **kwargs):  # type: ignore[no-untyped-def]
+        drawn.append((kwargs.get("label", ""), [float(x) for x in xs]))
+        return plot(self, xs, *args, **kwargs)
+
+    def record_scale(self, value, **kwargs):  # type: ignore[no-untyped-def]
+        scales.append(value)
+        return set_xscale(self, value, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", record_plot)
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_xscale", record_scale)
+    plot_comparison(repeated, tmp_path)
+    assert scales == ["symlog", "symlog"]  # bytes and simulated time; steps stay linear
+    by_plot = [drawn[i:i + 2] for i in range(0, 6, 2)]  # 3 plots x (ddp, diloco)
+    steps, sent, _time = by_plot
+    assert [x for _, x in steps] == [[0.0, 10.0, 20.0]] * 2
+    for label, xs in sent:  # DiLoCo has sent nothing until its first sync at step 10
+        assert xs[0] == 0.0 and len(xs) == 3, label

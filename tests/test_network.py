@@ -69,7 +69,9 @@ def test_parse_duration(text: str, seconds: float) -> None:
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [("20", "a duration needs a unit: '20' could be seconds or milliseconds; write e.g. '20ms'"), ("20 parsecs", "unknown duration unit 'parsecs'"),
+    [("20", "a duration needs a unit: '20' could be seconds or milliseconds; write e.g. "
+             "'20ms'"),
+     ("20 parsecs", "unknown duration unit 'parsecs'"),
      ("3m", "unknown duration unit 'm'"), ("soon", "a number with a unit")],
 )
 def test_parse_duration_errors(text: str, message: str) -> None:

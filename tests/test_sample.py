@@ -84,3 +84,29 @@ def load_run_model_state(task_id: str) -> dict[str, torch.Tensor]:
     from exogym.tasks import get_task
 
     return get_task(task_id).build_model().state_dict()
+
+
+def test_the_run_records_its_vocabulary_so_sampling_needs_no_corpus(
+        gpt_run: Path, tmp_path: Path) -> None:
+    config = json.loads((gpt_run / "config.json").read_text())
+    assert len(config["vocab"]) == 65 and config["vocab"][:3] == "\n !"
+    nothing = tmp_path / "no-data"  # no corpus here, and no download allowed
+    text = sample(gpt_run, prompt="ROMEO:", max_new_tokens=40, seed=1, data_dir=nothing,
+                  download=False)
+    assert text == sample(gpt_run, prompt="ROMEO:", max_new_tokens=40, seed=1,
+                          data_dir=SHARED_DATA, download=False)
+
+
+def test_a_corrupt_model_or_config_is_one_line_naming_the_file(
+        gpt_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((gpt_run / "config.json").read_text())
+    (broken / "model.pt").write_bytes((gpt_run / "model.pt").read_bytes()[:1000])
+    assert main(["sample", str(broken)]) == 2
+    err = capsys.readouterr().err
+    assert f"{broken / 'model.pt'} cannot be loaded as the {TASK} model's weights" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    (broken / "config.json").write_text('{"task": "shakesp')
+    assert main(["sample", str(broken)]) == 2
+    assert "config.json is not valid JSON (truncated or corrupted?)" in capsys.readouterr().err
