@@ -24,7 +24,7 @@ CUDA. Repeats alternate the sides (baseline, exogym; then exogym, baseline; ...)
 reports the median (``--stat best`` for the best) of the repeats' samples/s and the largest peak.
 
 Data: batches are pre-loaded into one pool of at most ``max(256, max N)`` batches (real MNIST
-training images when found, via ``exogym.data.mnist.MNIST``; random tensors of the same shapes
+training images when found, via ``exogym.tasks.data.mnist.MNIST``; random tensors of the same shapes
 with ``--synthetic`` or when MNIST is not found), written once to a temporary file, loaded by
 every worker and indexed by views during the timed steps, identically on both sides.
 
@@ -60,10 +60,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from exogym.comm import InProcessCommunicator
-from exogym.engine import ENGINES, NodeStack, loss_of
-from exogym.models import Classifier, MnistCNN
+from exogym.sim.comm import InProcessCommunicator
+from exogym.sim.engine import ENGINES, NodeStack, loss_of
 from exogym.strategy import Strategy, make, registry
+from exogym.tasks.models import Classifier, MnistCNN
 
 RESULT_MARK = "@@throughput-result@@ "
 POOL_BATCHES = 256
@@ -350,8 +350,8 @@ def build_pool(args: argparse.Namespace, max_nodes: int, path: Path) -> str:
     description = ""
     if not args.synthetic:
         try:
-            from exogym.data.download import DatasetNotFoundError
-            from exogym.data.mnist import MNIST
+            from exogym.tasks.data.download import DatasetNotFoundError
+            from exogym.tasks.data.mnist import MNIST
 
             try:
                 train = MNIST(args.data_dir, train=True, download=args.download)
@@ -367,7 +367,8 @@ def build_pool(args: argparse.Namespace, max_nodes: int, path: Path) -> str:
                 description = f"MNIST train ({train.root})"
                 del train
         except ImportError as err:  # pragma: no cover - data module missing
-            print(f"exogym.data.mnist unavailable ({err}); using synthetic data", file=sys.stderr)
+            print(f"exogym.tasks.data.mnist unavailable ({err}); using synthetic data",
+                  file=sys.stderr)
     if not description:
         x = torch.randn(count, b, 1, 28, 28, generator=gen)
         y = torch.randint(0, 10, (count, b), generator=gen)

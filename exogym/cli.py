@@ -5,10 +5,10 @@ A thin layer over :class:`exogym.Trainer`, the task registry and the strategy re
 strategy hyperparameter is reachable with ``--set KEY=VALUE`` and checked against the strategy's
 fields, so a typo is an error, never a silently ignored option. ``run`` under ``torchrun`` runs
 as one rank of a multi-process job (:meth:`exogym.Trainer.fit` joins torchrun's group);
-``compare`` runs several strategies on one task (:mod:`exogym.compare`); ``sample`` prints text
-from a language-model run (:mod:`exogym.sample`); ``recost`` replays a finished run's recorded
-collectives on other networks (:mod:`exogym.clock`); ``estimate`` is the analytic calculator of
-:mod:`exogym.estimate`.
+``compare`` runs several strategies on one task (:mod:`exogym.lab.compare`); ``sample`` prints text
+from a language-model run (:mod:`exogym.lab.sample`); ``recost`` replays a finished run's recorded
+collectives on other networks (:mod:`exogym.sim.clock`); ``estimate`` is the analytic calculator of
+:mod:`exogym.lab.estimate`.
 """
 
 from __future__ import annotations
@@ -25,16 +25,16 @@ from pathlib import Path
 import torch
 
 from exogym import strategy as strategies
-from exogym.config import ConfigError, config_fields
-from exogym.data.download import ChecksumError, DatasetNotFoundError
-from exogym.data.partition import parse_partition
-from exogym.dist import torchrun_env
-from exogym.engine import ENGINES, PRECISIONS
-from exogym.estimate import DTYPES, STRATEGIES, parse_count
-from exogym.network import PROFILES, Network, parse_duration, parse_network
-from exogym.result import NonFiniteLossError
-from exogym.sinks import Sink, make_sink
-from exogym.tasks import TASKS, get_task
+from exogym.lab.estimate import DTYPES, STRATEGIES, parse_count
+from exogym.run.dist import torchrun_env
+from exogym.run.result import NonFiniteLossError
+from exogym.run.sinks import Sink, make_sink
+from exogym.sim.engine import ENGINES, PRECISIONS
+from exogym.sim.network import PROFILES, Network, parse_duration, parse_network
+from exogym.sim.partition import parse_partition
+from exogym.tasks.data.download import ChecksumError, DatasetNotFoundError
+from exogym.tasks.registry import TASKS, get_task
+from exogym.utils.config import ConfigError, config_fields
 
 __all__ = ["main"]
 
@@ -337,9 +337,9 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from exogym.engine import check_memory, resolve_device
-    from exogym.result import check_out_dir
-    from exogym.trainer import Trainer
+    from exogym.run.result import check_out_dir
+    from exogym.run.trainer import Trainer
+    from exogym.sim.engine import check_memory, resolve_device
 
     # Everything that can be checked is checked before the data loads (which may download).
     task = get_task(args.task)
@@ -394,7 +394,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         **({"num_epochs": args.epochs} if args.epochs else {"max_steps": args.steps or 500}),
     )
     if args.engine == "process":
-        from exogym.launch import fit_processes
+        from exogym.run.launch import fit_processes
 
         if ranks is not None:
             raise ConfigError("--engine process spawns its own processes; under torchrun use "
@@ -423,7 +423,7 @@ def _sinks(args: argparse.Namespace) -> list[Sink]:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    from exogym.sample import sample
+    from exogym.lab.sample import sample
 
     print(sample(args.run_dir, prompt=args.prompt, max_new_tokens=args.tokens,
                  temperature=args.temperature, top_k=args.top_k, seed=args.seed,
@@ -433,8 +433,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """``exogym compare``: print the table and where the results were written."""
-    from exogym.compare import compare
-    from exogym.report import format_table
+    from exogym.lab.compare import compare
+    from exogym.lab.report import format_table
 
     out = args.out or _default_out(f"compare-{get_task(args.task).id}")
     with warnings.catch_warnings():
@@ -506,9 +506,9 @@ def cmd_networks() -> int:
 
 
 def cmd_recost(args: argparse.Namespace) -> int:
-    from exogym.clock import ClockTrace
-    from exogym.network import format_duration
-    from exogym.result import read_json
+    from exogym.run.result import read_json
+    from exogym.sim.clock import ClockTrace
+    from exogym.sim.network import format_duration
 
     path = args.run_dir / "summary.json"
     summary = read_json(path, "RUN_DIR must be a finished run's folder")
@@ -547,7 +547,7 @@ def cmd_recost(args: argparse.Namespace) -> int:
 
 
 def _bytes(n: float) -> str:
-    from exogym.estimate import format_bytes
+    from exogym.lab.estimate import format_bytes
 
     return format_bytes(n)
 
@@ -556,8 +556,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from exogym import estimate as est
 
     if args.plot:
-        from exogym.plots import require_matplotlib
-        from exogym.result import check_writable
+        from exogym.lab.plots import require_matplotlib
+        from exogym.run.result import check_writable
 
         require_matplotlib()  # before any output
         check_writable(args.plot, "plot file")

@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from exogym.comm import InProcessCommunicator
-from exogym.engine import NodeStack
-from exogym.optim import OptimSpec
+from exogym.sim.comm import InProcessCommunicator
+from exogym.sim.engine import NodeStack
 from exogym.strategy.base import Strategy
+from exogym.strategy.optim import OptimSpec
 
 F64 = torch.float64
 TOL = {"rtol": 0.0, "atol": 1e-12}

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from exogym.engine import NodeStack
+from exogym.sim.engine import NodeStack
 
 N, B = 3, 8
 

@@ -14,7 +14,7 @@ from torch.utils.data import TensorDataset
 
 from exogym import Classifier, Trainer
 from exogym.cli import main
-from exogym.clock import (
+from exogym.sim.clock import (
     ClockTrace,
     SimClock,
     decode_comm_log,
@@ -22,13 +22,13 @@ from exogym.clock import (
     measure_step_time,
     resolve_step_time,
 )
-from exogym.comm import CommRecord
-from exogym.network import Network, parse_network
-from exogym.optim import OptimSpec
+from exogym.sim.comm import CommRecord
+from exogym.sim.network import Network, parse_network
 from exogym.strategy.base import Strategy
 from exogym.strategy.ddp import DDP
 from exogym.strategy.diloco import DiLoCo
-from exogym.tasks import Task
+from exogym.strategy.optim import OptimSpec
+from exogym.tasks.registry import Task
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -1,4 +1,5 @@
-"""Codecs (exogym.codecs), the communicator's ``codec=`` keyword and the strategies' codec fields.
+"""Codecs (exogym.sim.codecs), the communicator's ``codec=`` keyword, the strategies' codec
+fields.
 
 Every codec is checked by hand on tiny tensors (values chosen so that the arithmetic is exact in
 binary floating point), and the byte accounting against the formulas of the codecs' docstring:
@@ -19,7 +20,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from exogym import Classifier, Trainer
-from exogym.codecs import (
+from exogym.sim.codecs import (
     CastCodec,
     ErrorFeedback,
     FP4Codec,
@@ -28,13 +29,13 @@ from exogym.codecs import (
     TopKCodec,
     make_codec,
 )
-from exogym.comm import CommRecord, InProcessCommunicator
-from exogym.config import ConfigError, apply_overrides
-from exogym.engine import NodeStack
-from exogym.optim import OptimSpec
+from exogym.sim.comm import CommRecord, InProcessCommunicator
+from exogym.sim.engine import NodeStack
 from exogym.strategy.base import Strategy
 from exogym.strategy.ddp import DDP
 from exogym.strategy.fedavg import FedAvg
+from exogym.strategy.optim import OptimSpec
+from exogym.utils.config import ConfigError, apply_overrides
 
 F32, F64 = torch.float32, torch.float64
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from exogym.comm import CommRecord, InProcessCommunicator
+from exogym.sim.comm import CommRecord, InProcessCommunicator
 
 NODES = (1, 2, 3, 4, 8)
 # (dtype, per-node shape, S = numel * element size, by hand)

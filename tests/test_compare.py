@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from exogym.cli import main
-from exogym.compare import (
+from exogym.lab.compare import (
     PLOT_FILES,
     Comparison,
     Stat,
@@ -31,11 +31,11 @@ from exogym.compare import (
     default_eval_interval,
     resolve_strategies,
 )
-from exogym.config import ConfigError
-from exogym.network import parse_duration
-from exogym.plots import MISSING_MATPLOTLIB
-from exogym.report import format_table
-from exogym.tasks import TASKS, Task, get_task
+from exogym.lab.plots import MISSING_MATPLOTLIB
+from exogym.lab.report import format_table
+from exogym.sim.network import parse_duration
+from exogym.tasks.registry import TASKS, Task, get_task
+from exogym.utils.config import ConfigError
 
 SHARED_DATA = Path(os.environ.get("EXOGYM_DATA_DIR") or
                    Path(__file__).resolve().parents[2] / "shared" / "data")
@@ -388,7 +388,7 @@ def test_the_bytes_and_time_plots_keep_the_points_before_the_first_sync(
         repeated: Comparison, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import matplotlib.axes
 
-    from exogym.plots import plot_comparison
+    from exogym.lab.plots import plot_comparison
 
     drawn: list[tuple[str, list[float]]] = []
     scales: list[str] = []

@@ -9,8 +9,8 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from exogym import Classifier, DilocoSimulator, Trainer
-from exogym.optim import LRSchedule, OptimSpec
 from exogym.strategy import DiLoCo
+from exogym.strategy.optim import LRSchedule, OptimSpec
 
 
 class TinyNet(nn.Module):

@@ -1,4 +1,4 @@
-"""Typed ``KEY=VALUE`` overrides (exogym.config) and the strategy registry (exogym.strategy)."""
+"""Typed ``KEY=VALUE`` overrides (exogym.utils.config), the strategy registry (exogym.strategy)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from exogym.config import ConfigError, apply_overrides, config_fields, parse_value
-from exogym.optim import OptimSpec
 from exogym.strategy import DDP, DiLoCo, FedAvg, describe, get, make, registry
+from exogym.strategy.optim import OptimSpec
+from exogym.utils.config import ConfigError, apply_overrides, config_fields, parse_value
 
 # -- make: parsing --------------------------------------------------------------------------------
 

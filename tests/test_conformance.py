@@ -16,8 +16,8 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from exogym import Trainer
-from exogym.config import ConfigError
 from exogym.strategy import describe, make, registry
+from exogym.utils.config import ConfigError
 
 IDS = registry()
 

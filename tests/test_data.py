@@ -1,4 +1,4 @@
-"""Tests for exogym.data: data-dir resolution, IDX parsing, MNIST, verified downloads.
+"""Tests for exogym.tasks.data: data-dir resolution, IDX parsing, MNIST, verified downloads.
 
 The real MNIST files are expected in ``$EXOGYM_DATA_DIR/mnist/`` if that variable is set, else in
 ``shared/data/mnist/`` beside the repository checkout.
@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from exogym.data.download import (
+from exogym.tasks.data.download import (
     ChecksumError,
     DatasetNotFoundError,
     RemoteFile,
     ensure_files,
     file_digest,
 )
-from exogym.data.mnist import FILES, MEAN, MNIST, STD, TEST_LABELS, load_mnist, read_idx
-from exogym.data.paths import ENV_VAR, default_cache_dir, resolve_data_dir
+from exogym.tasks.data.mnist import FILES, MEAN, MNIST, STD, TEST_LABELS, load_mnist, read_idx
+from exogym.tasks.data.paths import ENV_VAR, default_cache_dir, resolve_data_dir
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 

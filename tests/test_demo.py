@@ -23,10 +23,10 @@ from torch import Tensor, nn
 from torch.utils.data import TensorDataset
 
 from exogym import MnistCNN
-from exogym.engine import NodeStack
-from exogym.optim import LRSchedule, OptimSpec
+from exogym.sim.engine import NodeStack
 from exogym.strategy._dct import ChunkLayout, chunk_size, dct_matrix, index_dtype
 from exogym.strategy.demo import DeMo
+from exogym.strategy.optim import LRSchedule, OptimSpec
 
 P8 = torch.tensor([1.0, -1.0, -1.0, 1.0, 1.0, -1.0, -1.0, 1.0], dtype=F64)
 
@@ -301,7 +301,7 @@ def test_invalid_hyperparameters_are_rejected(kwargs, match):
 
 
 def test_overrides_from_strings_reach_the_fields_and_eta():
-    from exogym.config import apply_overrides
+    from exogym.utils.config import apply_overrides
 
     demo = apply_overrides(DeMo, {"s": "32", "k": "16", "beta": "0.9", "lr": "0.01",
                                   "optim.weight_decay": "0.1"})
@@ -312,7 +312,7 @@ def test_overrides_from_strings_reach_the_fields_and_eta():
 
 
 def test_takes_no_codec_and_documents_every_field():
-    from exogym.config import config_fields
+    from exogym.utils.config import config_fields
 
     assert DeMo.supports_codec is False
     spec = config_fields(DeMo)

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset, TensorDataset
 
 from exogym import Classifier, Trainer
-from exogym.data.sharding import NodeBatches
+from exogym.sim.sharding import NodeBatches
 from exogym.strategy import make
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -15,10 +15,10 @@ import pytest
 import torch
 from by_hand import TOL, step_with, t
 
-from exogym.config import ConfigError
-from exogym.optim import OptimSpec
 from exogym.strategy import make
 from exogym.strategy.diloco import DiLoCo
+from exogym.strategy.optim import OptimSpec
+from exogym.utils.config import ConfigError
 
 
 def build(strategy, values=(1.0, 2.0), *, n=2, bn=False):

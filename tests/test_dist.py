@@ -28,11 +28,8 @@ from torch import Tensor, nn
 from torch.utils.data import TensorDataset
 
 from exogym import Trainer
-from exogym.comm import InProcessCommunicator
-from exogym.data.sharding import NodeBatches
-from exogym.dist import DistributedCommunicator, local_batches, local_node_ids
-from exogym.engine import NodeStack
-from exogym.launch import (
+from exogym.run.dist import DistributedCommunicator, local_batches, local_node_ids
+from exogym.run.launch import (
     RankContext,
     WorkerError,
     _fit_rank,
@@ -40,6 +37,9 @@ from exogym.launch import (
     fit_strategies,
     launch,
 )
+from exogym.sim.comm import InProcessCommunicator
+from exogym.sim.engine import NodeStack
+from exogym.sim.sharding import NodeBatches
 from exogym.strategy import make, registry
 from exogym.strategy.base import Strategy
 

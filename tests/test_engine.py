@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from exogym import Trainer
-from exogym.engine import NodeStack, loss_of, metrics_of, resolve_device
+from exogym.sim.engine import NodeStack, loss_of, metrics_of, resolve_device
 
 
 class TiedLM(nn.Module):

@@ -19,12 +19,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from exogym.comm import InProcessCommunicator
-from exogym.engine import NodeStack
-from exogym.optim import LRSchedule, OptimSpec
+from exogym.sim.comm import InProcessCommunicator
+from exogym.sim.engine import NodeStack
 from exogym.strategy.ddp import DDP
 from exogym.strategy.diloco import DiLoCo
 from exogym.strategy.fedavg import FedAvg
+from exogym.strategy.optim import LRSchedule, OptimSpec
 
 N = 3  # nodes
 STEPS = 20

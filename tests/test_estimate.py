@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from exogym.cli import main
-from exogym.estimate import estimate, parse_count, sweep
+from exogym.lab.estimate import estimate, parse_count, sweep
 
 SEED = {"params": 7e9, "dtype": "fp16", "num_nodes": 2, "batches": 1000, "compute_s": 60.0}
 MIN = 60.0

@@ -17,13 +17,13 @@ import pytest
 import torch
 from by_hand import F64, TOL, step_with, t
 
-from exogym.optim import OptimSpec
 from exogym.strategy.diloco import DiLoCo
 from exogym.strategy.fedadagrad import FedAdagrad
 from exogym.strategy.fedadam import FedAdam
 from exogym.strategy.fedavgm import FedAvgM
 from exogym.strategy.fedopt import FedOpt
 from exogym.strategy.fedyogi import FedYogi
+from exogym.strategy.optim import OptimSpec
 
 SQRT2, SQRT5, SQRT7, SQRT13, SQRT15 = (math.sqrt(v) for v in (2, 5, 7, 13, 15))
 

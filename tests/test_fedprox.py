@@ -11,9 +11,9 @@ import pytest
 import torch
 from by_hand import F64, TOL, step_with, t
 
-from exogym.optim import OptimSpec
 from exogym.strategy.fedavg import FedAvg
 from exogym.strategy.fedprox import FedProx
+from exogym.strategy.optim import OptimSpec
 
 
 def build(strategy, values=(1.0, 2.0), *, n=2):

@@ -22,11 +22,11 @@ from torch.utils.data import Dataset, TensorDataset
 from exogym import Classifier, Trainer
 from exogym import engine as engine_module
 from exogym.cli import main
-from exogym.compare import compare
-from exogym.data.sharding import FixedSubset, iterate_batches
-from exogym.optim import OptimSpec
-from exogym.result import NonFiniteLossError
+from exogym.lab.compare import compare
+from exogym.run.result import NonFiniteLossError
+from exogym.sim.sharding import FixedSubset, iterate_batches
 from exogym.strategy import DDP, DiLoCo, FedAvg
+from exogym.strategy.optim import OptimSpec
 
 SHARED_DATA = Path(os.environ.get("EXOGYM_DATA_DIR") or
                    Path(__file__).resolve().parents[2] / "shared" / "data")

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from exogym.network import (
+from exogym.sim.network import (
     PROFILES,
     Network,
     collective_time,

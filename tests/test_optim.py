@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from exogym.comm import InProcessCommunicator
-from exogym.engine import NodeStack
-from exogym.optim import LRSchedule, OptimSpec
+from exogym.sim.comm import InProcessCommunicator
+from exogym.sim.engine import NodeStack
 from exogym.strategy import DDP, DiLoCo
+from exogym.strategy.optim import LRSchedule, OptimSpec
 
 # -- OptimSpec ------------------------------------------------------------------------------------
 

@@ -17,8 +17,9 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
-import exogym.trainer
-from exogym.data.partition import (
+import exogym.run.trainer
+from exogym.run.dist import local_batches
+from exogym.sim.partition import (
     MAX_DRAWS,
     Partition,
     contiguous_shards,
@@ -27,10 +28,9 @@ from exogym.data.partition import (
     label_histogram,
     parse_partition,
 )
-from exogym.data.paths import ENV_VAR
-from exogym.data.sharding import NodeBatches
-from exogym.dist import local_batches
+from exogym.sim.sharding import NodeBatches
 from exogym.strategy import make
+from exogym.tasks.data.paths import ENV_VAR
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 CLASSES, PER_CLASS = 10, 600
@@ -231,7 +231,7 @@ def test_contiguous_shards_hand_computed() -> None:
 def test_contiguous_shards_of_shakespeare_are_contiguous_spans_of_the_text(
     data_root: Path,
 ) -> None:
-    from exogym.data.shakespeare import load_shakespeare
+    from exogym.tasks.data.shakespeare import load_shakespeare
 
     t = 16
     train, _ = load_shakespeare(data_root, block_size=t, train_stride=t, download=False)
@@ -318,7 +318,7 @@ def test_node_batches_collate_and_stats() -> None:
 
 
 def test_process_rows_equal_the_simulator_rows() -> None:
-    """``exogym.dist.local_batches`` (the process engine) gives a process exactly its rows."""
+    """``exogym.run.dist.local_batches`` (the process engine) gives a process exactly its rows."""
     sim = NodeBatches(Labelled(LABELS), 4, 8, seed=9, partition="dirichlet:0.5")
     proc = NodeBatches(Labelled(LABELS), 4, 8, seed=9, partition="dirichlet:0.5")
     rows = local_batches(proc, [1, 3])
@@ -330,7 +330,7 @@ def test_process_rows_equal_the_simulator_rows() -> None:
 
 
 def test_mnist_dirichlet_skew(data_root: Path) -> None:
-    from exogym.data.mnist import MNIST
+    from exogym.tasks.data.mnist import MNIST
 
     train = MNIST(data_root, train=True, download=False)
     skewed = NodeBatches(train, 4, 64, seed=0, partition="dirichlet:0.1")
@@ -444,7 +444,7 @@ class Recorder(nn.Module):
 def test_trainer_trains_on_the_partition(tmp_path: Path) -> None:
     SEEN.clear()
     ds = Labelled(LABELS[:400])
-    exogym.trainer.Trainer(Recorder(), ds).fit(
+    exogym.run.trainer.Trainer(Recorder(), ds).fit(
         strategy=make("fedavg", H=4), num_nodes=3, max_steps=12, batch_size=8, engine="loop",
         device="cpu", progress=False, network=None, partition="dirichlet:0.1", out_dir=tmp_path)
     shards = dirichlet_shards(LABELS[:400], 3, 0.1, seed=0, min_size=8)

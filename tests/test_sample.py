@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from exogym.cli import main
-from exogym.config import ConfigError
-from exogym.sample import load_run_model, sample
+from exogym.lab.sample import load_run_model, sample
+from exogym.utils.config import ConfigError
 
 SHARED_DATA = Path(os.environ.get("EXOGYM_DATA_DIR") or
                    Path(__file__).resolve().parents[2] / "shared" / "data")
@@ -34,7 +34,7 @@ def test_the_run_folder_holds_the_final_global_model(gpt_run: Path) -> None:
     task_id, model = load_run_model(gpt_run)
     assert task_id == TASK
     # model.pt is the run's final global model: evaluating it gives the logged final loss.
-    from exogym.tasks import get_task
+    from exogym.tasks.registry import get_task
 
     _, val = get_task(TASK).load_data(SHARED_DATA, False)
     x, y = val.get_batch(torch.arange(64))
@@ -81,7 +81,7 @@ def test_sample_errors_name_the_problem(
 
 
 def load_run_model_state(task_id: str) -> dict[str, torch.Tensor]:
-    from exogym.tasks import get_task
+    from exogym.tasks.registry import get_task
 
     return get_task(task_id).build_model().state_dict()
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from exogym.sinks import (
+from exogym.run.sinks import (
     CSVSink,
     MultiSink,
     Sink,

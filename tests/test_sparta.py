@@ -19,13 +19,13 @@ from torch import Tensor, nn
 from torch.utils.data import TensorDataset
 
 from exogym import Classifier, MnistCNN, Trainer
-from exogym.comm import InProcessCommunicator
-from exogym.config import ConfigError, apply_overrides, config_fields
-from exogym.engine import NodeStack
+from exogym.sim.comm import InProcessCommunicator
+from exogym.sim.engine import NodeStack
 from exogym.strategy.diloco import DiLoCo
 from exogym.strategy.fedavg import FedAvg
 from exogym.strategy.sparta import SPARTA, SparseAverager, sample_distinct, step_seed
 from exogym.strategy.sparta_diloco import SPARTADiLoCo
+from exogym.utils.config import ConfigError, apply_overrides, config_fields
 
 
 class TwoTensors(nn.Module):

@@ -12,8 +12,8 @@ import torch
 from by_hand import F64, TOL, Vec, build, set_rows, sgd, t
 from torch import nn
 
-from exogym.comm import InProcessCommunicator
-from exogym.engine import NodeStack
+from exogym.sim.comm import InProcessCommunicator
+from exogym.sim.engine import NodeStack
 from exogym.strategy import DDP, DiLoCo, FedAvg
 
 

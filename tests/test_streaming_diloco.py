@@ -18,13 +18,13 @@ from by_hand import F64, TOL, sgd, t
 from by_hand import stack as build
 from torch import Tensor, nn
 
-from exogym.codecs import make_codec
-from exogym.comm import InProcessCommunicator
-from exogym.config import apply_overrides, config_fields
-from exogym.engine import NodeStack
-from exogym.optim import OptimSpec
+from exogym.sim.codecs import make_codec
+from exogym.sim.comm import InProcessCommunicator
+from exogym.sim.engine import NodeStack
 from exogym.strategy.diloco import DiLoCo
+from exogym.strategy.optim import OptimSpec
 from exogym.strategy.streaming_diloco import StreamingDiLoCo, strided_fragments
+from exogym.utils.config import apply_overrides, config_fields
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # tiny tensors: threads only cost time
 

@@ -18,16 +18,16 @@ import pytest
 import torch
 from torch.utils.data import Subset
 
-from exogym.config import ConfigError
-from exogym.data import cifar10
-from exogym.data.cifar10 import CIFAR10, MEAN, STD, load_cifar10, read_cifar_batch
-from exogym.data.download import ChecksumError, DatasetNotFoundError, RemoteFile
-from exogym.data.paths import ENV_VAR
-from exogym.data.shakespeare import CharVocab, ShakespeareChar, load_shakespeare, split_text
-from exogym.gpt import GPT, GPTConfig
+from exogym.run.trainer import Trainer
 from exogym.strategy.diloco import DiLoCo
-from exogym.tasks import ALIASES, TASKS, CifarCNN, get_task
-from exogym.trainer import Trainer
+from exogym.tasks.data import cifar10
+from exogym.tasks.data.cifar10 import CIFAR10, MEAN, STD, load_cifar10, read_cifar_batch
+from exogym.tasks.data.download import ChecksumError, DatasetNotFoundError, RemoteFile
+from exogym.tasks.data.paths import ENV_VAR
+from exogym.tasks.data.shakespeare import CharVocab, ShakespeareChar, load_shakespeare, split_text
+from exogym.tasks.gpt import GPT, GPTConfig
+from exogym.tasks.registry import ALIASES, TASKS, CifarCNN, get_task
+from exogym.utils.config import ConfigError
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 

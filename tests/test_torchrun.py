@@ -24,8 +24,8 @@ from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
 from exogym import Trainer
-from exogym.dist import torchrun_env
-from exogym.launch import free_port
+from exogym.run.dist import torchrun_env
+from exogym.run.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("EXOGYM_DATA_DIR") or ROOT.parent / "shared" / "data")

@@ -13,8 +13,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from exogym.config import ConfigError, apply_overrides, config_fields
 from exogym.strategy.base import Strategy
+from exogym.utils.config import ConfigError, apply_overrides, config_fields
 
 if TYPE_CHECKING:
     from exogym.strategy.ddp import DDP

@@ -11,7 +11,7 @@ trainer owns the loop and calls, in order:
    through ``self.comm`` only; the trainer zeroes the gradients afterwards;
 3. :meth:`Strategy.global_state` whenever the global model is evaluated.
 
-Compressed communication: the fields ``codec`` (a spec of :func:`exogym.codecs.make_codec`,
+Compressed communication: the fields ``codec`` (a spec of :func:`exogym.sim.codecs.make_codec`,
 ``"int8"``, ``"topk:0.1"``, ...), ``error_feedback`` and ``codec_seed`` select a transport codec;
 :meth:`Strategy.setup` builds it afresh for every run as ``self.transport_codec`` (``None``
 without a codec), and the strategy passes it to its main collective
@@ -29,11 +29,11 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from exogym.codecs import Codec, make_codec
-from exogym.comm import Communicator, ReduceOp
-from exogym.engine import NodeStack
-from exogym.optim import LRSchedule, OptimSpec
-from exogym.validation import check_number, in_range, positive_int
+from exogym.sim.codecs import Codec, make_codec
+from exogym.sim.comm import Communicator, ReduceOp
+from exogym.sim.engine import NodeStack
+from exogym.strategy.optim import LRSchedule, OptimSpec
+from exogym.utils.validation import check_number, in_range, positive_int
 
 __all__ = ["Strategy", "in_range", "positive_int", "restart_rows"]
 

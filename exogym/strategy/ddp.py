@@ -12,8 +12,8 @@ Sent per step by each node: ``2 (N-1)/N * P`` bytes for the gradients (ring all-
 parameter bytes, 4 x number of parameters in fp32), plus, if the model has buffers, node 0 sends
 ``(N-1) * B`` buffer bytes.
 
-With a transport codec (``codec="int8"``, see :mod:`exogym.codecs`) every node sends its gradients
-through it (optionally with error feedback) and all nodes step with the mean of the
+With a transport codec (``codec="int8"``, see :mod:`exogym.sim.codecs`) every node sends its
+gradients through it (optionally with error feedback) and all nodes step with the mean of the
 reconstructions, so the replicas stay identical. ``P`` becomes the compressed payload
 ``P_c = sum over parameter tensors of codec.payload_bytes(numel)`` (int8: ``numel + 4`` per
 tensor); a sparse codec (top-k) travels as an all-gather, ``(N-1) * P_c`` per node. The buffers

@@ -57,9 +57,9 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from exogym.optim import OptimSpec
 from exogym.strategy._dct import ChunkLayout, dct_matrix
 from exogym.strategy.base import Strategy, in_range, positive_int
+from exogym.strategy.optim import OptimSpec
 
 __all__ = ["DeMo"]
 

@@ -15,7 +15,7 @@ the parameters.
 Sent per round (every ``H`` steps) by each node: ``2 (N-1)/N * (P + B)`` bytes (ring all-reduce of
 the parameters, ``P`` bytes, and float buffers, ``B`` bytes); nothing in between.
 
-With a transport codec (``codec="int8"``, ``"fp16"``, ...; see :mod:`exogym.codecs`) each node
+With a transport codec (``codec="int8"``, ``"fp16"``, ...; see :mod:`exogym.sim.codecs`) each node
 sends its parameters and float buffers through it and every node restarts from the mean of the
 reconstructions: ``P + B`` becomes the compressed payload (the sum over those tensors of
 ``codec.payload_bytes(numel)``, e.g. ``numel + 4`` per tensor for int8). Quantizing *parameters*

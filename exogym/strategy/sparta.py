@@ -50,7 +50,7 @@ from typing import Any, ClassVar, Literal, cast
 import torch
 from torch import Tensor
 
-from exogym.comm import Communicator
+from exogym.sim.comm import Communicator
 from exogym.strategy.base import Strategy, in_range
 
 __all__ = ["POLICIES", "SPARTA", "SparseAverager", "check_sparta_config", "step_seed"]

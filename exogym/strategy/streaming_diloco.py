@@ -18,7 +18,7 @@ which extends DiLoCo (Douillard et al., arXiv:2311.08105) in three ways:
 2. **Quantized outer gradients.** At the sync start every node ``m`` sends its fragment's
    pseudo-gradient ``Delta_{m,p} = theta_p - theta_{m,p}^(t)`` (``theta_p``: the global fragment
    from this fragment's previous outer step) through the transport codec ``quantization``
-   (default ``"fp4"``: FP4 E3M0, see :class:`exogym.codecs.FP4Codec`); the reconstructions are
+   (default ``"fp4"``: FP4 E3M0, see :class:`exogym.sim.codecs.FP4Codec`); the reconstructions are
    averaged in fp32, ``Delta_p = (1/M) sum_m Q(Delta_{m,p})``, and the outer optimizer runs in
    full precision.
 3. **Overlapping communication.** The nodes keep training for ``tau`` inner steps while the
@@ -72,7 +72,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from exogym.codecs import Codec, make_codec
+from exogym.sim.codecs import Codec, make_codec
 from exogym.strategy.base import Strategy, in_range, positive_int
 
 __all__ = ["StreamingDiLoCo", "strided_fragments"]
@@ -115,7 +115,7 @@ class StreamingDiLoCo(Strategy):
             (0 <= tau < H // P; 0 = blocking).
         alpha: mixing factor of the merge, local <- alpha local + (1 - alpha) global
             (0 = take the global fragment).
-        quantization: transport codec of the pseudo-gradients (exogym.codecs spec: "fp4" is
+        quantization: transport codec of the pseudo-gradients (exogym.sim.codecs spec: "fp4" is
             FP4 E3M0 as in the paper; "int8", "fp16", ...; None = fp32).
         outer_lr: the outer optimizer's learning rate (eta).
         outer_momentum: the outer optimizer's momentum (mu).

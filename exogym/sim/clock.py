@@ -20,7 +20,7 @@ Nodes only wait for each other at collectives:
 - a blocking collective is a barrier: it starts when the last node arrives, ``b = max_i t_i``
   (node ``i`` is idle ``b - t_i``: the straggler's cost), and when the network is free (one
   collective at a time, in issue order); it takes the network's time ``T`` for it
-  (:meth:`exogym.network.Network.collective_time`); every node then continues from its end. So a
+  (:meth:`exogym.sim.network.Network.collective_time`); every node then continues from its end. So a
   synchronous (DDP) step lasts ``max_i c_i + T``;
 - a collective marked ``overlap=True`` (Streaming DiLoCo) starts the same way but nobody waits
   for it: nodes keep computing, and stall only if it is still running when its result is needed.
@@ -42,16 +42,15 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
-from exogym.comm import CommRecord
-from exogym.engine import NodeStack, Precision
-from exogym.network import Network, format_duration, parse_duration, parse_network
-from exogym.optim import OptimSpec
+from exogym.sim.comm import CommRecord
+from exogym.sim.engine import NodeStack, Precision
+from exogym.sim.network import Network, format_duration, parse_duration, parse_network
 
 __all__ = [
     "ClockReport",
@@ -62,6 +61,13 @@ __all__ = [
     "measure_step_time",
     "resolve_step_time",
 ]
+
+
+class OptimizerBuilder(Protocol):
+    """What :func:`measure_step_time` needs of an optimizer config (``exogym.strategy.optim.
+    OptimSpec`` is one): ``build(params)``; its ``repr`` identifies it in the cache."""
+
+    def build(self, params: list[torch.Tensor]) -> torch.optim.Optimizer: ...
 
 
 # -- compute model -------------------------------------------------------------------------------
@@ -105,19 +111,19 @@ def _sync(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
-def _measure_key(model: nn.Module, batch: Any, optim: OptimSpec,
+def _measure_key(model: nn.Module, batch: Any, optim: OptimizerBuilder,
                  device: torch.device) -> tuple[Any, ...]:
     cls = type(model)
     tensors = tuple((k, tuple(v.shape), str(v.dtype)) for k, v in model.state_dict().items())
     leaves, spec = tree_flatten(batch)
     shapes = tuple((tuple(t.shape), str(t.dtype)) if isinstance(t, torch.Tensor) else repr(t)
                    for t in leaves)
-    opt = tuple(sorted((k, repr(v)) for k, v in asdict(optim).items()))
+    opt = repr(optim)
     return (cls.__module__, cls.__qualname__, tensors, str(spec), shapes, opt, str(device),
             torch.get_num_threads())
 
 
-def measure_step_time(model: nn.Module, batch: Any, optim: OptimSpec,
+def measure_step_time(model: nn.Module, batch: Any, optim: OptimizerBuilder,
                       device: torch.device | str = "cpu", *, repeats: int = 20,
                       budget_s: float = 1.0, micro_batch_size: int | None = None,
                       precision: Precision = "fp32") -> float:

@@ -23,8 +23,8 @@ broadcast      source: ``(N-1) * S``, others: 0 (star)    source: 0, others: ``S
 With one node nothing is sent. Every call is also appended to :attr:`Communicator.log` as a
 :class:`CommRecord`, which a network model can turn into time.
 
-Codecs (lossy transport, :mod:`exogym.codecs`). Every collective takes ``codec=``: each node's row
-of tensor ``j`` goes through ``codec.roundtrip(t, key=(tag, j))`` (a broadcast: the source's row
+Codecs (lossy transport, :mod:`exogym.sim.codecs`). Every collective takes ``codec=``: each node's
+row of tensor ``j`` goes through ``codec.roundtrip(t, key=(tag, j))`` (a broadcast: the source's row
 only, key ``(tag, j, "broadcast", src)``), the receivers work with the reconstructions (an
 all-reduce sums or averages them in fp32, fp64 for fp64 tensors), and ``S`` becomes the compressed
 payload ``sum_j codec.payload_bytes(t_j[0].numel(), t_j.dtype)``. A *sparse* codec (top-k: every
@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from exogym.codecs import Codec
+    from exogym.sim.codecs import Codec
 
 __all__ = [
     "CommRecord",

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from exogym.validation import check_int, check_number
+from exogym.utils.validation import check_int, check_number
 
 __all__ = ["OPTIMIZERS", "LRSchedule", "OptimSpec"]
 

@@ -21,7 +21,7 @@ in two modes, side by side:
   500 * 21 = 10,500 min; DiLoCo with H = 500 syncs once: 500 + 18.67 = 518.7 min (~519), or
   exactly 520 with the 20-minute sync;
 - **all-reduce**: ``sync_time`` is the network's all-reduce of ``S`` bytes over ``N`` nodes
-  (:meth:`exogym.network.Network.collective_time`; ring: ``2(N-1)/N * 8S/B + 2(N-1) L``), or an
+  (:meth:`exogym.sim.network.Network.collective_time`; ring: ``2(N-1)/N * 8S/B + 2(N-1) L``), or an
   all-gather for a sparse codec (top-k), exactly as a run's clock costs it.
 
 Bytes sent per node: send once ``syncs * S``; all-reduce ``syncs * 2(N-1)/N * S`` (``(N-1) S``
@@ -38,8 +38,8 @@ from dataclasses import dataclass
 
 import torch
 
-from exogym.comm import all_gather_bytes, all_reduce_bytes
-from exogym.network import Network, format_duration, format_rate, parse_network
+from exogym.sim.comm import all_gather_bytes, all_reduce_bytes
+from exogym.sim.network import Network, format_duration, format_rate, parse_network
 
 __all__ = ["DTYPES", "STRATEGIES", "Estimate", "estimate", "format_estimates", "format_sweep",
            "parse_count", "plot_estimates", "sweep"]
@@ -129,7 +129,7 @@ def _payload(params: float, dtype: str, codec: str | None) -> tuple[float, bool]
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if codec is None or codec.strip().lower() == "none":
         return params * DTYPES[dtype].itemsize, False
-    from exogym.codecs import make_codec
+    from exogym.sim.codecs import make_codec
 
     c = make_codec(codec)
     assert c is not None
@@ -302,7 +302,7 @@ def plot_estimates(path: str, key: str | None, values: Sequence[int],
                    results: dict[str, list[Estimate]]) -> None:
     """Write a PNG: training time against the swept value (a line per network and mode), or,
     without a sweep, one bar per scenario. Uses matplotlib."""
-    from exogym.plots import require_matplotlib
+    from exogym.lab.plots import require_matplotlib
 
     require_matplotlib()
     import matplotlib

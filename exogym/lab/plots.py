@@ -1,4 +1,4 @@
-"""Plots of a strategy comparison (:mod:`exogym.compare`): the global model's eval loss against
+"""Plots of a strategy comparison (:mod:`exogym.lab.compare`): the global model's eval loss against
 training steps, against bytes sent per node, and against simulated time on the network.
 
 One line per strategy (the same colour in every plot), the mean over the repeats, with the band
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from exogym.report import Comparison
+    from exogym.lab.report import Comparison
 
 __all__ = ["MISSING_MATPLOTLIB", "PLOT_FILES", "plot_comparison", "require_matplotlib"]
 

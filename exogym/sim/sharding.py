@@ -2,14 +2,14 @@
 
 Two ways to give data to N nodes (the original EXO Gym's contract):
 
-- one ``Dataset`` shared by all nodes, split by a :class:`~exogym.data.partition.Partition`:
+- one ``Dataset`` shared by all nodes, split by a :class:`~exogym.sim.partition.Partition`:
 
   - ``"iid"`` (default): each epoch the dataset is permuted with a generator seeded by
     ``(seed, epoch)`` and node ``i`` takes every N-th index starting at ``i`` (like
     ``DistributedSampler(drop_last=True)``), so shards are disjoint, equal in size, and reshuffled
     every epoch; ``len(dataset) % N`` samples are left out of each epoch;
   - ``"dirichlet:ALPHA"`` (label skew) or ``"contiguous"`` (consecutive blocks): each node gets a
-    fixed shard for the whole run (:mod:`exogym.data.partition`), possibly of unequal sizes.
+    fixed shard for the whole run (:mod:`exogym.sim.partition`), possibly of unequal sizes.
     Each node cycles through its own shard: a node-local pass permutes the shard with a
     generator seeded by ``(seed, node, pass)``, the node takes ``batch_size`` samples per step
     and starts its next pass when fewer than ``batch_size`` are left (that remainder is dropped
@@ -38,7 +38,7 @@ from torch import Tensor
 from torch.utils._pytree import tree_map
 from torch.utils.data import Dataset, default_collate
 
-from exogym.data.partition import (
+from exogym.sim.partition import (
     Partition,
     contiguous_shards,
     dataset_labels,
@@ -91,11 +91,11 @@ class NodeBatches:
         num_nodes: ``N``.
         batch_size: samples per node per step.
         seed: seeds the data order (and the partition); same seed, same batches.
-        partition: how a shared dataset is split (:func:`~exogym.data.partition.parse_partition`:
+        partition: how a shared dataset is split (:func:`~exogym.sim.partition.parse_partition`:
             ``"iid"``, ``"dirichlet:ALPHA"``, ``"contiguous"`` or a ``Partition``).
 
     Attributes:
-        partition: the parsed :class:`~exogym.data.partition.Partition`.
+        partition: the parsed :class:`~exogym.sim.partition.Partition`.
         steps_per_epoch: IID: steps after which every node has seen its whole shard once;
             fixed shards: ``sum(shard sizes) // (N * batch_size)``.
         epoch: the epoch of the last batch drawn (0 before the first).

@@ -4,7 +4,7 @@ A task is what ``exogym run --task ID`` trains. The model is built after seeding
 gives the same initial weights. Ids carry a version suffix (``-v0``): a change to a task's model,
 data or defaults that changes its numbers gets a new version instead of silently changing results.
 
-- ``mnist-cnn-v0`` (alias ``mnist``): MNIST digits, :class:`~exogym.models.MnistCNN`;
+- ``mnist-cnn-v0`` (alias ``mnist``): MNIST digits, :class:`~exogym.tasks.models.MnistCNN`;
 - ``cifar10-cnn-v0``: CIFAR-10 images, :class:`CifarCNN`; the test dataset's ``test_set``
   attribute says which test file was used (the full ``test_batch.bin`` or the first 1,000 images);
 - ``shakespeare-char-gpt-v0``: Tiny Shakespeare characters, a 4-layer 128-wide GPT, block 64;
@@ -23,8 +23,8 @@ from typing import Any
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
-from exogym.config import ConfigError
-from exogym.gpt import GPT, GPTConfig
+from exogym.tasks.gpt import GPT, GPTConfig
+from exogym.utils.config import ConfigError
 
 __all__ = ["ALIASES", "TASKS", "CifarCNN", "Task", "get_task"]
 
@@ -91,25 +91,25 @@ class CifarCNN(nn.Module):
 
 
 def _mnist_model() -> nn.Module:
-    from exogym.models import Classifier, MnistCNN
+    from exogym.tasks.models import Classifier, MnistCNN
 
     return Classifier(MnistCNN())
 
 
 def _mnist_data(data_dir: DataDir, download: bool) -> tuple[Dataset, Dataset]:
-    from exogym.data.mnist import load_mnist
+    from exogym.tasks.data.mnist import load_mnist
 
     return load_mnist(data_dir, download=download)
 
 
 def _cifar_model() -> nn.Module:
-    from exogym.models import Classifier
+    from exogym.tasks.models import Classifier
 
     return Classifier(CifarCNN())
 
 
 def _cifar_data(data_dir: DataDir, download: bool) -> tuple[Dataset, Dataset]:
-    from exogym.data.cifar10 import load_cifar10
+    from exogym.tasks.data.cifar10 import load_cifar10
 
     return load_cifar10(data_dir, download=download)
 
@@ -121,7 +121,7 @@ def _shakespeare_task(
         return GPT(cfg)
 
     def load_data(data_dir: DataDir, download: bool) -> tuple[Dataset, Dataset]:
-        from exogym.data.shakespeare import load_shakespeare
+        from exogym.tasks.data.shakespeare import load_shakespeare
 
         return load_shakespeare(data_dir, block_size=cfg.block_size, download=download)
 

@@ -1,7 +1,7 @@
 """Tiny Shakespeare, character level, as next-character prediction windows (nanoGPT style).
 
 The corpus ``input.txt`` (1,115,394 characters, 65 distinct) is looked up in
-``<data_dir>/tinyshakespeare/`` (see :func:`exogym.data.paths.resolve_data_dir`), verified by
+``<data_dir>/tinyshakespeare/`` (see :func:`exogym.tasks.data.paths.resolve_data_dir`), verified by
 SHA-256 and downloaded from the char-rnn repository when missing (unless ``download=False``).
 
 As in nanoGPT's ``shakespeare_char``: the vocabulary is the sorted set of characters of the whole
@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from exogym.data.download import RemoteFile, ensure_files
-from exogym.data.paths import resolve_data_dir
+from exogym.tasks.data.download import RemoteFile, ensure_files
+from exogym.tasks.data.paths import resolve_data_dir
 
 __all__ = ["FILE", "MIRRORS", "CharVocab", "ShakespeareChar", "load_shakespeare", "split_text"]
 

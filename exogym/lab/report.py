@@ -1,4 +1,4 @@
-"""What a strategy comparison (:mod:`exogym.compare`) measured, and how it is shown.
+"""What a strategy comparison (:mod:`exogym.lab.compare`) measured, and how it is shown.
 
 The result types: :class:`Stat` (one quantity over the repeats of a strategy, mean ± sample
 standard deviation), :class:`CurvePoint` and :class:`RunOutcome` (one training run, as its
@@ -7,8 +7,8 @@ standard deviation), :class:`CurvePoint` and :class:`RunOutcome` (one training r
 markdown table that ``exogym compare`` prints), :func:`format_markdown` (``results.md``) and
 :func:`format_json` (``results.json``: the same numbers, exact, with every run's).
 
-Nothing here trains or reads files; :func:`exogym.compare.compare` builds a :class:`Comparison`
-and writes these texts, :mod:`exogym.plots` draws its curves.
+Nothing here trains or reads files; :func:`exogym.lab.compare.compare` builds a :class:`Comparison`
+and writes these texts, :mod:`exogym.lab.plots` draws its curves.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exogym.network import format_duration
-from exogym.result import FitResult
-from exogym.result import _dumps as _dumps_json
+from exogym.run.result import FitResult
+from exogym.run.result import _dumps as _dumps_json
+from exogym.sim.network import format_duration
 
 __all__ = [
     "RUN_METRICS",
@@ -213,7 +213,7 @@ class ComparisonRow:
 
 @dataclass(frozen=True)
 class Comparison:
-    """What :func:`exogym.compare.compare` ran and wrote.
+    """What :func:`exogym.lab.compare.compare` ran and wrote.
 
     Attributes:
         task: the task's canonical id.
@@ -298,7 +298,7 @@ def format_json(c: Comparison) -> str:
 
 
 def _fmt_bytes(n: float) -> str:
-    from exogym.estimate import format_bytes
+    from exogym.lab.estimate import format_bytes
 
     return format_bytes(n)
 
@@ -310,7 +310,7 @@ def _fmt_metric(key: str) -> Any:
 
 
 def _fmt_time(seconds: float) -> str:
-    """:func:`exogym.network.format_duration`, with 3 significant digits below a second too."""
+    """:func:`exogym.sim.network.format_duration`, with 3 significant digits below a second too."""
     if 1e-3 <= seconds < 1:
         return f"{seconds * 1e3:.3g} ms"
     return format_duration(seconds)

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from exogym.data.paths import ENV_VAR
+from exogym.tasks.data.paths import ENV_VAR
 
 __all__ = [
     "ChecksumError",

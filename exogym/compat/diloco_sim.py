@@ -22,9 +22,9 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
-from exogym.models import Classifier
-from exogym.optim import OPTIMIZERS, LRSchedule, OptimSpec
-from exogym.result import FitResult
+from exogym.run.result import FitResult
+from exogym.strategy.optim import OPTIMIZERS, LRSchedule, OptimSpec
+from exogym.tasks.models import Classifier
 
 __all__ = ["DilocoSimulator"]
 
@@ -111,7 +111,7 @@ class DilocoSimulator:
 
     def train(self, progress: bool = True) -> FitResult:
         """Run the simulation; returns the :class:`exogym.FitResult`."""
-        from exogym.trainer import Trainer
+        from exogym.run.trainer import Trainer
 
         trainer = Trainer(self.model, self.train_dataset, self.eval_dataset)
         steps = {"max_steps": self.max_local_step} if self.max_local_step else {

@@ -17,7 +17,7 @@ the same for every run.
 
 Strategies are listed by label: a registry id (``diloco``), or an id and a name
 (``diloco-h10``) so that one method can appear with several settings. Settings are
-``KEY=VALUE`` items (:mod:`exogym.config`): ``LABEL.KEY`` sets one strategy's hyperparameter
+``KEY=VALUE`` items (:mod:`exogym.utils.config`): ``LABEL.KEY`` sets one strategy's hyperparameter
 (``diloco-h10.H=10``), a bare ``KEY`` every strategy's (``optim.lr=2e-3``, ``max_grad_norm=1``);
 a label's own setting wins over a bare one, and either over the task's learning rate. A
 misspelled key, a bad value, a bare key that a strategy lacks and a label that is not compared
@@ -26,8 +26,8 @@ are errors.
 The folder then holds ``results.md`` (one row per label: final evaluation, steps and simulated
 time to reach a target loss, bytes sent per node, simulated time on the network, throughput and
 wall time; with repeats, mean ± sample standard deviation), ``results.json`` (the same numbers,
-exact, with every run's; both rendered by :mod:`exogym.report`, whose result types are
-re-exported here), and three plots (:mod:`exogym.plots`; if matplotlib cannot be imported,
+exact, with every run's; both rendered by :mod:`exogym.lab.report`, whose result types are
+re-exported here), and three plots (:mod:`exogym.lab.plots`; if matplotlib cannot be imported,
 everything else is still written and ``plot_note`` says why). An existing folder is an error.
 The command line is in :mod:`exogym.cli`.
 """
@@ -47,12 +47,8 @@ from typing import Any
 import torch
 
 from exogym import strategy as strategies
-from exogym.config import ConfigError, config_fields
-from exogym.data.partition import Partition, parse_partition
-from exogym.engine import PRECISIONS, Precision
-from exogym.network import Network, parse_duration, parse_network
-from exogym.plots import PLOT_FILES
-from exogym.report import (
+from exogym.lab.plots import PLOT_FILES
+from exogym.lab.report import (
     RUN_METRICS,
     Comparison,
     ComparisonRow,
@@ -61,9 +57,13 @@ from exogym.report import (
     format_json,
     format_markdown,
 )
-from exogym.result import check_out_dir
+from exogym.run.result import check_out_dir
+from exogym.sim.engine import PRECISIONS, Precision
+from exogym.sim.network import Network, parse_duration, parse_network
+from exogym.sim.partition import Partition, parse_partition
 from exogym.strategy import Strategy
-from exogym.tasks import get_task
+from exogym.tasks.registry import get_task
+from exogym.utils.config import ConfigError, config_fields
 
 __all__ = [
     "PLOT_FILES",
@@ -275,7 +275,7 @@ def compare(
         allow_unsynced: allow runs shorter than a strategy's ``H`` (otherwise an error before
             anything is trained).
         allow_nonfinite: a run whose loss turns NaN or infinite stops the comparison with
-            :class:`exogym.result.NonFiniteLossError` (the finished runs' folders stay); True
+            :class:`exogym.run.result.NonFiniteLossError` (the finished runs' folders stay); True
             trains every run to the end regardless.
 
     Returns:
@@ -287,7 +287,7 @@ def compare(
         ValueError: a bad argument.
         FileExistsError: ``out_dir`` exists.
     """
-    from exogym.trainer import Trainer
+    from exogym.run.trainer import Trainer
 
     if isinstance(strategies, str):
         raise ConfigError(f"strategies must be a list of labels, got the string {strategies!r} "
@@ -382,7 +382,7 @@ def compare(
         plot_note=None, eval_during_training=first.eval_during_training,
         eval_set=first.eval_set)
     try:
-        from exogym.plots import plot_comparison
+        from exogym.lab.plots import plot_comparison
 
         plots = plot_comparison(comparison, out)
     except ImportError as err:

@@ -3,7 +3,7 @@
 A :class:`Partition` is parsed from a short string (:func:`parse_partition`):
 
 - ``"iid"`` (the default): every epoch the dataset is permuted from the seed and dealt out in
-  equal disjoint shards (see :mod:`exogym.data.sharding`); each node sees the label
+  equal disjoint shards (see :mod:`exogym.sim.sharding`); each node sees the label
   distribution of the whole dataset.
 - ``"dirichlet:ALPHA"`` (``ALPHA > 0``): label skew, as in Hsu, Qi & Brown 2019, "Measuring the
   Effects of Non-Identical Data Distribution for Federated Visual Classification"
@@ -18,10 +18,10 @@ A :class:`Partition` is parsed from a short string (:func:`parse_partition`):
   Needs integer class labels: ``dataset.targets``, one per sample.
 - ``"contiguous"``: node ``i`` gets the ``i``-th block of ``len(dataset) // N`` consecutive sample
   indices (the last ``len(dataset) % N`` samples are left out). For the text datasets
-  (:class:`exogym.data.shakespeare.ShakespeareChar`) sample ``j`` is the window starting at token
-  ``j * stride``, so each node reads its own span of the text (neighbouring spans share at most
-  the ``block_size`` tokens of the windows that straddle the border); for a classification set it
-  is whatever order the file has.
+  (:class:`exogym.tasks.data.shakespeare.ShakespeareChar`) sample ``j`` is the window starting at
+  token ``j * stride``, so each node reads its own span of the text (neighbouring spans share at
+  most the ``block_size`` tokens of the windows that straddle the border); for a classification set
+  it is whatever order the file has.
 
 Draws and redraws (Dirichlet): a node's shard must hold at least ``min_size`` samples (the
 per-node batch size). A draw that leaves some node short is redrawn from the next derived seed,

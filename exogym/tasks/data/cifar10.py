@@ -2,9 +2,9 @@
 
 The files of ``cifar-10-batches-bin`` (``data_batch_1.bin`` .. ``data_batch_5.bin`` and
 ``test_batch.bin``) are looked up in ``<data_dir>/cifar10/cifar-10-batches-bin/`` (see
-:func:`exogym.data.paths.resolve_data_dir`). When training batches are missing and downloading is
-allowed, the official archive ``cifar-10-binary.tar.gz`` is downloaded into ``<data_dir>/cifar10/``,
-verified by MD5 and extracted there.
+:func:`exogym.tasks.data.paths.resolve_data_dir`). When training batches are missing and
+downloading is allowed, the official archive ``cifar-10-binary.tar.gz`` is downloaded into
+``<data_dir>/cifar10/``, verified by MD5 and extracted there.
 
 Each record of a binary batch is 3073 bytes: one label byte (0..9), then the 32x32 image as three
 1024-byte planes (red, green, blue), each plane row-major.
@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from exogym.data.download import DatasetNotFoundError, RemoteFile, ensure_files, verify_file
-from exogym.data.paths import resolve_data_dir
+from exogym.tasks.data.download import DatasetNotFoundError, RemoteFile, ensure_files, verify_file
+from exogym.tasks.data.paths import resolve_data_dir
 
 __all__ = [
     "ARCHIVE",

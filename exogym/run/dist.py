@@ -1,13 +1,14 @@
 """The communicator over ``torch.distributed``: the same strategies on real processes.
 
-:class:`DistributedCommunicator` implements the hooks of :class:`exogym.comm.Communicator` with
+:class:`DistributedCommunicator` implements the hooks of :class:`exogym.sim.comm.Communicator` with
 ``torch.distributed`` collectives (gloo on CPU, nccl on CUDA). Each OS process (rank ``r`` of
 ``R``) holds ``n_local`` node-stacked nodes, the same number in every process; its global node ids
 are ``r * n_local + i`` for ``i < n_local``, so ``N = R * n_local`` (2 processes x 4 nodes = an
 8-node run). The base class does the byte accounting, the codec roundtrip and the
-:class:`~exogym.comm.CommRecord` log, so bytes and logs are identical to the in-process simulator's
-by construction: what is *counted* is always the algorithm's ring/star formula over ``N`` nodes
-(``2 (N-1)/N * S`` per all-reduce, ...), not what gloo or nccl happen to move between processes.
+:class:`~exogym.sim.comm.CommRecord` log, so bytes and logs are identical to the in-process
+simulator's by construction: what is *counted* is always the algorithm's ring/star formula over
+``N`` nodes (``2 (N-1)/N * S`` per all-reduce, ...), not what gloo or nccl happen to move between
+processes.
 
 How each collective runs (tensors of one dtype class are flattened into one buffer, so a call
 with many tensors is one ``torch.distributed`` collective per dtype class):
@@ -42,9 +43,9 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.utils._pytree import tree_map
 
-from exogym.comm import Communicator, ReduceOp
-from exogym.data.sharding import NodeBatches, fetch
-from exogym.engine import NodeStack
+from exogym.sim.comm import Communicator, ReduceOp
+from exogym.sim.engine import NodeStack
+from exogym.sim.sharding import NodeBatches, fetch
 
 __all__ = [
     "COLLECTIVE_TIMEOUT_S", "DistributedCommunicator", "RankContext", "TorchrunEnv",

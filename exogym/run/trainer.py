@@ -23,11 +23,7 @@ from torch.utils._pytree import tree_map
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
-from exogym.clock import ClockTrace, SimClock, measure_step_time, resolve_step_time
-from exogym.comm import CommRecord, Communicator, InProcessCommunicator
-from exogym.data.partition import Partition, parse_partition
-from exogym.data.sharding import DatasetFactory, FixedSubset, NodeBatches, iterate_batches
-from exogym.dist import (
+from exogym.run.dist import (
     DistributedCommunicator,
     RankContext,
     gather_global_state,
@@ -35,7 +31,11 @@ from exogym.dist import (
     local_batches,
     torchrun_env,
 )
-from exogym.engine import (
+from exogym.run.result import FitResult, MetricsWriter, NonFiniteLossError, check_out_dir
+from exogym.run.sinks import MultiSink, Sink
+from exogym.sim.clock import ClockTrace, SimClock, measure_step_time, resolve_step_time
+from exogym.sim.comm import CommRecord, Communicator, InProcessCommunicator
+from exogym.sim.engine import (
     ENGINES,
     PRECISIONS,
     EngineName,
@@ -45,9 +45,9 @@ from exogym.engine import (
     metrics_of,
     resolve_device,
 )
-from exogym.network import Network, parse_network
-from exogym.result import FitResult, MetricsWriter, NonFiniteLossError, check_out_dir
-from exogym.sinks import MultiSink, Sink
+from exogym.sim.network import Network, parse_network
+from exogym.sim.partition import Partition, parse_partition
+from exogym.sim.sharding import DatasetFactory, FixedSubset, NodeBatches, iterate_batches
 from exogym.strategy import Strategy, make
 
 __all__ = ["Trainer"]
@@ -125,7 +125,7 @@ class Trainer:
             num_epochs: passes over each node's shard (may be fractional).
             batch_size: per node.
             partition: how a shared training set is split among the nodes
-                (:mod:`exogym.data.partition`): ``"iid"`` (a random 1/N, new each epoch),
+                (:mod:`exogym.sim.partition`): ``"iid"`` (a random 1/N, new each epoch),
                 ``"dirichlet:ALPHA"`` (label skew) or ``"contiguous"`` (the i-th block of
                 samples; for text, node i's own span). Sizes and label histograms go to
                 ``config.json`` (``partition_stats``).
@@ -138,7 +138,7 @@ class Trainer:
                 The rows' ``eval_*`` metrics are on the subset (``result.eval_during_training``
                 says which), ``final`` on the whole set (``result.eval_set``).
             eval_at_start: also evaluate the initial model, as a first row at ``step`` 0 (no
-                ``train_loss``), where every curve of :mod:`exogym.compare` starts.
+                ``train_loss``), where every curve of :mod:`exogym.lab.compare` starts.
             log_interval: write a metrics row every this many steps (and on evaluation steps).
             engine: ``"loop"``, ``"vmap"`` or ``"auto"`` (vmap on CUDA, loop elsewhere).
             micro_batch_size: split each node's batch into micro-batches of this many rows and
@@ -151,18 +151,18 @@ class Trainer:
             out_dir: if given, ``metrics.jsonl``, ``config.json``, ``summary.json`` and
                 ``model.pt`` (the global model's ``state_dict`` at each evaluation and at the end)
                 go there. It must not exist or be an empty folder (checked before any work).
-            sinks: more places for the same rows (:mod:`exogym.sinks`: ``CSVSink()``,
+            sinks: more places for the same rows (:mod:`exogym.run.sinks`: ``CSVSink()``,
                 ``TensorBoardSink()``, ``WandbSink(project)``); each is started with the config
                 and ``out_dir``, gets every row, and is finished with the summary (None if the
                 run fails).
             run_info: more entries for ``config.json`` (the CLI records ``{"task": id}``, which
                 ``exogym sample`` reads); they may not replace the run's own keys.
             progress: show a progress bar.
-            network: the simulated network under the run's clock (:mod:`exogym.network`): a
+            network: the simulated network under the run's clock (:mod:`exogym.sim.network`): a
                 profile name (``"datacenter"``, ``"home-100mbps"``, ...), a spec string
                 (``"bw=1Gbps,latency=5ms"``) or a :class:`Network`; None: no simulated clock.
             step_time: one node's compute per step, seconds (or ``"1.5s"``); default: measured
-                once on this machine at the start (:func:`exogym.clock.measure_step_time`); or
+                once on this machine at the start (:func:`exogym.sim.clock.measure_step_time`); or
             flops_per_sample, device_flops: training FLOPs per sample and the device's FLOP/s,
                 ``step time = flops_per_sample * batch_size / device_flops``.
             distributed: run as one rank of a multi-process job over ``torch.distributed``:
@@ -173,14 +173,14 @@ class Trainer:
                 simulate all ``N`` nodes in this process regardless.
 
             allow_nonfinite: a NaN or infinite training loss (any node) or eval loss stops the run
-                with :class:`exogym.result.NonFiniteLossError` naming the step, the nodes and the
-                strategy, after the metrics so far are written; True trains on regardless (the
+                with :class:`exogym.run.result.NonFiniteLossError` naming the step, the nodes and
+                the strategy, after the metrics so far are written; True trains on regardless (the
                 summary records where it first happened).
             allow_unsynced: a run shorter than the strategy's period ``H`` never (fully) updates
                 the global model and is an error; True runs it anyway.
 
-        The simulated clock (:mod:`exogym.clock`) never changes a training number: every row
-        gains ``sim_time_s``, the result its :class:`exogym.clock.ClockReport`.
+        The simulated clock (:mod:`exogym.sim.clock`) never changes a training number: every row
+        gains ``sim_time_s``, the result its :class:`exogym.sim.clock.ClockReport`.
 
         In a multi-process run every rank returns the same :class:`FitResult`; rank 0 alone
         shows progress, evaluates the global model (once per evaluation step, the metrics sent

@@ -39,18 +39,18 @@ import torch.multiprocessing as mp
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
-from exogym.comm import CommRecord
-from exogym.data.sharding import DatasetFactory, NodeBatches
-from exogym.dist import (
+from exogym.run.dist import (
     DistributedCommunicator,
     RankContext,
     gather_global_state,
     local_batches,
 )
-from exogym.engine import EngineName, NodeStack
-from exogym.result import FitResult
+from exogym.run.result import FitResult
+from exogym.run.trainer import Trainer
+from exogym.sim.comm import CommRecord
+from exogym.sim.engine import EngineName, NodeStack
+from exogym.sim.sharding import DatasetFactory, NodeBatches
 from exogym.strategy.base import Strategy
-from exogym.trainer import Trainer
 
 __all__ = [
     "RankContext", "WorkerError", "WorkerResult", "fit_processes", "fit_worker", "free_port",

@@ -1,7 +1,7 @@
 """MNIST as in-memory tensors, read from the original IDX files.
 
 The four original files (``train-images-idx3-ubyte.gz`` ...) are looked up in
-``<data_dir>/mnist/`` (see :func:`exogym.data.paths.resolve_data_dir`), verified by MD5 and
+``<data_dir>/mnist/`` (see :func:`exogym.tasks.data.paths.resolve_data_dir`), verified by MD5 and
 downloaded from public mirrors when missing (unless ``download=False``).
 """
 
@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from exogym.data.download import RemoteFile, ensure_files
-from exogym.data.paths import resolve_data_dir
+from exogym.tasks.data.download import RemoteFile, ensure_files
+from exogym.tasks.data.paths import resolve_data_dir
 
 __all__ = ["FILES", "MEAN", "MIRRORS", "MNIST", "STD", "load_mnist", "read_idx"]
 

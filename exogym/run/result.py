@@ -13,9 +13,9 @@ from typing import IO, Any
 import torch
 from torch import nn
 
-from exogym.clock import ClockReport, ClockTrace
-from exogym.comm import CommRecord
-from exogym.network import Network, format_duration, parse_network
+from exogym.sim.clock import ClockReport, ClockTrace
+from exogym.sim.comm import CommRecord
+from exogym.sim.network import Network, format_duration, parse_network
 
 __all__ = ["FitResult", "MetricsWriter", "NonFiniteLossError", "check_out_dir", "check_writable",
            "read_json"]
@@ -182,7 +182,7 @@ class FitResult:
         nonfinite: ``{"step": s, "nodes": [...]}`` where a loss first was NaN or infinite in a
             run allowed to go on (``allow_nonfinite=True``); None if it never was.
         network: the simulated network of the run's clock (None: no clock).
-        clock: the simulated time on it (:class:`exogym.clock.ClockReport`): total, compute,
+        clock: the simulated time on it (:class:`exogym.sim.clock.ClockReport`): total, compute,
             communication, idle, utilization.
         trace: what re-costing needs (:meth:`recost`): compute per step and the collectives.
     """

@@ -3,7 +3,7 @@
 A run folder written by ``exogym run`` holds ``config.json`` (with the task id) and ``model.pt``
 (the global model at the last evaluation and at the end of the run, so a crashed run can be
 sampled from its last checkpoint). :func:`sample` rebuilds the task's model, loads the weights,
-and continues a prompt with :meth:`exogym.gpt.GPT.generate` (temperature, top-k, a seeded
+and continues a prompt with :meth:`exogym.tasks.gpt.GPT.generate` (temperature, top-k, a seeded
 generator: the same seed gives the same text). The character vocabulary is the one recorded in
 ``config.json`` (``"vocab"``, written by every run of a GPT task), so no corpus is needed; a run
 folder without it (written before exogym recorded it) rebuilds it from the task's data.
@@ -17,17 +17,18 @@ from typing import Any
 
 import torch
 
-from exogym.config import ConfigError
-from exogym.data.shakespeare import CharVocab
-from exogym.gpt import GPT
-from exogym.result import read_json
-from exogym.tasks import get_task
+from exogym.run.result import read_json
+from exogym.tasks.data.shakespeare import CharVocab
+from exogym.tasks.gpt import GPT
+from exogym.tasks.registry import get_task
+from exogym.utils.config import ConfigError
 
 __all__ = ["load_run_model", "read_run_config", "sample"]
 
 
 def read_run_config(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """A run folder's ``config.json`` (errors name the file: :func:`exogym.result.read_json`)."""
+    """A run folder's ``config.json`` (errors name the file: :func:`exogym.run.result.
+    read_json`)."""
     return read_json(Path(run_dir) / "config.json",
                      "RUN_DIR must be a run folder written by `exogym run` (it has config.json "
                      "and model.pt)")

@@ -1,0 +1,1 @@
+"""Shared helpers: typed ``KEY=VALUE`` overrides of configs, and value validation."""
