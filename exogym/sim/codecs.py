@@ -43,7 +43,7 @@ import hashlib
 import math
 from collections.abc import Hashable
 from fractions import Fraction
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -108,6 +108,16 @@ class Codec(abc.ABC):
 
     def reset(self) -> None:  # noqa: B027 - stateless codecs have nothing to reset
         """Forget any state (error-feedback residuals, call counters)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the codec carries between calls (a checkpoint's part): nothing for a stateless
+        codec; tensors are returned by reference."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s content (its tensors on the device they are given on)."""
+        if state:
+            raise ValueError(f"codec {self.name!r} has no state, got keys {sorted(state)}")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
@@ -320,6 +330,12 @@ class RandKCodec(_SparseCodec):
     def reset(self) -> None:
         self.calls = 0
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.calls = int(state["calls"])
+
     def generator_seed(self, call: int) -> int:
         """Seed of call number ``call``: the first 8 bytes (little-endian) of
         ``BLAKE2b("{seed}:{call}")``, masked to 32 bits (torch's CPU generator keeps 32)."""
@@ -361,6 +377,14 @@ class ErrorFeedback(Codec):
     def reset(self) -> None:
         self.residuals.clear()
         self.inner.reset()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every node's residual per call site (by reference) and the inner codec's state."""
+        return {"residuals": dict(self.residuals), "inner": self.inner.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.residuals = {key: value.clone() for key, value in state["residuals"].items()}
+        self.inner.load_state_dict(state["inner"])
 
     def _roundtrip(self, x: Tensor, key: Hashable) -> Tensor:
         work = torch.float64 if x.dtype == torch.float64 else torch.float32

@@ -11,6 +11,16 @@ trainer owns the loop and calls, in order:
    through ``self.comm`` only; the trainer zeroes the gradients afterwards;
 3. :meth:`Strategy.global_state` whenever the global model is evaluated.
 
+State (checkpoints, live recovery): everything a strategy sets on itself at run time is its
+state, saved by :meth:`Strategy.state_dict` and restored by :meth:`Strategy.load_state_dict`
+without any code in the subclass: tensors (restored in place, so optimizers keep their
+references), dicts and lists of them, ``torch.optim`` optimizers and schedulers, codecs,
+``torch.Generator`` objects, plain Python values, and any object with ``state_dict()`` /
+``load_state_dict()``. An attribute that :meth:`Strategy.init_state` rebuilds from the
+hyperparameters alone (a cache, an index layout) is listed in the class attribute
+``derived_state`` and not saved; any other kind of object is an error naming the attribute, so a
+strategy can never be checkpointed incompletely without saying so.
+
 Compressed communication: the fields ``codec`` (a spec of :func:`exogym.sim.codecs.make_codec`,
 ``"int8"``, ``"topk:0.1"``, ...), ``error_feedback`` and ``codec_seed`` select a transport codec;
 :meth:`Strategy.setup` builds it afresh for every run as ``self.transport_codec`` (``None``
@@ -55,6 +65,9 @@ class Strategy(abc.ABC):
 
     id: ClassVar[str] = ""
     supports_codec: ClassVar[bool] = True
+    #: Attributes :meth:`init_state` rebuilds from the hyperparameters alone (caches, layouts):
+    #: not part of :meth:`state_dict`.
+    derived_state: ClassVar[tuple[str, ...]] = ()
     optim: OptimSpec = field(default_factory=OptimSpec)
     schedule: LRSchedule = field(default_factory=LRSchedule)
     max_grad_norm: float | None = None
@@ -113,6 +126,44 @@ class Strategy(abc.ABC):
         Default: node 0, right for methods that keep all nodes identical (DDP).
         """
         return {k: v.clone() for k, v in self.nodes.node_state(0).items()}
+
+    # -- state ---------------------------------------------------------------------------------
+    def _state_names(self) -> list[str]:
+        """The attributes that are state: set at run time, neither a hyperparameter, nor the
+        run's binding (nodes, communicator), nor listed in ``derived_state``."""
+        skip = {f.name for f in fields(self)} | set(_BINDING) | set(type(self).derived_state)
+        return [name for name in vars(self) if name not in skip]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The strategy's state between two steps (after :meth:`setup`), keyed by attribute.
+
+        Tensors are returned by reference (a checkpoint copies them to host memory); optimizers,
+        schedulers and codecs as their own ``state_dict()``. Raises TypeError naming an attribute
+        whose kind cannot be saved (list it in ``derived_state`` if it is rebuilt from the
+        hyperparameters, or give its class ``state_dict``/``load_state_dict``).
+        """
+        if not hasattr(self, "nodes"):
+            raise RuntimeError(f"{type(self).__name__}.state_dict() needs setup() first")
+        where = type(self).__name__
+        return {name: _save(getattr(self, name), f"{where}.{name}") for name in
+                self._state_names()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` into a strategy freshly :meth:`setup` for the same run
+        (same hyperparameters, nodes and model); tensors are given on the run's device.
+
+        Raises:
+            ValueError: the state has other attributes than this strategy (naming them), or a
+                tensor's shape or dtype differs.
+        """
+        own = set(self._state_names())
+        missing, unexpected = sorted(own - set(state)), sorted(set(state) - own)
+        if missing or unexpected:
+            raise ValueError(f"{type(self).__name__}: the saved state does not fit this strategy "
+                             f"(missing {missing}, unexpected {unexpected})")
+        for name in self._state_names():
+            setattr(self, name, _restore(getattr(self, name), state[name],
+                                         f"{type(self).__name__}.{name}"))
 
     # -- helpers for subclasses ----------------------------------------------------------------
     def _make_codec(self) -> Codec | None:
@@ -200,6 +251,81 @@ class Strategy(abc.ABC):
             else:
                 out[f.name] = value
         return out
+
+
+_BINDING = ("nodes", "comm", "total_steps")  # what setup() binds the strategy to: not its state
+
+
+def _save(value: Any, where: str) -> Any:
+    """``value`` as checkpointable data (see the module docstring); tensors by reference."""
+    if isinstance(value, Tensor):
+        return value
+    if isinstance(value, torch.Generator):
+        return value.get_state()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        for key in value:
+            if not isinstance(key, (str, int, float, bool, tuple)) and key is not None:
+                raise TypeError(f"{where}: a dict key of type {type(key).__name__} cannot be "
+                                "checkpointed (keys: str, int, float, bool, tuple, None)")
+        return {key: _save(v, f"{where}[{key!r}]") for key, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_save(v, f"{where}[{i}]") for i, v in enumerate(value))
+    if callable(getattr(value, "state_dict", None)) and callable(
+            getattr(value, "load_state_dict", None)):
+        return value.state_dict()  # optimizers, schedulers, codecs, user objects
+    raise TypeError(
+        f"{where} is a {type(value).__name__}, which exogym cannot checkpoint: list the "
+        "attribute in the strategy's derived_state if init_state() rebuilds it from the "
+        "hyperparameters, or give its class state_dict() and load_state_dict()")
+
+
+def _restore(current: Any, saved: Any, where: str) -> Any:
+    """The value to hold after restoring ``saved`` into ``current`` (the fresh run's value):
+    tensors, dicts and lists are updated in place where their structure matches."""
+    if isinstance(current, Tensor):
+        if not isinstance(saved, Tensor) or saved.shape != current.shape \
+                or saved.dtype != current.dtype:
+            got = (f"{saved.dtype} {tuple(saved.shape)}" if isinstance(saved, Tensor)
+                   else type(saved).__name__)
+            raise ValueError(f"{where}: saved {got}, but the run has {current.dtype} "
+                             f"{tuple(current.shape)}")
+        current.copy_(saved)
+        return current
+    if isinstance(current, torch.Generator):
+        current.set_state(saved)
+        return current
+    if isinstance(current, dict) and isinstance(saved, dict):
+        for key in [k for k in current if k not in saved]:
+            del current[key]
+        for key, value in saved.items():
+            current[key] = (_restore(current[key], value, f"{where}[{key!r}]") if key in current
+                            else _fresh(value))
+        return current
+    if isinstance(current, list) and isinstance(saved, list) and len(current) == len(saved):
+        current[:] = [_restore(c, s, f"{where}[{i}]")
+                      for i, (c, s) in enumerate(zip(current, saved, strict=True))]
+        return current
+    if isinstance(current, tuple) and isinstance(saved, tuple) and len(current) == len(saved):
+        return tuple(_restore(c, s, f"{where}[{i}]")
+                     for i, (c, s) in enumerate(zip(current, saved, strict=True)))
+    if callable(getattr(current, "load_state_dict", None)):
+        current.load_state_dict(saved)
+        return current
+    return _fresh(saved)
+
+
+def _fresh(saved: Any) -> Any:
+    """A saved value that has no counterpart in the fresh run (a dict entry made at run time):
+    tensors are copied, containers rebuilt."""
+    if isinstance(saved, Tensor):
+        return saved.clone()
+    if isinstance(saved, dict):
+        return {k: _fresh(v) for k, v in saved.items()}
+    if isinstance(saved, (list, tuple)):
+        return type(saved)(_fresh(v) for v in saved)
+    return saved
 
 
 def restart_rows(stacked: Tensor, value: Tensor, keep: Tensor | None = None) -> None:

@@ -103,6 +103,8 @@ class DeMo(Strategy):
                     f"optim.weight_decay), got {value!r}"
                 )
 
+    derived_state = ("layouts", "dct")  # from the parameter shapes, s and k
+
     def init_state(self) -> None:
         self._next_step = 0
         params = self.nodes.params

@@ -213,6 +213,8 @@ class SPARTA(Strategy):
         super().__post_init__()
         check_sparta_config(self.p, self.policy, self.seed)
 
+    derived_state = ("averager",)  # its indices come from (seed, step) alone
+
     def init_state(self) -> None:
         self.averager = SparseAverager(self.nodes.params, self.p, self.policy, self.seed)
 

@@ -67,6 +67,8 @@ class SPARTADiLoCo(DiLoCo):
         super().__post_init__()
         check_sparta_config(self.p, self.policy, self.seed)
 
+    derived_state = ("averager",)  # SPARTA's indices come from (seed, step) alone
+
     def init_state(self) -> None:
         super().init_state()
         self.averager = SparseAverager(self.nodes.params, self.p, self.policy, self.seed)
