@@ -3,18 +3,23 @@
 The engine keeps every parameter as one node-stacked tensor ``[N, *shape]``, and one
 ``torch.optim`` optimizer steps all of them. That equals N independent optimizers exactly when the
 optimizer's update is elementwise (each entry depends only on its own gradient history), which is
-true of every optimizer offered here. Optimizers with cross-entry statistics (LAMB's per-tensor
-trust ratio, Shampoo, Muon) would mix the nodes and are rejected by name.
+true of AdamW, Adam and SGD. An optimizer with cross-entry statistics would mix the nodes through
+the stacked tensor; Muon (``name="muon"``, :class:`exogym.strategy.muon.Muon`) is offered because
+its one cross-entry operation, the orthogonalisation of each matrix, is written per node (batched
+over the node dimension); other such optimizers (LAMB's per-tensor trust ratio, Shampoo) are
+rejected by name.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
+from exogym.strategy.muon import DEFAULT_EXCLUDE, NS_COEFFICIENTS, NS_DTYPES, SCALES, Muon
 from exogym.utils.validation import check_int, check_number
 
 __all__ = ["OPTIMIZERS", "LRSchedule", "OptimSpec"]
@@ -26,20 +31,38 @@ OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "adam": torch.optim.Adam,
     "sgd": torch.optim.SGD,
 }
+# Node-stacked optimizers: not elementwise, written so that no operation crosses the node dimension.
+_STACKED: dict[str, type[torch.optim.Optimizer]] = {"muon": Muon}
 
 
 @dataclass(kw_only=True)
 class OptimSpec:
     """The inner (per-node) optimizer.
 
+    ``name="muon"`` is :class:`exogym.strategy.muon.Muon`: Muon for the matrices, AdamW (``lr``,
+    ``betas``, ``eps``) for biases, norms, embeddings and the LM head; the ``muon_*`` fields
+    configure it and are unused by the other optimizers. Its defaults are Keller Jordan's
+    ``muon.py`` (lr 0.02, momentum 0.95, Nesterov, the fixed quintic, ``max(1, rows/cols)**0.5``).
+    ``lr`` stays the AdamW learning rate, so a task's AdamW learning rate applies to the AdamW part.
+
     Attributes:
-        name: one of ``adamw``, ``adam``, ``sgd``.
-        lr: learning rate (the peak value when a schedule is used).
-        weight_decay: decoupled for AdamW, L2 for Adam and SGD (torch semantics).
-        betas: Adam's (beta1, beta2).
-        eps: Adam's epsilon.
+        name: one of ``adamw``, ``adam``, ``sgd`` (torch.optim, elementwise) or ``muon``.
+        lr: learning rate (the peak value when a schedule is used); Muon's AdamW part.
+        weight_decay: decoupled for AdamW and Muon, L2 for Adam and SGD (torch semantics).
+        betas: Adam's (beta1, beta2); also Muon's AdamW part.
+        eps: Adam's epsilon; also Muon's AdamW part.
         momentum: SGD momentum.
         nesterov: SGD Nesterov momentum (needs momentum > 0).
+        muon_lr: Muon's learning rate for the matrices.
+        muon_momentum: Muon's momentum mu (EMA form).
+        muon_nesterov: Nesterov momentum for Muon.
+        muon_ns: Newton-Schulz coefficients: jordan (muon.py's quintic x 5) or muloco (the MuLoCo
+            code's five per-step triples).
+        muon_ns_dtype: precision of the Newton-Schulz iteration: fp32, bf16 or fp64.
+        muon_scale: update scale of a rows x cols matrix: jordan (max(1, rows/cols)**0.5),
+            moonlight (0.2 sqrt(max(rows, cols))) or spectral (sqrt(rows/cols)).
+        muon_exclude: fnmatch patterns of parameter names that get AdamW although they are
+            matrices (embeddings, LM head); they apply when the optimizer is built with names.
     """
 
     name: str = "adamw"
@@ -49,11 +72,19 @@ class OptimSpec:
     eps: float = 1e-8
     momentum: float = 0.0
     nesterov: bool = False
+    muon_lr: float = 0.02
+    muon_momentum: float = 0.95
+    muon_nesterov: bool = True
+    muon_ns: Literal["jordan", "muloco"] = "jordan"
+    muon_ns_dtype: Literal["fp32", "bf16", "fp64"] = "fp32"
+    muon_scale: Literal["jordan", "moonlight", "spectral"] = "jordan"
+    muon_exclude: tuple[str, ...] = DEFAULT_EXCLUDE
 
     def __post_init__(self) -> None:
-        if self.name not in OPTIMIZERS:
+        if self.name not in OPTIMIZERS and self.name not in _STACKED:
             raise ValueError(
-                f"optimizer name must be one of {sorted(OPTIMIZERS)}, got {self.name!r}"
+                f"optimizer name must be one of {sorted(OPTIMIZERS)} (torch.optim, elementwise) "
+                f"or one of {sorted(_STACKED)} (node-stacked), got {self.name!r}"
             )
         check_number("lr", self.lr, lo=0.0, lo_open=True)
         check_number("weight_decay", self.weight_decay, lo=0.0)
@@ -68,16 +99,41 @@ class OptimSpec:
             raise ValueError(f"nesterov must be True or False, got {self.nesterov!r}")
         if self.nesterov and (self.name != "sgd" or self.momentum == 0.0):
             raise ValueError("nesterov=True needs name='sgd' and momentum > 0")
+        check_number("muon_lr", self.muon_lr, lo=0.0, lo_open=True)
+        check_number("muon_momentum", self.muon_momentum, lo=0.0, hi=1.0, hi_open=True)
+        if not isinstance(self.muon_nesterov, bool):
+            raise ValueError(f"muon_nesterov must be True or False, got {self.muon_nesterov!r}")
+        for key, value, allowed in (("muon_ns", self.muon_ns, sorted(NS_COEFFICIENTS)),
+                                    ("muon_ns_dtype", self.muon_ns_dtype, sorted(NS_DTYPES)),
+                                    ("muon_scale", self.muon_scale, list(SCALES))):
+            if value not in allowed:
+                raise ValueError(f"{key} must be one of {allowed}, got {value!r}")
+        if isinstance(self.muon_exclude, str):  # one pattern, not its characters
+            self.muon_exclude = (self.muon_exclude,)
+        self.muon_exclude = tuple(self.muon_exclude)
+        for pattern in self.muon_exclude:
+            if not isinstance(pattern, str) or not pattern:
+                raise ValueError(f"muon_exclude must be non-empty name patterns, got "
+                                 f"{self.muon_exclude!r}")
 
     @property
     def states_per_parameter(self) -> int:
-        """Tensors of optimizer state per parameter tensor (Adam: 2 moments; SGD: momentum)."""
-        if self.name in ("adam", "adamw"):
+        """Tensors of optimizer state per parameter tensor (Adam: 2 moments; SGD: momentum;
+        Muon: at most 2, the AdamW part's moments, plus a per-node step count)."""
+        if self.name in ("adam", "adamw", "muon"):
             return 2
         return 1 if self.momentum else 0
 
-    def build(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
-        """The torch optimizer over ``params`` (node-stacked tensors)."""
+    def build(self, params: list[torch.Tensor],
+              names: Sequence[str] | None = None) -> torch.optim.Optimizer:
+        """The optimizer over ``params`` (node-stacked tensors); ``names`` (one per parameter)
+        let Muon route ``muon_exclude`` matches to AdamW and are unused by the others."""
+        if self.name == "muon":
+            return Muon(params, lr=self.lr, muon_lr=self.muon_lr, momentum=self.muon_momentum,
+                        nesterov=self.muon_nesterov, ns=self.muon_ns,
+                        ns_dtype=self.muon_ns_dtype, scale=self.muon_scale, betas=self.betas,
+                        eps=self.eps, weight_decay=self.weight_decay, names=names,
+                        exclude=self.muon_exclude)
         kwargs: dict[str, Any] = {"lr": self.lr, "weight_decay": self.weight_decay}
         if self.name in ("adam", "adamw"):
             kwargs.update(betas=self.betas, eps=self.eps)
@@ -116,6 +172,15 @@ class LRSchedule:
     @property
     def active(self) -> bool:
         return self.warmup_steps > 0 or self.cosine
+
+    def scheduler(self, optimizer: torch.optim.Optimizer,
+                  total_steps: int) -> torch.optim.lr_scheduler.LambdaLR | None:
+        """A ``LambdaLR`` that multiplies every group's lr by :meth:`factor` (None if inactive):
+        the schedule :meth:`Strategy.setup` attaches to the inner optimizer."""
+        if not self.active:
+            return None
+        return torch.optim.lr_scheduler.LambdaLR(optimizer,
+                                                 lambda t: self.factor(t, total_steps))
 
     def factor(self, t: int, total_steps: int) -> float:
         w = self.warmup_steps
