@@ -33,8 +33,13 @@ from exogym.tasks.registry import Task
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 # 8 Mbit/s = 1 MB/s, no latency: with N = 2 a ring all-reduce of S bytes takes
-# 2 (N-1)/N * S / 1e6 = S / 1e6 seconds.
-NET2 = Network(up_bps=8e6)
+# 2 (N-1)/N * S / 1e6 = S / 1e6 seconds. The schedule tests use the bare formulas (every bit is
+# payload, no software latency per hop) for round numbers; the runs below use the calibration.
+NET2 = Network(up_bps=8e6, efficiency=1.0, hop_latency_s=0.0)
+# The calibration of every network's defaults (exogym.sim.network): payload share of a link
+# 1448 / 1547 = 0.936005, software latency 150 us per hop.
+EFF = 1448 / 1547
+HOP = 150e-6
 
 
 def ar(step: int, payload: int = 1_000_000, tag: str = "g", overlap: bool = False) -> CommRecord:
@@ -51,7 +56,7 @@ def test_synchronous_steps_wait_for_the_straggler() -> None:
     # node 1 computes at half speed: c = (1 s, 2 s); every step ends with a 1 s all-reduce.
     # Step: max(1, 2) + 1 = 3 s; 3 steps = 9 s. Node 0: compute 3, comm 3, idle 3 (1 s per
     # step waiting for node 1); node 1: compute 6, comm 3, idle 0.
-    net = parse_network("bw=8Mbps,latency=0s,node_speed=1:0.5")
+    net = parse_network("bw=8Mbps,latency=0s,efficiency=1,hop_latency=0s,node_speed=1:0.5")
     r = run_clock(net, 2, 1.0, 3, [ar(0), ar(1), ar(2)])
     assert r.total_s == pytest.approx(9.0)
     assert r.node_compute_s == pytest.approx((3.0, 6.0))
@@ -68,7 +73,7 @@ def test_local_steps_only_wait_at_the_sync() -> None:
     # H = 3 with the same straggler: nodes drift apart for 3 steps (3 s vs 6 s), meet at the
     # sync: 6 + 1 = 7 s; then 3 more steps without a sync: node 1 ends at 13, node 0 at 10 and
     # idles 3 s more at the end. Node 0: compute 6, comm 1, idle 6; node 1: 12, 1, 0.
-    net = parse_network("bw=8Mbps,latency=0s,node_speed=1:0.5")
+    net = parse_network("bw=8Mbps,latency=0s,efficiency=1,hop_latency=0s,node_speed=1:0.5")
     r = run_clock(net, 2, 1.0, 6, [ar(2)])
     assert r.total_s == pytest.approx(13.0)
     assert r.node_idle_s == pytest.approx((6.0, 0.0))
@@ -195,8 +200,9 @@ def test_ddp_run_clock_is_compute_plus_collectives(tmp_path: Path) -> None:
     net = parse_network("bw=1Mbps,latency=3ms")
     r = fit(DDP(), network=net, step_time=0.25, out_dir=tmp_path / "run")
     # one ring all-reduce of 848 bytes per step over 3 nodes:
-    # 2 * 2 * (8 * 848 / 3 / 1e6 + 0.003) = 4 * (0.0022613 + 0.003) = 0.0210453 s
-    t = 4 * (8 * P_BYTES / 3 / 1e6 + 0.003)
+    # 2 * 2 * (8 * 848 / 3 / (1e6 EFF) + 0.003 + HOP) = 4 * (0.0024159 + 0.00315) = 0.0222638 s
+    t = 4 * (8 * P_BYTES / 3 / (1e6 * EFF) + 0.003 + HOP)
+    assert t == pytest.approx(0.0222638, abs=1e-7)
     assert [rec.payload_bytes for rec in r.comm_log] == [P_BYTES] * 6
     assert r.clock.total_s == pytest.approx(6 * (0.25 + t), rel=1e-12)
     assert r.clock.compute_s == pytest.approx(1.5, rel=1e-12)
@@ -220,8 +226,10 @@ def test_diloco_run_and_recost_on_another_network() -> None:
     r = fit(DiLoCo(H=3), network="datacenter", step_time=0.5)
     assert [rec.step for rec in r.comm_log] == [2, 5]
     home = r.recost("home-100mbps")
-    # 2 syncs of 848 bytes on 3 nodes at 100 Mbit/s, 20 ms: 4 * (8 * 848 / 3 / 1e8 + 0.02) each
-    t = 4 * (8 * P_BYTES / 3 / 1e8 + 0.02)
+    # 2 syncs of 848 bytes on 3 nodes at 100 Mbit/s, 20 ms: 4 * (8 * 848 / 3 / (1e8 EFF) + 0.02
+    # + HOP) = 4 * (2.41594e-5 + 0.02015) = 0.0806966 s each
+    t = 4 * (8 * P_BYTES / 3 / (1e8 * EFF) + 0.02 + HOP)
+    assert t == pytest.approx(0.0806966, abs=1e-7)
     assert home.total_s == pytest.approx(6 * 0.5 + 2 * t, rel=1e-12)
     assert home.network == "home-100mbps" and home.compute_source == "given"
     assert r.recost("home-100mbps", step_time_s=1.0).total_s == pytest.approx(6.0 + 2 * t)
@@ -231,7 +239,7 @@ def test_diloco_run_and_recost_on_another_network() -> None:
 def test_stragglers_lengthen_synchronous_steps() -> None:
     net = parse_network("bw=1Mbps,latency=3ms,node_speed=1:1:0.25")  # node 2: 4x slower
     r = fit(DDP(), network=net, step_time=0.25)
-    t = 4 * (8 * P_BYTES / 3 / 1e6 + 0.003)
+    t = 4 * (8 * P_BYTES / 3 / (1e6 * EFF) + 0.003 + HOP)  # 0.0222638 s, as above
     assert r.clock.total_s == pytest.approx(6 * (1.0 + t), rel=1e-12)  # max(0.25, 1.0) + t
     assert r.clock.node_idle_s == pytest.approx((4.5, 4.5, 0.0))  # 6 x 0.75 s
     assert r.clock.idle_s == pytest.approx(3.0)
@@ -262,10 +270,13 @@ class OverlapAverage(Strategy):
 
 
 def test_overlapped_run_uses_the_strategy_tau() -> None:
-    # 0.1 Mbit/s, no latency; star broadcast at set-up: 2 x 848 B = 13,568 bits -> 0.13568 s;
-    # each all-reduce: 2 * 2/3 * 6,784 bits / 1e5 = 0.0904533 s, sent after steps 1, 3, 5.
+    # 0.1 Mbit/s, no latency but the hops' 150 us; star broadcast at set-up: 2 x 848 B = 13,568
+    # bits / (1e5 EFF) + HOP = 0.1449565 + 0.00015 = 0.1451065 s; each all-reduce: 2 * 2/3 *
+    # 6,784 bits / (1e5 EFF) + 4 HOP = 0.0966376 + 0.0006 = 0.0972376 s, after steps 1, 3, 5.
     net = parse_network("bw=0.1Mbps,latency=0s")
-    b, a = 2 * 8 * P_BYTES / 1e5, 4 / 3 * 8 * P_BYTES / 1e5
+    b = 2 * 8 * P_BYTES / (1e5 * EFF) + HOP
+    a = 4 / 3 * 8 * P_BYTES / (1e5 * EFF) + 4 * HOP
+    assert (b, a) == pytest.approx((0.1451065, 0.0972376), abs=1e-7)
     # c = 0.05 s, tau = 1: the result is due after the next step's 0.05 s of compute, so each
     # sync but the last stalls a - 0.05; the last one (after step 5) is awaited at the end.
     r = fit(OverlapAverage(tau=1), network=net, step_time=0.05)
@@ -347,7 +358,8 @@ def test_recost_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     text = capsys.readouterr().out
     assert "1 s per step per node (given)" in text
     # the run's own network is re-costed with the new step time too: 6 x (1 s + 4 x (8 x 848 /
-    # 3 / 2e11 + 1e-5)) = 6.00024 s; home: 6 x (1 + 4 x (2.2613e-5 + 0.02)) = 6.48054 s
+    # 3 / (2e11 EFF) + 1e-5 + HOP)) = 6.00384 s; home: 6 x (1 + 4 x (2.41594e-5 + 0.02 + HOP))
+    # = 6.48418 s
     run_row, home_row = text.splitlines()[3:5]
     assert run_row.split()[:4] == ["datacenter", "(the", "run)", "6"]
     assert home_row.split()[:2] == ["home-100mbps", "6.48"]
@@ -376,9 +388,11 @@ def test_run_command_reports_the_simulated_time(
     printed = capsys.readouterr().out
     assert "sim clock   home-100mbps (100 Mbit/s, 20 ms, ring all-reduce)" in printed
     # 2 steps x (1 s + ring all-reduce of 848 bytes over 4 nodes at 100 Mbit/s, 20 ms:
-    # 6 x (8 x 848 / 4 / 1e8 + 0.02) = 6 x 0.00021696 + 0.12 = 0.12101760 s)
+    # 6 x (8 x 848 / 4 / (1e8 EFF) + 0.02 + HOP) = 6 x (1.81196e-5 + 0.02015) = 0.1210087 s)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["sim_time_s"] == pytest.approx(2 * (1 + 6 * (8 * P_BYTES / 4 / 1e8 + 0.02)),
+    assert summary["sim_time_s"] == pytest.approx(2.2420174, abs=1e-7)
+    assert summary["sim_time_s"] == pytest.approx(2 * (1 + 6 * (8 * P_BYTES / 4 / (1e8 * EFF)
+                                                               + 0.02 + HOP)),
                                                   rel=1e-12)
     assert summary["network"]["name"] == "home-100mbps"
     assert json.loads((out / "config.json").read_text())["network"] == "home-100mbps"

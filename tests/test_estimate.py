@@ -12,6 +12,11 @@ from exogym.lab.estimate import estimate, parse_count, sweep
 
 SEED = {"params": 7e9, "dtype": "fp16", "num_nodes": 2, "batches": 1000, "compute_s": 60.0}
 MIN = 60.0
+# The all-reduce mode is the network's calibrated clock (exogym.sim.network): links carry payload
+# at 1448 / 1547 = 0.936005 of their rate, and every latency term gains 150 us per hop. The send-
+# once mode is the post's bare arithmetic, 8S/B, and keeps its numbers exactly.
+EFF = 1448 / 1547
+HOP = 150e-6
 
 
 def rows(text: str) -> dict[str, str]:
@@ -50,8 +55,10 @@ def test_seed_arithmetic_exactly() -> None:
     exact = estimate(**SEED, network="home-100mbps", strategy="diloco", H=500)
     assert exact.once_total_s / MIN == pytest.approx(500 + 1120 / 60, rel=1e-12)
     assert round(exact.once_total_s / MIN) == 519
-    # ring all-reduce with N = 2 sends S once (2(N-1)/N = 1) and adds 2(N-1) latencies
-    assert home.all_reduce_sync_s == pytest.approx(1120 + 2 * 0.02, rel=1e-12)
+    # ring all-reduce with N = 2 sends S once (2(N-1)/N = 1) at the payload rate and adds 2(N-1)
+    # latencies: 1120 / 0.936005 + 2 * (0.02 + 150e-6) = 1196.574586 + 0.0403 = 1196.614886 s
+    assert home.all_reduce_sync_s == pytest.approx(1120 / EFF + 2 * (0.02 + HOP), rel=1e-12)
+    assert home.all_reduce_sync_s == pytest.approx(1196.614886, abs=1e-6)
     assert home.all_reduce_bytes == 500 * 14e9
     assert home.once_speedup == pytest.approx(1000 / (500 * (1 + 1120 / 60)))
 
@@ -78,8 +85,9 @@ def test_estimate_prints_the_seed_table(capsys: pytest.CaptureFixture[str]) -> N
     assert "520 min (8.7 h)" in table["diloco H=500 home-100mbps"]
     assert "505 min (8.4 h)" in table["ddp datacenter"]  # the data centre keeps its 0.56 s
     assert "20 min (given)" in text
-    # beside it, the ring all-reduce mode is still the network's: 500 x (1 + 18.67) min
-    assert "9,834 min (6.8 days)" in table["ddp home-100mbps"]
+    # beside it, the ring all-reduce mode is still the network's: 500 x (60 + 1196.6149) s =
+    # 10,471.8 min
+    assert "10,472 min (7.3 days)" in table["ddp home-100mbps"]
 
 
 def test_sweep_table(capsys: pytest.CaptureFixture[str]) -> None:
@@ -98,15 +106,18 @@ def test_sweep_table(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_nodes_sweep_and_the_ring_mode() -> None:
     # N = 4, 1,000 batches: 250 steps; H = 50: 5 syncs. Ring all-reduce on home-100mbps:
-    # 2 * 3/4 * 112e9 / 1e8 + 6 * 0.02 = 1,680 + 0.12 s; send once: 1,120 s.
+    # 2 * 3/4 * 112e9 / (1e8 EFF) + 6 * (0.02 + HOP) = 1,794.861878 + 0.1209 = 1,794.982778 s;
+    # send once: 1,120 s.
     e4, e2 = sweep("num_nodes", [4, 2], **{**SEED, "num_nodes": 1}, network="home-100mbps",
                    strategy="diloco", H=50)
     assert (e4.steps, e4.syncs) == (250, 5)
-    assert e4.all_reduce_sync_s == pytest.approx(1680.12, rel=1e-12)
-    assert e4.all_reduce_total_s == pytest.approx(250 * 60 + 5 * 1680.12, rel=1e-12)
+    ring = 1680 / EFF + 6 * (0.02 + HOP)
+    assert ring == pytest.approx(1794.982778, abs=1e-6)
+    assert e4.all_reduce_sync_s == pytest.approx(ring, rel=1e-12)
+    assert e4.all_reduce_total_s == pytest.approx(250 * 60 + 5 * ring, rel=1e-12)
     assert e4.once_total_s == pytest.approx(250 * 60 + 5 * 1120, rel=1e-12)
     assert e4.all_reduce_bytes == pytest.approx(5 * 1.5 * 14e9)
-    assert e4.utilization == pytest.approx(250 * 60 / (250 * 60 + 5 * 1680.12))
+    assert e4.utilization == pytest.approx(250 * 60 / (250 * 60 + 5 * ring))
     assert (e2.steps, e2.syncs) == (500, 10)
 
 
@@ -121,8 +132,10 @@ def test_codec_and_dtype_change_the_payload() -> None:
                  strategy="ddp")
     assert k.payload_bytes == pytest.approx(4.2e8)
     assert k.all_reduce_bytes == pytest.approx(k.syncs * 3 * 4.2e8)
-    # ring all-gather: (N-1)(8S/B + L) = 3 * (33.6 + 0.02)
-    assert k.all_reduce_sync_s == pytest.approx(3 * (8 * 4.2e8 / 1e8 + 0.02), rel=1e-12)
+    # ring all-gather: (N-1)(8S/(EFF B) + L + HOP) = 3 * (35.897238 + 0.02015) = 107.752163 s
+    assert k.all_reduce_sync_s == pytest.approx(3 * (8 * 4.2e8 / (1e8 * EFF) + 0.02 + HOP),
+                                                rel=1e-12)
+    assert k.all_reduce_sync_s == pytest.approx(107.752163, abs=1e-6)
 
 
 def test_parse_count() -> None:

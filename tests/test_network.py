@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from exogym.sim.network import (
+    HOP_LATENCY_S,
+    LINK_EFFICIENCY,
     PROFILES,
     Network,
     collective_time,
@@ -95,6 +97,18 @@ def test_format_duration() -> None:
 # -- closed forms ----------------------------------------------------------------------------------
 # A network of 8 Mbit/s = 1 MB/s and 1 ms latency, S = 1 MB per node: moving S takes 1 s.
 S = 1e6
+# The calibration (every profile's default): payload share of a link 1448 / (1514 + 66 / 2)
+# = 1448 / 1547 = 0.936005 (1 / EFF = 1.068370), and 150 us of software latency per hop.
+EFF = 1448 / 1547
+HOP = 150e-6
+
+
+def test_calibration_constants() -> None:
+    assert LINK_EFFICIENCY == EFF and HOP_LATENCY_S == HOP
+    assert round(LINK_EFFICIENCY, 6) == 0.936005
+    assert all(p.efficiency == EFF and p.hop_latency_s == HOP for p in PROFILES.values())
+    default = Network(up_bps=8e6)
+    assert (default.efficiency, default.hop_latency_s) == (EFF, HOP)
 
 
 @pytest.mark.parametrize(
@@ -119,10 +133,30 @@ S = 1e6
 )
 def test_collective_closed_forms(algos: dict, op: str, n: int, seconds: float,
                                  latency_only: float) -> None:
-    net = Network(up_bps=8e6, latency_s=1e-3, **algos)
+    # the bare formulas: every bit is payload, no software latency
+    net = Network(up_bps=8e6, latency_s=1e-3, efficiency=1.0, hop_latency_s=0.0, **algos)
     assert net.collective_time(op, S, n) == pytest.approx(seconds, rel=1e-12)
     assert net.collective_time(op, S, 1) == 0.0  # one node sends nothing
     assert net.collective_time(op, 0, n) == pytest.approx(latency_only, rel=1e-12)
+    # calibrated: every transfer at EFF of the link, every latency term + 150 us. The bandwidth
+    # part scales by 1 / EFF and each of the k = latency_only / 1 ms latency terms gains HOP.
+    cal = Network(up_bps=8e6, latency_s=1e-3, **algos)
+    k = round(latency_only / 1e-3)
+    assert cal.collective_time(op, S, n) == pytest.approx(
+        (seconds - latency_only) / EFF + k * (1e-3 + HOP), rel=1e-12)
+    assert cal.collective_time(op, 0, n) == pytest.approx(k * (1e-3 + HOP), rel=1e-12)
+
+
+def test_calibrated_ring_all_reduce_by_hand() -> None:
+    # 32 MB over N = 2 at 20 Mbit/s, no link latency: 8 * 32e6 / 20e6 = 12.8 s of payload at
+    # the line rate; / 0.936005 = 13.675138 s; + 2 hops of 150 us = 13.675438 s
+    net = parse_network("bw=20Mbps,latency=0s")
+    assert net.collective_time("all_reduce", 32e6, 2) == pytest.approx(13.675438, abs=1e-6)
+    # N = 4: 2 * 3/4 * 12.8 = 19.2 s; / 0.936005 = 20.512707; + 6 x 150 us = 20.513607 s
+    assert net.collective_time("all_reduce", 32e6, 4) == pytest.approx(20.513607, abs=1e-6)
+    # overriding both gives the bare formula: 12.8 s exactly
+    bare = parse_network("bw=20Mbps,latency=0s,efficiency=1,hop_latency=0s")
+    assert bare.collective_time("all_reduce", 32e6, 2) == pytest.approx(12.8, rel=1e-12)
 
 
 MNIST_P = 861_480  # the MNIST CNN's fp32 parameter bytes
@@ -131,16 +165,16 @@ MNIST_P = 861_480  # the MNIST CNN's fp32 parameter bytes
 @pytest.mark.parametrize(
     ("name", "seconds"),
     [
-        # ring, N = 4: 6 * (8 P / 4 / B + L); 8 P / 4 = 1,722,960 bits
-        ("datacenter", 6 * (1_722_960 / 200e9 + 10e-6)),  # 6 * 1.86148e-5 = 1.116888e-4
-        ("cloud-10g", 6 * (1_722_960 / 10e9 + 100e-6)),  # 6 * 2.72296e-4 = 1.633776e-3
-        ("home-1gbps", 6 * (1_722_960 / 1e9 + 10e-3)),  # 6 * 0.01172296 = 0.07033776
-        ("home-100mbps", 6 * (1_722_960 / 100e6 + 20e-3)),  # 6 * 0.0372296 = 0.2233776
-        ("mobile", 6 * (1_722_960 / 10e6 + 50e-3)),  # the 10 Mbit/s uplink: 1.333776
+        # ring, N = 4: 6 * (8 P / 4 / (EFF B) + L + HOP); 8 P / 4 = 1,722,960 bits
+        ("datacenter", 1.0152228e-3),  # 6 * (9.20380e-6 + 10e-6 + 150e-6)
+        ("cloud-10g", 2.6044554e-3),  # 6 * (1.840760e-4 + 100e-6 + 150e-6)
+        ("home-1gbps", 0.07194455),  # 6 * (1.840760e-3 + 10e-3 + 150e-6)
+        ("home-100mbps", 0.23134554),  # 6 * (0.01840760 + 20e-3 + 150e-6)
+        ("mobile", 1.4053554),  # the 10 Mbit/s uplink: 6 * (0.1840760 + 50e-3 + 150e-6)
     ],
 )
 def test_profiles_ring_all_reduce_of_the_mnist_cnn(name: str, seconds: float) -> None:
-    assert collective_time("all_reduce", MNIST_P, 4, name) == pytest.approx(seconds, rel=1e-12)
+    assert collective_time("all_reduce", MNIST_P, 4, name) == pytest.approx(seconds, rel=1e-7)
     assert parse_network(name) is PROFILES[name]
 
 
@@ -158,26 +192,28 @@ def test_profile_numbers() -> None:
 
 
 def test_mobile_star_broadcast_is_bound_by_the_uplink() -> None:
-    # source uplink 10 Mbit/s carries 3 copies of 1 MB: 3 * 8e6 / 1e7 = 2.4 s (each receiver's
-    # downlink needs only 8e6 / 5e7 = 0.16 s), + 50 ms latency = 2.45 s
-    assert collective_time("broadcast", S, 4, "mobile") == pytest.approx(2.45, rel=1e-12)
+    # source uplink 10 Mbit/s carries 3 copies of 1 MB: 3 * 8e6 / (1e7 EFF) = 2.564088 s (each
+    # receiver's downlink needs only 8e6 / (5e7 EFF) = 0.17 s), + 50 ms + 150 us = 2.614238 s
+    assert collective_time("broadcast", S, 4, "mobile") == pytest.approx(2.614238, abs=1e-6)
 
 
 # -- heterogeneity ---------------------------------------------------------------------------------
 def test_slowest_link_bounds_the_ring() -> None:
-    # node 2 at 4 Mbit/s = 0.5 MB/s: ring 6 * (0.25 / 0.5 + 0.001) = 3.006
+    # node 2 at 4 Mbit/s = 0.5 MB/s: ring 6 * (0.25 / 0.5 / EFF + 0.001 + HOP) = 6 * (0.534185
+    # + 0.00115) = 3.212010
     net = parse_network("bw=8Mbps,latency=1ms,node_bw=8Mbps:8Mbps:4Mbps:8Mbps")
     assert net.node_bandwidths(4) == ((8e6, 8e6, 4e6, 8e6), (8e6, 8e6, 4e6, 8e6))
-    assert net.collective_time("all_reduce", S, 4) == pytest.approx(3.006, rel=1e-12)
+    assert net.collective_time("all_reduce", S, 4) == pytest.approx(3.212010, abs=1e-6)
 
 
 def test_star_all_reduce_depends_on_the_server() -> None:
-    # Server (node 0) fast, node 2 slow: push max(3 * 1 s, 1 MB at 0.5 MB/s = 2 s) + 1 ms, pull
-    # the same: 2 * 3.001 = 6.002. Slow server: push max(3 * 2 s, 1 s) + 1 ms = 6.001, x 2.
+    # Server (node 0) fast, node 2 slow: push max(3 * 1 s, 1 MB at 0.5 MB/s = 2 s) / EFF + 1 ms
+    # + HOP, pull the same: 2 * (3.205110 + 0.00115) = 6.412521. Slow server: push max(3 * 2 s,
+    # 1 s) / EFF + 1.15 ms = 6.411371, x 2 = 12.822742.
     fast = parse_network("bw=8Mbps,latency=1ms,all_reduce=star,node_bw=8Mbps:8Mbps:4Mbps:8Mbps")
     slow = parse_network("bw=8Mbps,latency=1ms,all_reduce=star,node_bw=4Mbps:8Mbps:8Mbps:8Mbps")
-    assert fast.collective_time("all_reduce", S, 4) == pytest.approx(6.002, rel=1e-12)
-    assert slow.collective_time("all_reduce", S, 4) == pytest.approx(12.002, rel=1e-12)
+    assert fast.collective_time("all_reduce", S, 4) == pytest.approx(6.412521, abs=1e-6)
+    assert slow.collective_time("all_reduce", S, 4) == pytest.approx(12.822742, abs=1e-6)
 
 
 def test_random_heterogeneity_is_seeded_log_normal() -> None:
@@ -196,6 +232,22 @@ def test_random_heterogeneity_is_seeded_log_normal() -> None:
 
 
 # -- specs -----------------------------------------------------------------------------------------
+def test_calibration_keys_in_specs_and_descriptions() -> None:
+    net = parse_network("home-100mbps,efficiency=0.9,hop_latency=50us")
+    assert (net.efficiency, net.name) == (0.9, "home-100mbps+")
+    assert net.hop_latency_s == pytest.approx(50e-6, rel=1e-15)
+    assert net.describe() == ("100 Mbit/s, 20 ms, ring all-reduce, efficiency 90%, "
+                              "hop latency 50 us")
+    assert "efficiency=0.9," in net.spec() and "hop_latency=" in net.spec()
+    assert net.to_dict()["efficiency"] == 0.9
+    assert net.to_dict()["hop_latency_s"] == net.hop_latency_s
+    # the defaults are not spelled out: a profile stays its name, its description unchanged
+    home = PROFILES["home-100mbps"]
+    assert home.spec() == "home-100mbps"
+    assert home.describe() == "100 Mbit/s, 20 ms, ring all-reduce"
+    assert "efficiency" not in parse_network("bw=1Gbps,latency=5ms").spec()
+
+
 def test_parse_custom_network() -> None:
     net = parse_network("bw=1Gbps,latency=5ms")
     assert (net.name, net.up_bps, net.down_bps, net.latency_s) == ("custom", 1e9, 1e9, 0.005)
@@ -212,7 +264,8 @@ def test_parse_custom_network() -> None:
     "spec",
     ["home-100mbps", "bw=1Gbps,latency=5ms", "mobile,latency=80ms",
      "up=10Mbps,down=20Mbps,latency=1ms,all_reduce=star,node_speed=1:0.5",
-     "cloud-10g,node_bw=1Gbps:2Gbps,seed=4", "datacenter,speed_sigma=0.3,seed=9"],
+     "cloud-10g,node_bw=1Gbps:2Gbps,seed=4", "datacenter,speed_sigma=0.3,seed=9",
+     "home-100mbps,efficiency=0.9,hop_latency=50us", "bw=1Gbps,efficiency=1,hop_latency=0s"],
 )
 def test_spec_round_trips(spec: str) -> None:
     net = parse_network(spec)
@@ -236,6 +289,11 @@ def test_spec_round_trips(spec: str) -> None:
         ("home-100mbps,bw_sigma=-1", "bw_sigma must be a number >= 0"),
         ("home-100mbps,seed=x", "seed takes an integer"),
         ("home-100mbps,latency", "expected key=value"),
+        ("home-100mbps,efficiency=1.2", "efficiency must be a number in (0, 1]"),
+        ("home-100mbps,efficiency=0", "efficiency must be a number in (0, 1]"),
+        ("home-100mbps,efficiency=high", "efficiency takes a plain number, got 'high'"),
+        ("home-100mbps,hop_latency=50", "network hop_latency=50: a duration needs a unit"),
+        ("home-100mbps,hop_latency=-1us", "a duration must be >= 0"),
         ("", "a network is a profile name"),
     ],
 )
@@ -250,6 +308,10 @@ def test_bad_network_fields_and_calls() -> None:
         Network(up_bps=0)
     with pytest.raises(ValueError, match="latency_s must be a number >= 0"):
         Network(up_bps=1e9, latency_s=-1)
+    with pytest.raises(ValueError, match=r"efficiency must be a number in \(0, 1\].*got True"):
+        Network(up_bps=1e9, efficiency=True)
+    with pytest.raises(ValueError, match=r"hop_latency_s must be a number >= 0 \(seconds\), got "):
+        Network(up_bps=1e9, hop_latency_s=math.inf)
     net = parse_network("home-100mbps,node_speed=1:1:0.5")
     with pytest.raises(ValueError, match="node_speed lists 3 nodes but the run has 4"):
         net.node_speeds(4)

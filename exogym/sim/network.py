@@ -5,8 +5,8 @@ bytes ONE node contributes, ``N`` nodes) into seconds. Each formula is the class
 latency-bandwidth (alpha-beta) cost of the algorithm, as tabulated by Thakur, Rabenseifner and
 Gropp, "Optimization of Collective Communication Operations in MPICH" (IJHPCA 19(1), 2005) and, for
 the ring all-reduce, Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
-workstations" (JPDC 69(2), 2009). With ``L`` the latency in seconds and ``B`` the bandwidth in
-bits per second (``8 S / B`` seconds to move ``S`` bytes):
+workstations" (JPDC 69(2), 2009). With ``L`` the latency of one hop in seconds and ``B`` the
+payload bandwidth in bits per second (``8 S / B`` seconds to move ``S`` bytes):
 
 ===============  ===========  =============================================================
 collective       algorithm    time
@@ -18,6 +18,13 @@ all_gather       ``ring``     ``(N-1) * (8S/B + L)``
 broadcast        ``star``     ``(N-1) * 8S/B + L`` (the source sends to every other node)
 broadcast        ``tree``     ``ceil(log2 N) * (8S/B + L)`` (binomial tree)
 ===============  ===========  =============================================================
+
+Calibration (every profile's default; measured against real gloo traffic over Linux-shaped
+links, ``bench/clock_fidelity.py``): ``B = efficiency * bits/s`` of the link, the payload share of
+TCP over Ethernet in a ring, ``1448 / (1514 + 66 / 2) = 0.936`` (:data:`LINK_EFFICIENCY`: 1448
+payload bytes per 1514-byte frame, plus half a 66-byte ACK per frame for the incoming stream);
+``L = latency_s + hop_latency_s``, the network's one-way latency plus the software latency of one
+message hop (:data:`HOP_LATENCY_S`). ``efficiency=1,hop_latency=0s`` gives the bare formulas.
 
 With one node every collective takes 0 s. With per-node bandwidths, every synchronous step of a
 ring or tree waits for its slowest transfer, so ``B`` is the slowest link of the run,
@@ -33,6 +40,7 @@ units (bits vs bytes, decimal prefixes)::
     parse_network("bw=1Gbps,latency=5ms")
     parse_network("home-100mbps,node_speed=1:1:1:0.5")       # node 3 computes at half speed
     parse_network("cloud-10g,bw_sigma=0.5,speed_sigma=0.2,seed=3")   # random heterogeneity
+    parse_network("bw=100Mbps,latency=20ms,efficiency=1,hop_latency=0s")  # uncalibrated
 """
 
 from __future__ import annotations
@@ -238,6 +246,34 @@ def tree_broadcast_time(payload_bytes: float, num_nodes: int, bps: float, latenc
     return rounds * (8 * payload_bytes / bps + latency)
 
 
+# -- calibration -------------------------------------------------------------------------------
+# Measured with real gloo processes over links shaped by Linux tbf (bench/clock_fidelity.py;
+# docs/network.md, "Validation against a real network"). Every transfer is TCP over IPv4 over
+# Ethernet with the default MTU of 1500 bytes.
+
+#: Payload bytes of a full TCP segment: MTU 1500 - 20 (IPv4 header) - 20 (TCP header) - 12
+#: (TCP timestamp option, on by default in Linux).
+TCP_PAYLOAD_BYTES = 1448
+#: Bytes a link carries for that segment: 1448 + 32 (TCP with timestamps) + 20 (IPv4) + 14
+#: (Ethernet header), as a Linux shaper (tbf, htb) or a router's rate limit counts a frame.
+TCP_FRAME_BYTES = 1514
+#: A pure acknowledgement: 32 (TCP with timestamps) + 20 (IPv4) + 14 (Ethernet).
+ACK_FRAME_BYTES = 66
+#: Full segments acknowledged per pure ACK (Linux's delayed ACK acknowledges every second one;
+#: measured: 1 pure ACK per 2.0 to 2.7 data segments on a ring's uplinks).
+SEGMENTS_PER_ACK = 2
+#: Fraction of a link's bandwidth that carries payload in a ring collective: every node's uplink
+#: carries its outgoing stream's frames and the ACKs of its incoming stream,
+#: ``1448 / (1514 + 66 / 2) = 1448 / 1547 = 0.93600``. Measured: each uplink carried 1.063 to
+#: 1.069 bytes per payload byte (1 / 0.936 = 1.068), and a loss-free ring all-reduce (TCP Reno,
+#: 50 and 100 Mbit/s) took 1.063 to 1.070 times the payload-only formula.
+LINK_EFFICIENCY = TCP_PAYLOAD_BYTES / (TCP_FRAME_BYTES + ACK_FRAME_BYTES / SEGMENTS_PER_ACK)
+#: Software latency of one message hop of a gloo collective (Python call, hand-off to gloo's
+#: worker thread, the kernel's TCP stack on both ends), seconds: a 4-byte ring all-reduce over
+#: unshaped links takes ``2(N-1)`` of them (measured at N = 2 and 4).
+HOP_LATENCY_S = 150e-6
+
+
 # -- the network -------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class Network:
@@ -260,6 +296,13 @@ class Network:
             median 1); 0 = none.
         speed_sigma: the same for the compute speed.
         seed: seeds the random factors (``torch.Generator``, never the global RNG).
+        efficiency: the fraction of every link's bandwidth that carries payload, in (0, 1]:
+            each formula's ``B`` is ``efficiency`` times the link's bits/s (headers and
+            acknowledgements take the rest). Default :data:`LINK_EFFICIENCY`, TCP over
+            Ethernet in a ring, 0.936; 1 = every bit on the link is payload.
+        hop_latency_s: software latency of one message hop, seconds, added to ``latency_s``
+            wherever a formula has ``L`` (one per ring step, tree round or star phase). Default
+            :data:`HOP_LATENCY_S`, measured with gloo over TCP; 0 = the network's latency only.
         description: where a profile's numbers come from.
     """
 
@@ -276,6 +319,8 @@ class Network:
     bw_sigma: float = 0.0
     speed_sigma: float = 0.0
     seed: int = 0
+    efficiency: float = LINK_EFFICIENCY
+    hop_latency_s: float = HOP_LATENCY_S
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -312,6 +357,15 @@ class Network:
             raise ValueError("give node_speed or speed_sigma, not both")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if isinstance(self.efficiency, bool) or not isinstance(self.efficiency, (int, float)) or (
+                not 0 < self.efficiency <= 1):
+            raise ValueError(f"efficiency must be a number in (0, 1] (the payload share of a "
+                             f"link's bandwidth), got {self.efficiency!r}")
+        if isinstance(self.hop_latency_s, bool) or not isinstance(
+                self.hop_latency_s, (int, float)) or not (
+                math.isfinite(self.hop_latency_s) and self.hop_latency_s >= 0):
+            raise ValueError(f"hop_latency_s must be a number >= 0 (seconds), got "
+                             f"{self.hop_latency_s!r}")
 
     # -- per-node values -----------------------------------------------------------------------
     def node_bandwidths(self, num_nodes: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -346,7 +400,8 @@ class Network:
                     f"has {num_nodes} nodes: give exactly one value per node")
 
     def slowest_link_bps(self, num_nodes: int) -> float:
-        """``min_i min(up_i, down_i)``: the ``B`` of ring and tree algorithms."""
+        """``min_i min(up_i, down_i)``, bits/s: the slowest link of ring and tree algorithms
+        (their ``B`` is ``efficiency`` times it)."""
         up, down = self.node_bandwidths(num_nodes)
         return min(min(up), min(down))
 
@@ -363,15 +418,19 @@ class Network:
     def collective_time(self, op: str, payload_bytes: float, num_nodes: int, *,
                         src: int = 0) -> float:
         """Seconds for one collective of ``payload_bytes`` per node over ``num_nodes`` nodes,
-        with this network's algorithm for ``op`` (formulas in the module docstring)."""
+        with this network's algorithm for ``op`` (formulas in the module docstring), ``B`` the
+        payload rate ``efficiency * bits/s`` and ``L`` the latency ``latency_s +
+        hop_latency_s``."""
         if op not in ALGORITHMS:
             raise ValueError(f"unknown collective {op!r}; allowed: {', '.join(ALGORITHMS)}")
         _check_args(payload_bytes, num_nodes)
         if num_nodes == 1:
             return 0.0
         up, down = self.node_bandwidths(num_nodes)
+        up = tuple(u * self.efficiency for u in up)  # payload bits/s
+        down = tuple(d * self.efficiency for d in down)
         bps = min(min(up), min(down))
-        lat = self.latency_s
+        lat = self.latency_s + self.hop_latency_s
         algo = getattr(self, op)
         if op == "all_reduce":
             if algo == "ring":
@@ -387,7 +446,8 @@ class Network:
 
     # -- text ----------------------------------------------------------------------------------
     def describe(self) -> str:
-        """``"100 Mbit/s, 20 ms, ring all-reduce"`` (plus heterogeneity if any)."""
+        """``"100 Mbit/s, 20 ms, ring all-reduce"`` (plus heterogeneity, and the efficiency and
+        hop latency where they are not the calibrated defaults)."""
         down = self.down_bps if self.down_bps is not None else self.up_bps
         bw = (format_rate(self.up_bps) if down == self.up_bps
               else f"{format_rate(down)} down / {format_rate(self.up_bps)} up")
@@ -396,6 +456,10 @@ class Network:
             parts.append("per-node bandwidth")
         if self.node_speed or self.speed_sigma:
             parts.append("per-node compute speed")
+        if self.efficiency != LINK_EFFICIENCY:
+            parts.append(f"efficiency {100 * self.efficiency:.4g}%")
+        if self.hop_latency_s != HOP_LATENCY_S:
+            parts.append(f"hop latency {format_duration(self.hop_latency_s)}")
         return ", ".join(parts)
 
     def spec(self) -> str:
@@ -411,6 +475,10 @@ class Network:
         for key in ("all_reduce", "all_gather", "broadcast", "bw_sigma", "speed_sigma", "seed"):
             if getattr(self, key) != defaults[key]:
                 items.append(f"{key}={getattr(self, key)}")
+        if self.efficiency != defaults["efficiency"]:
+            items.append(f"efficiency={self.efficiency!r}")  # repr: round-trips exactly
+        if self.hop_latency_s != defaults["hop_latency_s"]:
+            items.append(f"hop_latency={self.hop_latency_s!r}s")
         for key, unit in (("node_up_bps", "bps"), ("node_down_bps", "bps"), ("node_speed", "")):
             values = getattr(self, key)
             if values is not None:
@@ -462,7 +530,8 @@ PROFILES: dict[str, Network] = {
 }
 
 _SPEC_KEYS = ("name", "bw", "up", "down", "latency", "all_reduce", "all_gather", "broadcast",
-              "node_bw", "node_up", "node_down", "node_speed", "bw_sigma", "speed_sigma", "seed")
+              "node_bw", "node_up", "node_down", "node_speed", "bw_sigma", "speed_sigma", "seed",
+              "efficiency", "hop_latency")
 
 
 def parse_network(spec: str | Network | None = None) -> Network:
@@ -472,7 +541,8 @@ def parse_network(spec: str | Network | None = None) -> Network:
     Keys: ``bw`` (up and down), ``up``, ``down``, ``latency``, ``all_reduce`` (ring, tree, star),
     ``all_gather`` (ring), ``broadcast`` (star, tree), per-node lists separated by ``:``
     (``node_bw``, ``node_up``, ``node_down`` with units, ``node_speed`` as plain numbers),
-    ``bw_sigma``, ``speed_sigma``, ``seed``, ``name``. None gives ``datacenter``.
+    ``bw_sigma``, ``speed_sigma``, ``seed``, ``name``, ``efficiency`` (a plain number in (0, 1])
+    and ``hop_latency`` (a duration). None gives ``datacenter``.
     """
     if spec is None:
         return PROFILES["datacenter"]
@@ -527,8 +597,10 @@ def _parse_item(key: str, value: str, values: dict[str, Any]) -> None:
         values["node_down_bps"] = tuple(parse_rate(v) for v in value.split(":"))
     if key == "node_speed":
         values["node_speed"] = tuple(_number(key, v) for v in value.split(":"))
-    if key in ("bw_sigma", "speed_sigma"):
+    if key in ("bw_sigma", "speed_sigma", "efficiency"):
         values[key] = _number(key, value)
+    if key == "hop_latency":
+        values["hop_latency_s"] = parse_duration(value)
     if key == "seed":
         try:
             values["seed"] = int(value)
