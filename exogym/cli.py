@@ -21,14 +21,17 @@ import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from exogym import strategy as strategies
 from exogym.lab.estimate import DTYPES, STRATEGIES, parse_count
+from exogym.run.checkpoint import CheckpointError
 from exogym.run.dist import torchrun_env
 from exogym.run.result import NonFiniteLossError
-from exogym.run.sinks import Sink, make_sink
+from exogym.run.sinks import make_sink
+from exogym.run.state import RunInterrupted
 from exogym.sim.engine import ENGINES, PRECISIONS
 from exogym.sim.network import PROFILES, Network, parse_duration, parse_network
 from exogym.sim.partition import parse_partition
@@ -182,6 +185,19 @@ def build_parser() -> argparse.ArgumentParser:
                      help="steps between metrics rows")
     run.add_argument("--out", type=_path,
                      help="run folder (default: runs/TASK-STRATEGY-nN-TIME)")
+    run.add_argument("--checkpoint-every", type=_positive_int, metavar="K",
+                     help="write a checkpoint every K steps and at the end (RUN/checkpoints/); "
+                          "Ctrl-C writes one anyway")
+    run.add_argument("--checkpoint-interval", type=_argtype(_positive_duration), metavar="TIME",
+                     help="and/or one every TIME of wall clock, e.g. 10min")
+    run.add_argument("--keep-checkpoints", type=_positive_int, default=2, metavar="K",
+                     help="complete checkpoints kept, the newest (default 2)")
+    run.add_argument("--sync-checkpoints", action="store_true",
+                     help="write checkpoints while training waits (default: copied to memory, "
+                          "then written in the background)")
+    run.add_argument("--resume", type=_path, metavar="RUN_DIR",
+                     help="continue RUN_DIR from its newest usable checkpoint, exactly as if it "
+                          "had never stopped (--steps may extend it)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--csv", action="store_true", help="also write metrics.csv in the run folder")
     run.add_argument("--tensorboard", action="store_true",
@@ -341,9 +357,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from exogym.run.trainer import Trainer
     from exogym.sim.engine import check_memory, resolve_device
 
+    if args.resume is not None:
+        return _resume_run(args)
     # Everything that can be checked is checked before the data loads (which may download).
     task = get_task(args.task)
-    sinks = _sinks(args)  # a bad --wandb or a missing package fails before the data loads
+    sink_specs = _sink_specs(args)
+    sinks = [make_sink(spec) for spec in sink_specs]  # fails before the data loads
     overrides = dict(args.overrides)
     if args.lr is not None:
         if any(k in ("lr", "optim.lr") for k in overrides):
@@ -390,8 +409,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         eval_samples=args.eval_samples,
         allow_nonfinite=args.allow_nonfinite,
         allow_unsynced=args.allow_unsynced,
-        run_info=task.run_info(train),
+        run_info={**task.run_info(train), "sinks": sink_specs,
+                  "launcher": "process" if args.engine == "process" else None},
         **({"num_epochs": args.epochs} if args.epochs else {"max_steps": args.steps or 500}),
+        **_checkpoint_args(args),
     )
     if args.engine == "process":
         from exogym.run.launch import fit_processes
@@ -415,11 +436,73 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sinks(args: argparse.Namespace) -> list[Sink]:
+def _sink_specs(args: argparse.Namespace) -> list[str]:
     specs = ["csv"] * args.csv + ["tensorboard"] * args.tensorboard
     if args.wandb is not None:
         specs.append(f"wandb:{args.wandb}")
-    return [make_sink(spec) for spec in specs]
+    return specs
+
+
+def _checkpoint_args(args: argparse.Namespace) -> dict[str, Any]:
+    return {"checkpoint_every": args.checkpoint_every,
+            "checkpoint_interval": args.checkpoint_interval,
+            "keep_checkpoints": args.keep_checkpoints,
+            "async_checkpoint": not args.sync_checkpoints}
+
+
+# Options that --resume may be given with: where the data is, how to show progress, how to keep
+# writing checkpoints, and --steps to extend the run. Everything else is the recorded run's.
+_RESUME_OPTIONS = {"resume", "steps", "data_dir", "no_download", "no_progress",
+                   "checkpoint_every", "checkpoint_interval", "keep_checkpoints",
+                   "sync_checkpoints", "command"}
+
+
+def _resume_run(args: argparse.Namespace) -> int:
+    """``exogym run --resume RUN_DIR``: rebuild the recorded run (task, data, sinks) and
+    continue it from its newest usable checkpoint."""
+    from exogym.run.result import read_json
+    from exogym.run.trainer import Trainer
+
+    defaults = vars(build_parser().parse_args(["run"]))
+    changed = sorted(f"--{k.replace('_', '-')}" for k, v in vars(args).items()
+                     if k not in _RESUME_OPTIONS and v != defaults.get(k))
+    if changed:
+        raise ConfigError("--resume continues the run as it was recorded; drop "
+                          f"{', '.join(changed)} (allowed with --resume: --steps to extend it, "
+                          "--data-dir, --no-download, --no-progress and the checkpoint options)")
+    config = read_json(args.resume / "config.json",
+                       "--resume takes a run folder written by `exogym run`")
+    task_id = config.get("task")
+    if not task_id:
+        raise ConfigError(f"{args.resume / 'config.json'} records no task; resume a Python-API "
+                          "run from Python: Trainer(model, data).fit(resume=RUN_DIR)")
+    task = get_task(task_id)
+    sinks = [make_sink(spec) for spec in config.get("sinks", [])]
+    train, test = task.load_data(args.data_dir, not args.no_download)
+    torch.manual_seed(int(config["seed"]))
+    model = task.build_model()
+    fit_args: dict[str, Any] = dict(resume=args.resume, progress=not args.no_progress,
+                                    sinks=sinks)
+    fresh = _checkpoint_args(build_parser().parse_args(["run"]))
+    # the recorded checkpoint settings go on, unless an option here changes one
+    fit_args.update({k: v for k, v in _checkpoint_args(args).items() if v != fresh[k]})
+    if args.steps is not None:
+        fit_args["max_steps"] = args.steps
+    if config.get("launcher") == "process":
+        from exogym.run.launch import fit_processes
+
+        processes = int(config["processes"])
+        backend = "nccl" if str(config["device"]).startswith("cuda") else "gloo"
+        result = fit_processes(model, train, test, strategy=None,
+                               num_nodes=int(config["num_nodes"]),
+                               nodes_per_process=int(config["num_nodes"]) // processes,
+                               backend=backend, **fit_args)
+    else:
+        result = Trainer(model, train, test).fit(**fit_args)
+    ranks = torchrun_env()
+    if ranks is None or ranks.rank == 0:
+        print(result.summary())
+    return 0
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
@@ -666,7 +749,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"exogym: error: {err}", file=sys.stderr)
         return 1
     except (ConfigError, DatasetNotFoundError, ChecksumError, FileExistsError,
-            FileNotFoundError, ValueError, ImportError, MemoryError) as err:
+            FileNotFoundError, ValueError, ImportError, MemoryError, CheckpointError) as err:
         print(f"exogym: error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # a path that cannot be written or read: one line naming it
@@ -676,6 +759,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `exogym strategies | head`
         sys.stdout = None  # type: ignore[assignment]
         return 0
+    except RunInterrupted as err:  # stopped cleanly: says where the checkpoint is
+        print(f"exogym: {err}", file=sys.stderr)
+        return 130
     except KeyboardInterrupt:
         print("exogym: interrupted", file=sys.stderr)
         return 130

@@ -321,7 +321,7 @@ def _children(pid: int) -> list[int]:
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to find the workers")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_to_the_parent_of_a_process_run_stops_every_worker(
+def test_a_second_signal_to_the_parent_of_a_process_run_stops_every_worker_at_once(
         tmp_path: Path, sig: signal.Signals) -> None:
     out = tmp_path / "run"
     env = {**os.environ, "EXOGYM_DATA_DIR": str(SHARED_DATA)}
@@ -339,12 +339,15 @@ def test_a_signal_to_the_parent_of_a_process_run_stops_every_worker(
         workers = [k for k in _children(parent.pid)  # not multiprocessing's resource tracker
                    if "spawn_main" in Path(f"/proc/{k}/cmdline").read_text(errors="replace")]
         assert len(workers) == 2
-        parent.send_signal(sig)
+        parent.send_signal(sig)  # the first is forwarded: stop cleanly (tests/test_resume.py)
+        time.sleep(0.05)
+        parent.send_signal(sig)  # the second: now
         _, err = parent.communicate(timeout=60)
     finally:
         if parent.poll() is None:
             os.killpg(parent.pid, signal.SIGKILL)
     assert parent.returncode == 130
+    assert "asking the 2 worker process(es) to stop after their next logged step" in err
     assert "stopping 2 worker process(es)" in err and "all 2 workers stopped" in err
     assert "Traceback" not in err
     assert not any(Path(f"/proc/{k}").exists() and "zombie" not in

@@ -5,8 +5,10 @@ automatically, ``threads`` intra-op threads each so that the processes do not ov
 cores), initialises one process group with a collective timeout, calls ``fn(ctx, *args)`` in every
 process and returns what each rank returned. A worker that raises ends the whole run promptly:
 the other workers are terminated and :class:`WorkerError` names the failing rank and carries its
-traceback; a worker stuck in a collective whose peer died fails after ``timeout_s``. Ctrl-C
-(SIGINT) or SIGTERM to the launching process stops every worker and says so.
+traceback; a worker stuck in a collective whose peer died fails after ``timeout_s``. The first
+Ctrl-C (SIGINT) or SIGTERM to the launching process is forwarded to the workers (a training run
+stops cleanly at its next logged step, with a checkpoint, and :class:`RunInterrupted` says how to
+resume); a second one stops every worker at once and says so.
 
 :func:`fit_worker` is one process's training loop: it mirrors the simulator's per-step calls
 (:meth:`exogym.Trainer.fit`: ``comm.step``, ``to_batch_device``, ``forward_backward``,
@@ -27,7 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -46,6 +48,7 @@ from exogym.run.dist import (
     local_batches,
 )
 from exogym.run.result import FitResult
+from exogym.run.state import RunInterrupted
 from exogym.run.trainer import Trainer
 from exogym.sim.comm import CommRecord
 from exogym.sim.engine import EngineName, NodeStack
@@ -60,6 +63,13 @@ __all__ = [
 
 class WorkerError(RuntimeError):
     """A worker process failed; the message names its rank and holds its traceback."""
+
+
+@dataclass(frozen=True)
+class _Interrupted:
+    """What a worker returns when its run stopped cleanly on a signal (and how to resume)."""
+
+    message: str
 
 
 def free_port() -> int:
@@ -83,6 +93,8 @@ def _entry(
         ctx = RankContext(rank, world_size, nodes_per_process, device)
         try:
             value = fn(ctx, *args)
+        except RunInterrupted as err:  # a clean stop on the parent's forwarded signal
+            value = _Interrupted(str(err))
         except Exception as err:
             raise WorkerError(f"exogym worker rank {rank} of {world_size} failed: "
                               f"{type(err).__name__}: {err}") from err
@@ -130,41 +142,72 @@ def launch(
                 args=(nprocs, free_port(), nodes_per_process, backend, timeout_s, threads,
                       out_dir, fn, args),
             )
-            with _stop_workers_on_signal(context.processes):
-                while not context.join(timeout=0.2):
-                    pass
+            with _WorkerSignals(context.processes) as signals:
+                try:
+                    while not context.join(timeout=0.2):
+                        pass
+                except KeyboardInterrupt:
+                    signals.stop()
+                    raise
         except mp.ProcessRaisedException as err:
             raise WorkerError(f"exogym worker rank {err.error_index} failed:\n{err}") from None
         except mp.ProcessExitedException as err:
             raise WorkerError(f"exogym worker rank {err.error_index} died (exit code "
                               f"{err.exit_code}, signal {err.signal_name}):\n{err}") from None
-        return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False)
-                for r in range(nprocs)]
+        results = []
+        for r in range(nprocs):
+            path = Path(out_dir) / f"rank{r}.pt"
+            if not path.is_file():  # a worker that stopped on the forwarded signal
+                raise KeyboardInterrupt(f"worker rank {r} stopped without a result")
+            results.append(torch.load(path, weights_only=False))
+        stopped = [r for r in results if isinstance(r, _Interrupted)]
+        if stopped:
+            raise RunInterrupted(stopped[0].message)
+        return results
 
 
 class _Terminated(KeyboardInterrupt):
-    """SIGTERM to the parent, handled like Ctrl-C: the workers are stopped."""
+    """The second signal to the parent: the workers are stopped at once."""
 
 
-@contextlib.contextmanager
-def _stop_workers_on_signal(processes: Sequence[Any]) -> Iterator[None]:
-    """While the workers run: SIGINT (Ctrl-C) or SIGTERM to this process stops every worker
-    (SIGTERM, then SIGKILL after 10 s) and says so on stderr; the interrupt then propagates."""
-    main_thread = threading.current_thread() is threading.main_thread()
-    old = signal.getsignal(signal.SIGTERM) if main_thread else None
+class _WorkerSignals:
+    """While the workers run (main thread only): the first SIGINT (Ctrl-C) or SIGTERM to this
+    process is forwarded as SIGINT to every worker, so that a worker running
+    :meth:`exogym.Trainer.fit` stops cleanly after its next logged step (every rank at the same
+    one) and writes a checkpoint; a second signal stops them at once (:meth:`stop`)."""
 
-    def on_term(signum: int, frame: Any) -> None:
-        raise _Terminated()
+    def __init__(self, processes: Sequence[Any]) -> None:
+        self.processes = processes
+        self.forwarded = False
+        self._old: dict[int, Any] = {}
 
-    if main_thread:
-        signal.signal(signal.SIGTERM, on_term)
-    try:
-        yield
-    except KeyboardInterrupt as err:
-        alive = [p for p in processes if p.is_alive()]
-        what = "SIGTERM" if isinstance(err, _Terminated) else "interrupt"
-        print(f"exogym: {what}: stopping {len(alive)} worker process(es)", file=sys.stderr,
-              flush=True)
+    def __enter__(self) -> _WorkerSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.forwarded:
+            raise _Terminated()
+        self.forwarded = True
+        alive = [p for p in self.processes if p.is_alive()]
+        print(f"exogym: {signal.Signals(signum).name}: asking the {len(alive)} worker "
+              "process(es) to stop after their next logged step (again to stop them at once)",
+              file=sys.stderr, flush=True)
+        for p in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGINT)
+
+    def stop(self) -> None:
+        """Stop every worker now: SIGTERM, then SIGKILL after 10 s; say so on stderr."""
+        alive = [p for p in self.processes if p.is_alive()]
+        print(f"exogym: stopping {len(alive)} worker process(es)", file=sys.stderr, flush=True)
         for p in alive:
             p.terminate()
         deadline = time.monotonic() + 10.0
@@ -174,11 +217,7 @@ def _stop_workers_on_signal(processes: Sequence[Any]) -> Iterator[None]:
             if p.is_alive():
                 p.kill()
                 p.join()
-        print(f"exogym: all {len(processes)} workers stopped", file=sys.stderr, flush=True)
-        raise
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, old)
+        print(f"exogym: all {len(self.processes)} workers stopped", file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -253,7 +292,7 @@ def fit_strategies(
 # -- a whole run on local processes (the `--engine process` of `exogym run`) --------------------
 def fit_processes(
     model: nn.Module, train_dataset: Dataset | DatasetFactory, val_dataset: Dataset | None, *,
-    strategy: Strategy, num_nodes: int, nodes_per_process: int = 1, backend: str = "auto",
+    strategy: Strategy | None, num_nodes: int, nodes_per_process: int = 1, backend: str = "auto",
     timeout_s: float = 300.0, threads: int | None = None, **fit_args: Any,
 ) -> FitResult:
     """:meth:`exogym.Trainer.fit` on ``num_nodes / nodes_per_process`` local processes.
@@ -262,12 +301,15 @@ def fit_processes(
     with one GPU per process where CUDA is available). Every process runs ``Trainer.fit`` as one
     rank (``distributed`` mode); rank 0 logs, evaluates the global model and writes
     ``metrics.jsonl`` / ``summary.json`` line by line, so a failed run keeps the rows written so
-    far. ``fit_args`` are :meth:`~exogym.Trainer.fit`'s other keyword arguments (``max_steps``,
+    far. ``strategy`` may be None only with ``resume=RUN_DIR`` (the checkpoint's is used).
+    ``fit_args`` are :meth:`~exogym.Trainer.fit`'s other keyword arguments (``max_steps``,
     ``batch_size``, ``out_dir``, ``network``, ...; not ``device``: this function places the
     processes) and are checked against its signature before any process starts.
     """
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
         raise ValueError(f"num_nodes must be an integer >= 1, got {num_nodes!r}")
+    if strategy is None and fit_args.get("resume") is None:
+        raise ValueError("strategy=None needs resume=RUN_DIR (the checkpoint's strategy)")
     if num_nodes % nodes_per_process:
         raise ValueError(f"num_nodes must be a multiple of nodes_per_process="
                          f"{nodes_per_process}, got {num_nodes}")
@@ -286,12 +328,13 @@ def fit_processes(
 
 def _fit_rank(
     ctx: RankContext, model: nn.Module, train_dataset: Dataset | DatasetFactory,
-    val_dataset: Dataset | None, strategy: Strategy, fit_args: dict[str, Any],
+    val_dataset: Dataset | None, strategy: Strategy | None, fit_args: dict[str, Any],
 ) -> FitResult | None:
     """One rank of :func:`fit_processes`; rank 0 returns the result, the others None."""
+    if strategy is not None:
+        fit_args = {**fit_args, "strategy": copy.deepcopy(strategy)}
     result = Trainer(model, train_dataset, val_dataset).fit(
-        strategy=copy.deepcopy(strategy), num_nodes=ctx.num_nodes, device=ctx.device,
-        distributed=True, **fit_args)
+        num_nodes=ctx.num_nodes, device=ctx.device, distributed=True, **fit_args)
     if ctx.rank != 0:
         return None
     result.model = result.model.cpu()

@@ -119,8 +119,27 @@ class MetricsWriter:
         self._write_json("config.json", config)
         self._file: IO[str] = metrics.open("w", encoding="utf-8")
 
+    @classmethod
+    def resume(cls, out_dir: str | Path, config: dict[str, Any],
+               rows: list[dict[str, Any]]) -> MetricsWriter:
+        """Continue a run folder from a checkpoint: ``metrics.jsonl`` becomes exactly ``rows``
+        (the rows logged up to the checkpoint, rewritten atomically: rows a crash left after it
+        are dropped, none is duplicated), ``config.json`` the run's config (its ``steps`` may
+        have grown); new rows are appended."""
+        self = cls.__new__(cls)
+        self.dir = Path(out_dir)
+        if not self.dir.is_dir():
+            raise FileNotFoundError(f"run folder {self.dir} does not exist")
+        self._write_json("config.json", config)
+        metrics = self.dir / "metrics.jsonl"
+        tmp = self.dir / ".metrics.jsonl.tmp"
+        tmp.write_text("".join(_row_line(row) for row in rows), encoding="utf-8")
+        tmp.replace(metrics)
+        self._file = metrics.open("a", encoding="utf-8")
+        return self
+
     def write(self, row: dict[str, Any]) -> None:
-        self._file.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
+        self._file.write(_row_line(row))
         self._file.flush()
 
     def save_model(self, state: dict[str, Any]) -> None:
@@ -139,6 +158,10 @@ class MetricsWriter:
         tmp = self.dir / f".{name}.tmp"
         tmp.write_text(_dumps(obj) + "\n", encoding="utf-8")
         tmp.replace(self.dir / name)
+
+
+def _row_line(row: dict[str, Any]) -> str:
+    return json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n"
 
 
 def _dumps(obj: Any, level: int = 0) -> str:

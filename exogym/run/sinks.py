@@ -16,6 +16,12 @@ a string); ``finish(summary)`` once, with the ``summary.json`` content, or None 
 failed: the sink flushes and closes and keeps what it had written. TensorBoard and W&B take the
 numeric values of a row (:func:`numeric_metrics`) and skip the rest.
 
+A run continued from a checkpoint calls ``resume(config, run_dir, rows)`` instead of ``start``,
+where ``rows`` are the rows logged up to the checkpoint: the sink drops whatever it had written
+after them (a crash may have happened later) and goes on, so that nothing is duplicated or lost.
+``resume`` is optional: a sink without it is started afresh and receives the rows after the
+checkpoint only.
+
 TensorBoard and W&B are optional dependencies, imported when such a sink is created:
 ``pip install "exogym[tensorboard]"``, ``pip install "exogym[wandb]"``.
 """
@@ -139,6 +145,29 @@ class CSVSink:
         self._target, self._columns, self._rows = target, [], []
         self._file = target.open("w", encoding="utf-8", newline="")
 
+    def resume(self, config: dict[str, Any], run_dir: Path | None,
+               rows: Sequence[dict[str, Any]]) -> None:
+        """Continue a run: ``metrics.csv`` becomes exactly ``rows`` (rewritten atomically: rows
+        written after the checkpoint are dropped), then new rows are appended."""
+        target = self.path if self.path is not None else (
+            Path(run_dir) / "metrics.csv" if run_dir is not None else None)
+        if target is None:
+            raise ValueError("CSVSink has nowhere to write: the run has no folder")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        self._target, self._columns, self._rows = target, [], []
+        for row in rows:
+            cells = {str(k): _cell(v) for k, v in row.items()}
+            self._columns += [k for k in cells if k not in self._columns]
+            self._rows.append(cells)
+        tmp = target.with_name(f".{target.name}.tmp")
+        with tmp.open("w", encoding="utf-8", newline="") as f:
+            if self._columns:
+                writer = csv.writer(f)
+                writer.writerow(self._columns)
+                writer.writerows([r.get(k, "") for k in self._columns] for r in self._rows)
+        os.replace(tmp, target)
+        self._file = target.open("a", encoding="utf-8", newline="")
+
     def log(self, row: dict[str, Any]) -> None:
         if self._file is None or self._target is None:
             raise _not_started(self)
@@ -222,6 +251,19 @@ class TensorBoardSink:
         self._writer.add_text("config", "\n".join("    " + line for line in text.splitlines()),
                               global_step=0)
         self._writer.flush()
+
+    def resume(self, config: dict[str, Any], run_dir: Path | None,
+               rows: Sequence[dict[str, Any]]) -> None:
+        """Continue a run: TensorBoard drops the events at steps after the last of ``rows``
+        (``SummaryWriter(purge_step=...)``), so none is shown twice."""
+        log_dir = self.log_dir if self.log_dir is not None else (
+            Path(run_dir) / "tensorboard" if run_dir is not None else None)
+        if log_dir is None:
+            raise ValueError("TensorBoardSink has nowhere to write: the run has no folder")
+        tb = _require_tensorboard()
+        last = max((_step(r) for r in rows), default=0)
+        self._writer = tb.SummaryWriter(log_dir=str(log_dir), purge_step=last + 1)
+        self._config = config
 
     def log(self, row: dict[str, Any]) -> None:
         if self._writer is None:
@@ -323,6 +365,24 @@ class WandbSink:
             dir=str(run_dir) if run_dir is not None else None, mode=self.mode,
             reinit="create_new",
         )
+        if run_dir is not None:  # so that a resumed run continues this W&B run
+            (Path(run_dir) / "wandb-run-id").write_text(self._run.id + "\n", encoding="utf-8")
+
+    def resume(self, config: dict[str, Any], run_dir: Path | None,
+               rows: Sequence[dict[str, Any]]) -> None:
+        """Continue a run: the same W&B run (its id is kept in ``RUN/wandb-run-id``), with
+        ``resume="allow"``. W&B keeps the steps it already has; the rows a crash left after the
+        checkpoint were logged there once and are not logged again (W&B drops steps that are
+        not above its last)."""
+        wandb = _require("wandb", "wandb", "WandbSink")
+        saved = Path(run_dir) / "wandb-run-id" if run_dir is not None else None
+        run_id = saved.read_text(encoding="utf-8").strip() if saved and saved.is_file() else None
+        name = self.name if self.name is not None or run_dir is None else Path(run_dir).name
+        self._run = wandb.init(
+            project=self.project, entity=self.entity, name=name, config=config,
+            dir=str(run_dir) if run_dir is not None else None, mode=self.mode,
+            reinit="create_new", id=run_id, resume="allow" if run_id else None,
+        )
 
     def log(self, row: dict[str, Any]) -> None:
         if self._run is None:
@@ -370,6 +430,20 @@ class MultiSink:
         for i, sink in enumerate(self.sinks):
             try:
                 sink.start(config, run_dir)
+            except BaseException:
+                MultiSink(self.sinks[:i]).finish(None)
+                raise
+
+    def resume(self, config: dict[str, Any], run_dir: Path | None,
+               rows: Sequence[dict[str, Any]]) -> None:
+        """Continue every sink (``resume`` where it has one, else ``start``)."""
+        for i, sink in enumerate(self.sinks):
+            try:
+                resume = getattr(sink, "resume", None)
+                if callable(resume):
+                    resume(config, run_dir, rows)
+                else:
+                    sink.start(config, run_dir)
             except BaseException:
                 MultiSink(self.sinks[:i]).finish(None)
                 raise

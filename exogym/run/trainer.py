@@ -7,50 +7,59 @@
 
 from __future__ import annotations
 
-import copy
+import contextlib
+import functools
+import importlib
+import json
 import math
+import signal
+import sys
+import threading
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import Tensor, nn
-from torch.func import functional_call
-from torch.utils._pytree import tree_map
+from torch import nn
 from torch.utils.data import Dataset
-from tqdm.auto import tqdm
 
-from exogym.run.dist import (
-    DistributedCommunicator,
-    RankContext,
-    gather_global_state,
-    join_torchrun,
-    local_batches,
-    torchrun_env,
-)
-from exogym.run.result import FitResult, MetricsWriter, NonFiniteLossError, check_out_dir
+from exogym.run.checkpoint import Checkpointer, load_checkpoint
+from exogym.run.dist import RankContext, join_torchrun, torchrun_env
+from exogym.run.result import FitResult, check_out_dir, read_json
 from exogym.run.sinks import MultiSink, Sink
-from exogym.sim.clock import ClockTrace, SimClock, measure_step_time, resolve_step_time
-from exogym.sim.comm import CommRecord, Communicator, InProcessCommunicator
+from exogym.run.state import RUN_CONFIG_KEYS, Run, RunInterrupted, RunSettings
+from exogym.sim.clock import resolve_step_time
 from exogym.sim.engine import (
     ENGINES,
     PRECISIONS,
     EngineName,
-    NodeStack,
     Precision,
     check_memory,
-    metrics_of,
     resolve_device,
 )
-from exogym.sim.network import Network, parse_network
+from exogym.sim.network import Network, parse_duration, parse_network
 from exogym.sim.partition import Partition, parse_partition
-from exogym.sim.sharding import DatasetFactory, FixedSubset, NodeBatches, iterate_batches
+from exogym.sim.sharding import DatasetFactory, NodeBatches
 from exogym.strategy import Strategy, make
+from exogym.strategy import get as get_strategy
+from exogym.utils.config import apply_overrides
 
 __all__ = ["Trainer"]
+
+
+def _records_given_arguments(fit: Callable[..., FitResult]) -> Callable[..., FitResult]:
+    """Remember which keyword arguments a call passed (``self._given``): a resumed run checks
+    exactly those against its checkpoint, and takes every other setting from it."""
+    @functools.wraps(fit)
+    def wrapper(self: Trainer, **kwargs: Any) -> FitResult:
+        self._given = frozenset(kwargs)
+        return fit(self, **kwargs)
+
+    return wrapper
 
 
 class Trainer:
@@ -84,7 +93,9 @@ class Trainer:
                 )
             val_dataset = val_dataset(0, 1, False)
         self.val_dataset: Dataset | None = val_dataset
+        self._given: frozenset[str] = frozenset()
 
+    @_records_given_arguments
     def fit(
         self,
         *,
@@ -115,6 +126,12 @@ class Trainer:
         run_info: Mapping[str, Any] | None = None,
         allow_nonfinite: bool = False,
         allow_unsynced: bool = False,
+        checkpoint_every: int | None = None,
+        checkpoint_interval: float | str | None = None,
+        keep_checkpoints: int = 2,
+        async_checkpoint: bool = True,
+        resume: str | Path | None = None,
+        handle_signals: bool = True,
     ) -> FitResult:
         """Train on ``num_nodes`` simulated nodes and return the global model and its metrics.
 
@@ -178,6 +195,25 @@ class Trainer:
                 summary records where it first happened).
             allow_unsynced: a run shorter than the strategy's period ``H`` never (fully) updates
                 the global model and is an error; True runs it anyway.
+            checkpoint_every: write a checkpoint every this many steps, and at the end
+                (:mod:`exogym.run.checkpoint`, ``out_dir/checkpoints/step-NNNNNNNN/``); None:
+                none (but a Ctrl-C still writes one).
+            checkpoint_interval: and/or every this much wall time (seconds, or ``"10min"``).
+            keep_checkpoints: how many complete checkpoints are kept (the oldest are deleted).
+            async_checkpoint: copy the state to host memory, then write it in a background
+                thread while training goes on (one process; multi-process runs write
+                synchronously).
+            resume: a run folder to continue from its newest usable checkpoint: every setting
+                comes from the checkpoint (the strategy too, if none is given); arguments given
+                here must agree with it, except ``max_steps``, which may extend the run. The
+                continued run is bit-identical to one that never stopped (every metrics row,
+                bytes, collectives, the simulated clock, the final model; wall-clock times
+                aside).
+            handle_signals: in the main thread, SIGINT (Ctrl-C) and SIGTERM end the run cleanly
+                at the next step (in a multi-process run: the next logged step): a checkpoint
+                when there is an ``out_dir``, metrics flushed, then
+                :class:`exogym.run.state.RunInterrupted` says how to resume; a second signal
+                aborts at once.
 
         The simulated clock (:mod:`exogym.sim.clock`) never changes a training number: every row
         gains ``sim_time_s``, the result its :class:`exogym.sim.clock.ClockReport`.
@@ -186,6 +222,26 @@ class Trainer:
         shows progress, evaluates the global model (once per evaluation step, the metrics sent
         to the other ranks) and writes ``out_dir``.
         """
+        given = self._given  # the arguments the caller passed (a resumed run checks them)
+        for name, flag in (("allow_nonfinite", allow_nonfinite), ("async_checkpoint",
+                           async_checkpoint), ("allow_unsynced", allow_unsynced),
+                           ("eval_at_start", eval_at_start), ("handle_signals", handle_signals),
+                           ("progress", progress)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name} must be True or False, got {flag!r}")
+        if distributed not in (None, True, False):
+            raise ValueError(f"distributed must be None, True or False, got {distributed!r}")
+        if checkpoint_every is not None:
+            _check_int("checkpoint_every (or None)", checkpoint_every, 1)
+        interval_s = _interval(checkpoint_interval)
+        _check_int("keep_checkpoints", keep_checkpoints, 1)
+        sink = MultiSink(sinks)  # a non-sink is an error before anything runs
+        checkpointing = _Checkpointing(checkpoint_every, interval_s, keep_checkpoints,
+                                       async_checkpoint)
+        if resume is not None:
+            return self._resume(resume, given=given, kwargs=locals(), sink=sink,
+                                checkpointing=checkpointing)
+
         if isinstance(strategy, str):
             strategy = make(strategy)
         if not isinstance(strategy, Strategy):
@@ -198,330 +254,129 @@ class Trainer:
         if eval_samples is not None:
             _check_int("eval_samples (or None)", eval_samples, 1)
         _check_int("log_interval", log_interval, 1)
-        for name, flag in (("allow_nonfinite", allow_nonfinite),
-                           ("allow_unsynced", allow_unsynced), ("eval_at_start", eval_at_start)):
-            if not isinstance(flag, bool):
-                raise ValueError(f"{name} must be True or False, got {flag!r}")
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         if micro_batch_size is not None:
             _check_int("micro_batch_size", micro_batch_size, 1)
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-        if distributed not in (None, True, False):
-            raise ValueError(f"distributed must be None, True or False, got {distributed!r}")
         dev = resolve_device(device)
         net = parse_network(network) if network is not None else None
         if net is not None:
             net.check_nodes(num_nodes)
         step_time_s, compute_source = resolve_step_time(step_time, flops_per_sample,
                                                         device_flops, batch_size)
-        sink = MultiSink(sinks)  # a non-sink is an error before anything runs
+        if eval_interval is not None:
+            _check_int("eval_interval (or None)", eval_interval, 1)
         ranks, owns_group, dev = _join(distributed, num_nodes, dev)
         try:
-            return self._fit(
-                strategy=strategy, num_nodes=num_nodes, max_steps=max_steps,
-                num_epochs=num_epochs, batch_size=batch_size, partition=partition,
-                eval_interval=eval_interval, eval_samples=eval_samples,
-                eval_at_start=eval_at_start, eval_batch_size=eval_batch_size,
-                log_interval=log_interval, engine=engine,
-                micro_batch_size=micro_batch_size, precision=precision, dev=dev, seed=seed,
-                out_dir=out_dir, progress=progress, net=net, step_time_s=step_time_s,
-                compute_source=compute_source, ranks=ranks, sink=sink,
-                run_info=dict(run_info or {}), allow_nonfinite=allow_nonfinite,
-                allow_unsynced=allow_unsynced)
+            lead = ranks is None or ranks.rank == 0
+            if lead and out_dir is not None:
+                check_out_dir(out_dir)
+            n_here = num_nodes if ranks is None else ranks.nodes_per_process
+            check_memory(self.model, n_here, dev, strategy.optim.states_per_parameter)
+            batches = NodeBatches(self.train_dataset, num_nodes, batch_size, seed=seed,
+                                  partition=partition)
+            total_steps = _total_steps(max_steps, num_epochs, batches.steps_per_epoch)
+            _check_sync(strategy, total_steps, allow_unsynced, warn=lead)
+            settings = RunSettings(
+                num_nodes=num_nodes, total_steps=total_steps, batch_size=batch_size,
+                partition=partition,
+                eval_interval=eval_interval or max(total_steps // 10, 1),
+                eval_samples=eval_samples, eval_at_start=eval_at_start,
+                eval_batch_size=eval_batch_size, log_interval=log_interval, engine=engine,
+                micro_batch_size=micro_batch_size, precision=precision, seed=seed,
+                network=net, step_time_s=step_time_s, compute_source=compute_source,
+                allow_nonfinite=allow_nonfinite, allow_unsynced=allow_unsynced)
+            run = Run(self.model, self.train_dataset, self.val_dataset, strategy, settings,
+                      device=dev, ranks=ranks, out_dir=out_dir, sink=sink, progress=progress,
+                      run_info=dict(run_info or {}), batches=batches,
+                      checkpointing=checkpointing.to_dict())
+            return _drive(run, None, checkpointing, handle_signals)
         finally:
             if owns_group:
                 dist.destroy_process_group()
 
-    def _fit(
-        self, *, strategy: Strategy, num_nodes: int, max_steps: int | None,
-        num_epochs: float | None, batch_size: int, partition: Partition,
-        eval_interval: int | None, eval_samples: int | None, eval_at_start: bool,
-        eval_batch_size: int, log_interval: int, engine: EngineName,
-        micro_batch_size: int | None, precision: Precision, dev: torch.device,
-        seed: int, out_dir: str | Path | None, progress: bool, net: Network | None,
-        step_time_s: float | None, compute_source: str, ranks: RankContext | None,
-        sink: MultiSink, run_info: dict[str, Any], allow_nonfinite: bool,
-        allow_unsynced: bool,
-    ) -> FitResult:
-        """:meth:`fit` after validation; ``ranks`` None simulates every node in this process."""
-        overlap_steps = strategy.overlap_steps  # overlapped results are due this many steps later
-        wall_start = time.perf_counter()
-        lead = ranks is None or ranks.rank == 0
-        if lead and out_dir is not None:
-            check_out_dir(out_dir)
-        n_here = num_nodes if ranks is None else ranks.nodes_per_process
-        check_memory(self.model, n_here, dev, strategy.optim.states_per_parameter)
+    def _resume(self, run_dir: str | Path, *, given: frozenset[str], kwargs: dict[str, Any],
+                sink: MultiSink, checkpointing: _Checkpointing) -> FitResult:
+        """:meth:`fit` continuing ``run_dir`` from its newest usable checkpoint: the settings are
+        the checkpoint's, overridden by the arguments given (which must then equal them, but
+        for ``max_steps``); any difference is an error listing them."""
+        run_dir = Path(run_dir)
+        saved = read_json(run_dir / "config.json", "resume takes a run folder that exogym "
+                          "wrote with checkpoints (--checkpoint-every)")
+        if kwargs["out_dir"] is not None and Path(kwargs["out_dir"]).resolve() != \
+                run_dir.resolve():
+            raise ValueError(f"resume={str(run_dir)!r} continues that folder; out_dir="
+                             f"{str(kwargs['out_dir'])!r} is another (give one of them)")
+        if "num_epochs" in given:
+            raise ValueError("a resumed run takes max_steps (to extend it), not num_epochs")
 
-        torch.manual_seed(seed)
-        batches = NodeBatches(self.train_dataset, num_nodes, batch_size, seed=seed,
-                              partition=partition)
-        total_steps = _total_steps(max_steps, num_epochs, batches.steps_per_epoch)
-        if eval_interval is None:
-            eval_interval = max(total_steps // 10, 1)
-        _check_int("eval_interval", eval_interval, 1)
-        _check_sync(strategy, total_steps, allow_unsynced, warn=lead)
-        eval_full = self.val_dataset
-        eval_set = eval_full
-        if eval_full is not None and eval_samples is not None and eval_samples < len(eval_full):
-            eval_set = FixedSubset(eval_full, eval_samples)
+        def arg(name: str, default: Any) -> Any:
+            return kwargs[name] if name in given else default
 
-        comm: Communicator
-        if ranks is None:
-            nodes = NodeStack(self.model, num_nodes, device=dev, engine=engine,
-                              micro_batch_size=micro_batch_size, precision=precision)
-            comm = InProcessCommunicator(num_nodes)
-            stream: Iterator[Any] = batches
-        else:
-            nodes = NodeStack(self.model, ranks.nodes_per_process, device=dev, engine=engine,
-                              micro_batch_size=micro_batch_size, precision=precision)
-            comm = DistributedCommunicator(num_nodes, ranks.node_ids)
-            stream = local_batches(batches, ranks.node_ids)
-        strategy.setup(nodes, comm, total_steps)
-        eval_module = copy.deepcopy(self.model).to(dev).eval()
-
-        config = {
-            "strategy": strategy.id, "hyperparameters": strategy.hyperparameters(),
-            "num_nodes": num_nodes, "steps": total_steps, "batch_size_per_node": batch_size,
-            "steps_per_epoch": batches.steps_per_epoch, "eval_interval": eval_interval,
-            "partition": partition.spec, "partition_stats": batches.partition_stats(),
-            "engine": nodes.engine, "device": str(dev), "seed": seed,
-            "micro_batch_size": micro_batch_size, "precision": precision,
-            "processes": 1 if ranks is None else ranks.world_size,
-            "parameters": nodes.num_parameters(),
-            "eval_set": getattr(self.val_dataset, "test_set", None),
-            "network": net.spec() if net is not None else None,
-            "step_time_s": step_time_s, "compute_source": compute_source,
-        }
-        clash = sorted(set(run_info) & set(config))
-        if clash:
-            raise ValueError(f"run_info may not replace the run's own config keys {clash}")
-        config.update(run_info)
-        writer = MetricsWriter(out_dir, config) if lead and out_dir is not None else None
-        if not lead:
-            sink = MultiSink(())  # rank 0 alone writes, as for out_dir
+        num_nodes = arg("num_nodes", saved["num_nodes"])
+        _check_int("num_nodes", num_nodes, 1)
+        dev = resolve_device(arg("device", saved["device"]))
+        distributed = kwargs["distributed"]
+        if distributed is None and saved.get("processes", 1) == 1:
+            distributed = False  # a simulated run continues simulated
+        ranks, owns_group, dev = _join(distributed, num_nodes, dev)
         try:
-            sink.start(config, writer.dir if writer is not None else None)
-        except BaseException:
-            if writer is not None:
-                writer.close()
-            raise
-        history: list[dict[str, Any]] = []
-        final: dict[str, float] = {}
-        loss_sum = torch.zeros((), device=dev)
-        loss_count = 0
-        # First step (as 0-based step index) at which each local node's loss was not finite, -1
-        # while it is; tracked on the device (no host sync per step) and read at log steps.
-        first_bad = torch.full((nodes.num_nodes,), -1, dtype=torch.long, device=dev)
-        nonfinite: dict[str, Any] | None = None
-        train_time = 0.0
-        clock: SimClock | None = None
-        fed = 0  # records of comm.log already given to the clock
-        bar = tqdm(total=total_steps, disable=not (progress and lead), dynamic_ncols=True,
-                   unit="step")
-
-        def evaluate(dataset: Dataset) -> dict[str, float]:
-            """The global model on ``dataset`` (rank 0 computes, every rank gets it); the
-            checkpoint ``model.pt`` is written."""
-            state = self._global_state(strategy, comm, ranks)
-            metrics: dict[str, float] = {}
-            if lead:
-                metrics = self._evaluate(eval_module, state, dataset, eval_batch_size, dev)
-            metrics = _from_lead(metrics, ranks)
-            if writer is not None:
-                _load_state(eval_module, state)  # a state_dict with tied names too
-                writer.save_model(eval_module.state_dict())
-            return metrics
-
-        def emit(row: dict[str, Any]) -> None:
-            """Record a metrics row; a non-finite eval loss then stops the run (unless
-            allowed), the row written."""
-            history.append(row)
-            if writer is not None:
-                writer.write(row)
-            sink.log(row)
-            loss = row.get("eval_loss", 0.0)
-            if not allow_nonfinite and not math.isfinite(loss):
-                raise NonFiniteLossError(
-                    f"the global model's eval loss is {loss} after step {row['step']} "
-                    f"(strategy {strategy.id}, {num_nodes} nodes): the run diverged; metrics "
-                    "so far are written. Lower the learning rate(s), clip gradients "
-                    "(--set max_grad_norm=1), or pass allow_nonfinite=True (--allow-nonfinite) "
-                    "to train on regardless")
-
-        try:
-            if eval_set is not None and eval_at_start:  # the initial model: where curves start
-                row0: dict[str, Any] = {"step": 0, "epoch": 0, "samples": 0,
-                                        "bytes_sent": max(comm.bytes_sent),
-                                        "bytes_received": max(comm.bytes_received),
-                                        "wall_s": time.perf_counter() - wall_start}
-                if net is not None:
-                    row0["sim_time_s"] = 0.0
-                row0.update(evaluate(eval_set))
-                emit(row0)
-            for step in range(total_steps):
-                t0 = time.perf_counter()
-                comm.step = step
-                batch = nodes.to_batch_device(next(stream))
-                if net is not None and clock is None:
-                    m0 = time.perf_counter()
-                    if step_time_s is None:  # one node's step alone, on a copy; RNG restored
-                        if lead:
-                            step_time_s = measure_step_time(
-                                self.model, tree_map(_row0, batch), strategy.optim, dev,
-                                micro_batch_size=micro_batch_size, precision=precision)
-                        step_time_s = _from_lead(step_time_s, ranks)
-                    clock = SimClock(net, num_nodes, step_time_s, overlap_steps=overlap_steps,
-                                     compute_source=compute_source)
-                    fed = _feed(clock, comm.log, fed)  # set-up collectives (step -1)
-                    t0 += time.perf_counter() - m0  # not training time
-                losses = nodes.forward_backward(batch)
-                strategy.step(step)
-                nodes.zero_grad()
-                loss_sum += losses.sum()
-                loss_count += 1
-                if not allow_nonfinite or nonfinite is None:
-                    first_bad.masked_fill_((first_bad < 0) & ~torch.isfinite(losses), step)
-                done = step + 1
-                is_eval = eval_set is not None and (
-                    done % eval_interval == 0 or done == total_steps)
-                log_now = is_eval or done == total_steps or done % log_interval == 0
-                if log_now and dev.type == "cuda":
-                    # Only where the time is read: queued kernels of earlier steps finish here and
-                    # count as training time; a sync every step would stall the launch queue.
-                    torch.cuda.synchronize(dev)
-                train_time += time.perf_counter() - t0
-                if clock is not None:
-                    clock.compute(step)
-                    fed = _feed(clock, comm.log, fed)
-                bar.update(1)
-                if not log_now:
-                    continue
-                if ranks is not None:  # every node's losses: the mean over all N nodes
-                    dist.all_reduce(loss_sum)
-                row: dict[str, Any] = {
-                    "step": done,
-                    "epoch": batches.epoch,
-                    "train_loss": float(loss_sum) / (loss_count * num_nodes),
-                    "lr": strategy.lr,
-                    "samples": done * num_nodes * batch_size,
-                    "bytes_sent": max(comm.bytes_sent),
-                    "bytes_received": max(comm.bytes_received),
-                    "wall_s": time.perf_counter() - wall_start,
-                }
-                if clock is not None:
-                    row["sim_time_s"] = clock.now
-                loss_sum.zero_()
-                loss_count = 0
-                if nonfinite is None:
-                    bad = _first_bad_steps(first_bad, comm, ranks)
-                    if bad:
-                        first = min(bad.values())
-                        nonfinite = {"step": first + 1,
-                                     "nodes": sorted(i for i, s in bad.items() if s == first)}
-                        message = (
-                            f"non-finite training loss at step {first + 1} on node(s) "
-                            f"{', '.join(map(str, nonfinite['nodes']))} of {num_nodes} "
-                            f"(strategy {strategy.id}): the run diverged")
-                        if not allow_nonfinite:
-                            history.append(row)
-                            if writer is not None:
-                                writer.write(row)
-                            sink.log(row)
-                            raise NonFiniteLossError(
-                                f"{message}; metrics so far are written. Lower the learning "
-                                "rate(s), clip gradients (--set max_grad_norm=1), or pass "
-                                "allow_nonfinite=True (--allow-nonfinite) to train on "
-                                "regardless")
-                        if lead:
-                            warnings.warn(f"{message}; training on (allow_nonfinite=True)",
-                                          RuntimeWarning, stacklevel=3)
-                if is_eval:
-                    row.update(evaluate(eval_set))
-                    if clock is not None:  # a strategy may communicate to build its global model
-                        fed = _feed(clock, comm.log, fed)
-                emit(row)
-                bar.set_postfix({k: f"{v:.4g}" for k, v in row.items()
-                                 if k in ("train_loss", "eval_loss", "eval_accuracy")})
-            if eval_set is not None:
-                final = {k: v for k, v in history[-1].items() if k.startswith("eval_")}
-                if eval_set is not eval_full:  # the last evaluation again, on the whole set
-                    assert eval_full is not None
-                    final = evaluate(eval_full)
-                    if not allow_nonfinite and not math.isfinite(final.get("eval_loss", 0.0)):
-                        raise NonFiniteLossError(
-                            f"the global model's eval loss on the whole evaluation set is "
-                            f"{final['eval_loss']} at the end (strategy {strategy.id})")
-            report = trace = None
-            if clock is not None and step_time_s is not None:
-                fed = _feed(clock, comm.log, fed)
-                report = clock.finish()
-                trace = ClockTrace(num_nodes=num_nodes, steps=total_steps, step_time_s=step_time_s,
-                                   compute_source=compute_source, overlap_steps=overlap_steps,
-                                   records=tuple(comm.log[:fed]))
-            model = copy.deepcopy(self.model).to(dev)
-            state = self._global_state(strategy, comm, ranks)
-            _load_state(model, state)
-            if writer is not None:
-                writer.save_model(model.state_dict())
-            result = FitResult(
-                model=model, history=history, final=final, strategy=strategy.id,
-                hyperparameters=strategy.hyperparameters(), num_nodes=num_nodes, steps=total_steps,
-                batch_size=batch_size, samples=total_steps * num_nodes * batch_size,
-                train_time_s=train_time, wall_time_s=time.perf_counter() - wall_start,
-                bytes_sent=list(comm.bytes_sent), bytes_received=list(comm.bytes_received),
-                engine=nodes.engine, device=str(dev), seed=seed,
-                out_dir=Path(out_dir) if out_dir is not None else None, comm_log=list(comm.log),
-                eval_set=_describe_eval_set(eval_full),
-                eval_during_training=(_describe_eval_set(eval_set)
-                                      if eval_set is not eval_full else None),
-                network=net, clock=report, trace=trace,
-                processes=1 if ranks is None else ranks.world_size, nonfinite=nonfinite,
-            )
-        except BaseException:
-            if writer is not None:
-                writer.close()
-            sink.finish(None)
-            raise
+            world = 1 if ranks is None else ranks.world_size
+            state, where = load_checkpoint(run_dir, rank=0 if ranks is None else ranks.rank,
+                                           world_size=world, map_location=dev)
+            saved = state["config"]  # the checkpoint's own copy: its step's truth
+            strategy = kwargs["strategy"] if "strategy" in given else _strategy_from_config(saved)
+            if isinstance(strategy, str):
+                strategy = make(strategy)
+            if not isinstance(strategy, Strategy):
+                raise TypeError(f"strategy must be a Strategy or an id, got "
+                                f"{type(strategy).__name__}")
+            max_steps = arg("max_steps", None) or saved["steps"]
+            _check_int("max_steps", max_steps, 1)
+            if max_steps < state["step"]:
+                raise ValueError(f"max_steps={max_steps} is before the checkpoint's step "
+                                 f"{state['step']} ({where}); a resumed run can only be "
+                                 "extended")
+            network = arg("network", saved["network"])
+            net = parse_network(network) if network is not None else None
+            step_time_s, source = saved["step_time_s"], saved["compute_source"]
+            if given & {"step_time", "flops_per_sample", "device_flops"}:
+                step_time_s, source = resolve_step_time(
+                    kwargs["step_time"], kwargs["flops_per_sample"], kwargs["device_flops"],
+                    int(saved["batch_size_per_node"]))
+            engine = arg("engine", saved["engine"])
+            if engine not in ENGINES:
+                raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+            settings = RunSettings(
+                num_nodes=num_nodes, total_steps=max_steps,
+                batch_size=arg("batch_size", saved["batch_size_per_node"]),
+                partition=parse_partition(arg("partition", saved["partition"])),
+                eval_interval=arg("eval_interval", None) or saved["eval_interval"],
+                eval_samples=arg("eval_samples", saved["eval_samples"]),
+                eval_at_start=arg("eval_at_start", saved["eval_at_start"]),
+                eval_batch_size=arg("eval_batch_size", saved["eval_batch_size"]),
+                log_interval=arg("log_interval", saved["log_interval"]), engine=engine,
+                micro_batch_size=arg("micro_batch_size", saved["micro_batch_size"]),
+                precision=arg("precision", saved["precision"]),
+                seed=arg("seed", saved["seed"]), network=net, step_time_s=step_time_s,
+                compute_source=source,
+                allow_nonfinite=arg("allow_nonfinite", saved["allow_nonfinite"]),
+                allow_unsynced=arg("allow_unsynced", saved["allow_unsynced"]))
+            run_info = {k: v for k, v in saved.items() if k not in RUN_CONFIG_KEYS}
+            run_info.update(dict(kwargs["run_info"] or {}))
+            checkpointing = checkpointing.resumed(saved.get("checkpointing") or {}, given)
+            run = Run(self.model, self.train_dataset, self.val_dataset, strategy, settings,
+                      device=dev, ranks=ranks, out_dir=run_dir, sink=sink,
+                      progress=kwargs["progress"], run_info=run_info,
+                      checkpointing=checkpointing.to_dict())
+            _check_same_run(saved, run.config, where)
+            run.load_state_dict(state)
+            return _drive(run, int(state["step"]), checkpointing, kwargs["handle_signals"])
         finally:
-            bar.close()
-
-        if writer is not None:
-            writer.close(result.to_dict())
-        sink.finish(result.to_dict())
-        return result
-
-    @staticmethod
-    def _global_state(
-        strategy: Strategy, comm: Communicator, ranks: RankContext | None
-    ) -> dict[str, Tensor]:
-        """The model to evaluate; across processes a collective (every rank calls it)."""
-        if ranks is None:
-            return strategy.global_state()
-        assert isinstance(comm, DistributedCommunicator)
-        return gather_global_state(strategy, comm)
-
-    @staticmethod
-    @torch.no_grad()
-    def _evaluate(
-        module: nn.Module, state: dict[str, Tensor], dataset: Dataset, batch_size: int,
-        dev: torch.device,
-    ) -> dict[str, float]:
-        """Sample-weighted means of the model's scalar metrics over ``dataset``, ``eval_*``."""
-        sums: dict[str, Tensor] = {}
-        count = 0
-        for batch, size in iterate_batches(dataset, batch_size):
-            batch = _to(batch, dev)
-            metrics = metrics_of(functional_call(module, state, (batch,)))
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0) + v.detach().float().reshape(()) * size
-            count += size
-        out = {f"eval_{k}": float(v) / count for k, v in sums.items()}
-        if "eval_perplexity" in out:
-            # Perplexity does not average over batches: it is exp of the mean loss.
-            out["eval_perplexity"] = math.exp(out["eval_loss"])
-        return out
+            if owns_group:
+                dist.destroy_process_group()
 
 
 def _join(
@@ -552,30 +407,6 @@ def _join(
     return RankContext(dist.get_rank(), world, num_nodes // world, str(dev)), owns, dev
 
 
-def _from_lead(value: Any, ranks: RankContext | None) -> Any:
-    """Rank 0's ``value`` on every rank (a broadcast); as is in one process."""
-    if ranks is None or ranks.world_size == 1:
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def _first_bad_steps(first_bad: Tensor, comm: Communicator,
-                     ranks: RankContext | None) -> dict[int, int]:
-    """``{global node id: first 0-based step with a non-finite loss}`` over the whole run (a
-    collective across processes, so that every rank stops at the same step)."""
-    if ranks is not None:
-        full = torch.full((comm.num_nodes,), -1, dtype=torch.long, device=first_bad.device)
-        full[comm.node_ids] = first_bad
-        dist.all_reduce(full, op=dist.ReduceOp.MAX)
-        ids: list[int] = list(range(comm.num_nodes))
-    else:
-        full, ids = first_bad, comm.node_ids
-    values = full.tolist()
-    return {i: s for i, s in zip(ids, values, strict=True) if s >= 0}
-
-
 def _check_sync(strategy: Strategy, total_steps: int, allow_unsynced: bool, *,
                 warn: bool) -> None:
     """A run shorter than the strategy's period H is an error (the global model would never be
@@ -597,38 +428,158 @@ def _check_sync(strategy: Strategy, total_steps: int, allow_unsynced: bool, *,
             stacklevel=4)
 
 
-def _describe_eval_set(dataset: Dataset | None) -> str | None:
-    """What an evaluation set is: its ``test_set`` attribute, else its size."""
-    if dataset is None:
+@dataclass(frozen=True)
+class _Checkpointing:
+    every: int | None
+    interval_s: float | None
+    keep: int
+    asynchronous: bool
+
+    @property
+    def enabled(self) -> bool:
+        return self.every is not None or self.interval_s is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"every": self.every, "interval_s": self.interval_s, "keep": self.keep,
+                "asynchronous": self.asynchronous}
+
+    def resumed(self, saved: dict[str, Any], given: frozenset[str]) -> _Checkpointing:
+        """A resumed run writes checkpoints as it did, unless told otherwise."""
+        return _Checkpointing(
+            self.every if "checkpoint_every" in given else saved.get("every"),
+            self.interval_s if "checkpoint_interval" in given else saved.get("interval_s"),
+            self.keep if "keep_checkpoints" in given else saved.get("keep", self.keep),
+            self.asynchronous if "async_checkpoint" in given else saved.get(
+                "asynchronous", self.asynchronous))
+
+
+def _interval(value: float | str | None) -> float | None:
+    if value is None:
         return None
-    name = getattr(dataset, "test_set", None)
-    return name if name is not None else f"{len(dataset):,} samples"  # type: ignore[arg-type]
+    seconds = parse_duration(value) if isinstance(value, str) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
+            math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"checkpoint_interval must be > 0 seconds (or a string like '10min'), "
+                         f"got {value!r}")
+    return float(seconds)
 
 
-def _row0(t: Any) -> Any:
-    """Node 0's part of a node-stacked batch leaf."""
-    return t[0] if isinstance(t, Tensor) else t
+class _StopRequest:
+    """While a run trains (in the main thread): the first SIGINT or SIGTERM asks it to stop
+    cleanly after the current step; a second one aborts at once (KeyboardInterrupt)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and threading.current_thread() is threading.main_thread()
+        self.requested = False
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopRequest:
+        if self.enabled:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt  # the second signal: abort now
+        self.requested = True
+        print(f"exogym: {signal.Signals(signum).name}: stopping after this step (again to abort "
+              "at once)", file=sys.stderr, flush=True)
 
 
-def _feed(clock: SimClock, log: list[CommRecord], fed: int) -> int:
-    """Give the clock the collectives logged since the last call; the new count."""
-    for rec in log[fed:]:
-        clock.collective(rec)
-    return len(log)
+def _drive(run: Run, resumed_step: int | None, ck: _Checkpointing,
+           handle_signals: bool) -> FitResult:
+    """The loop: train, log, checkpoint, stop on a signal; the result."""
+    checkpointer = None
+    if run.out_dir is not None:
+        world = 1 if run.ranks is None else run.ranks.world_size
+        checkpointer = Checkpointer(run.out_dir, keep=ck.keep, asynchronous=ck.asynchronous,
+                                    rank=0 if run.ranks is None else run.ranks.rank,
+                                    world_size=world)
+    distributed = run.ranks is not None and run.ranks.world_size > 1
+    run.open(resumed=resumed_step is not None)
+    last_save = time.monotonic()
+    try:
+        with _StopRequest(handle_signals) as stop:
+            if resumed_step is None:
+                run.evaluate_initial()
+            while not run.done:
+                run.train_step()
+                if run.log_due:
+                    run.log()
+                due = ck.every is not None and run.step % ck.every == 0
+                stopping = False
+                if not distributed or run.log_due:  # ranks agree at logged steps only
+                    late = (ck.interval_s is not None and run.lead
+                            and time.monotonic() - last_save >= ck.interval_s)
+                    stopping, late = run.agree(stop.requested, late)
+                    due = due or late
+                if checkpointer is not None and (due or stopping or (run.done and ck.enabled)):
+                    checkpointer.save(run.state_dict(), run.step, block=stopping)
+                    last_save = time.monotonic()
+                if stopping:
+                    raise RunInterrupted(_interrupted_message(run, checkpointer))
+        result = run.finish()
+        if checkpointer is not None:
+            checkpointer.wait()
+        return result
+    except BaseException:
+        run.close(None)
+        if checkpointer is not None:
+            with contextlib.suppress(BaseException):  # the first error is the one to report
+                checkpointer.wait()
+        raise
 
 
-def _to(batch: Any, dev: torch.device) -> Any:
-    return tree_map(lambda t: t.to(dev) if isinstance(t, Tensor) else t, batch)
+def _interrupted_message(run: Run, checkpointer: Checkpointer | None) -> str:
+    where = f"interrupted after step {run.step} of {run.settings.total_steps}"
+    if checkpointer is None:
+        return f"{where}; the run has no folder, so nothing to resume from"
+    return (f"{where}; checkpoint written to {run.out_dir}/checkpoints/step-{run.step:08d}; "
+            f"continue with: exogym run --resume {run.out_dir}  (Python: "
+            f"Trainer(...).fit(resume={str(run.out_dir)!r}))")
 
 
-@torch.no_grad()
-def _load_state(module: nn.Module, state: dict[str, Tensor]) -> None:
-    for name, value in state.items():
-        try:
-            target = module.get_parameter(name)
-        except AttributeError:
-            target = module.get_buffer(name)
-        target.copy_(value)
+def _strategy_from_config(config: dict[str, Any]) -> Strategy:
+    """The strategy a run recorded: its class and every hyperparameter."""
+    entry = config.get("strategy_class") or ""
+    module, _, name = entry.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), name) if module and name else None
+    except (ImportError, AttributeError):
+        cls = None
+    if cls is None:
+        cls = get_strategy(config["strategy"])
+    return apply_overrides(cls, dict(config["hyperparameters"]))
+
+
+def _check_same_run(saved: dict[str, Any], now: dict[str, Any], where: Path) -> None:
+    """The continued run must be the checkpointed one: every recorded setting equal, but for
+    ``steps`` (a resumed run may be extended) and how it writes checkpoints. Raises ValueError
+    listing every difference."""
+    def flat(config: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in json.loads(json.dumps(config, default=str)).items():
+            if isinstance(value, dict) and key != "partition_stats":
+                out.update({f"{key}.{k}": v for k, v in value.items()})
+            else:
+                out[key] = value
+        return out
+
+    a, b = flat(saved), flat(now)
+    keys = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
+            and k != "steps" and not k.startswith("checkpointing")]
+    derived = {"partition_stats", "steps_per_epoch"}  # follow from N, batch size, partition
+    if any(k not in derived for k in keys):
+        keys = [k for k in keys if k not in derived]
+    diffs = [f"{k}: checkpoint {a.get(k)!r}, now {b.get(k)!r}" for k in keys]
+    if diffs:
+        raise ValueError(f"this is not the run of {where}: " + "; ".join(diffs))
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:

@@ -264,6 +264,26 @@ class SimClock:
         """Simulated seconds so far: when the slowest node finished what it was given."""
         return max(self.t)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Every node's time and its split, the network's next free time and the overlapped
+        collectives still in flight (the network, step time and ``W`` are the run's settings)."""
+        return {"t": list(self.t), "node_compute": list(self.node_compute),
+                "node_comm": list(self.node_comm), "node_idle": list(self.node_idle),
+                "net_free": self.net_free,
+                "pending": [(p.tag, p.end, p.deadline_step) for p in self.pending]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if len(state["t"]) != self.num_nodes:
+            raise ValueError(f"the saved clock has {len(state['t'])} nodes, this one "
+                             f"{self.num_nodes}")
+        self.t = [float(v) for v in state["t"]]
+        self.node_compute = [float(v) for v in state["node_compute"]]
+        self.node_comm = [float(v) for v in state["node_comm"]]
+        self.node_idle = [float(v) for v in state["node_idle"]]
+        self.net_free = float(state["net_free"])
+        self.pending = [_Pending(tag, float(end), deadline)
+                        for tag, end, deadline in state["pending"]]
+
     def compute(self, step: int) -> None:
         """Every node computes one step; then overlapped results due after it are awaited."""
         for i, c in enumerate(self.node_step_s):

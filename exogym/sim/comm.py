@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from dataclasses import astuple, dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor
@@ -127,6 +127,20 @@ class Communicator(abc.ABC):
     @property
     def n_local(self) -> int:
         return len(self.node_ids)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The counters and the log (records as tuples of their fields), for a checkpoint."""
+        return {"bytes_sent": list(self.bytes_sent), "bytes_received": list(self.bytes_received),
+                "log": [astuple(r) for r in self.log], "step": self.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if len(state["bytes_sent"]) != self.num_nodes:
+            raise ValueError(f"the saved counters are of {len(state['bytes_sent'])} nodes, "
+                             f"this run has {self.num_nodes}")
+        self.bytes_sent = [float(v) for v in state["bytes_sent"]]
+        self.bytes_received = [float(v) for v in state["bytes_received"]]
+        self.log = [CommRecord(*r) for r in state["log"]]
+        self.step = int(state["step"])
 
     # -- the public collectives -------------------------------------------------------------
     def all_reduce(

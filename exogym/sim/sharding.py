@@ -235,6 +235,29 @@ class NodeBatches:
         self._steps += 1
         return torch.stack(rows)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where every node is in the data (the orders are rebuilt from the seed): the epoch and
+        offset of the shared IID order, or each node's pass and offset in its fixed shard."""
+        if self.shards is not None:
+            return {"epoch": self.epoch, "steps": self._steps, "passes": list(self._passes),
+                    "node_pos": list(self._node_pos)}
+        return {"epoch": self.epoch, "pos": self._pos}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch = int(state["epoch"])
+        if self.shards is not None:
+            if "passes" not in state or len(state["passes"]) != self.num_nodes:
+                raise ValueError("the saved data position is not of this partition and N")
+            self._steps = int(state["steps"])
+            self._passes = [int(p) for p in state["passes"]]
+            self._node_pos = [int(p) for p in state["node_pos"]]
+            self._node_order = [self._node_pass(i, p) for i, p in enumerate(self._passes)]
+            return
+        if "pos" not in state:
+            raise ValueError("the saved data position is not of an IID partition")
+        self._pos = int(state["pos"])
+        self._order = self._permute(self.epoch)
+
     def partition_stats(self) -> dict[str, Any]:
         """How the data is split, for a run's ``config.json``.
 

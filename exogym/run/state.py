@@ -1,0 +1,662 @@
+"""The run's state as one object: everything the training loop carries between two steps.
+
+A :class:`Run` holds the N node-stacked replicas (:class:`~exogym.sim.engine.NodeStack`), the
+strategy with its optimizers and global copies, the communicator's counters and log, every
+node's position in the data, the simulated clock, the metrics so far and the random generators.
+The trainer (:meth:`exogym.Trainer.fit`) drives it with a few calls::
+
+    run = Run(...)                      # everything built, step 0
+    run.open()                          # run folder and sinks (or, resumed: continue them)
+    run.evaluate_initial()              # optional: the initial model as a row at step 0
+    while not run.done:
+        run.train_step()                # one step of every node, the strategy, the clock
+        if run.log_due:
+            run.log()                   # a metrics row (and an evaluation when due)
+    result = run.finish()
+
+:meth:`Run.state_dict` is the checkpoint: restored with :meth:`Run.load_state_dict` into a Run
+built with the same settings, the run continues bit for bit as if it had never stopped (every
+metrics row, the bytes and collectives, the simulated clock, the final model), in a fresh
+process too. Wall-clock measurements (``wall_s``, ``train_time_s``) are the only values that
+differ. The same mechanism will hand one node's state to another (live recovery).
+
+Anchors: torchtitan's checkpoint component (every stateful part registers itself), torchft's
+resume-and-compare-hashes tests, torchdata's StatefulDataLoader (the data position is state).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+import time
+import warnings
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.func import functional_call
+from torch.utils._pytree import tree_map
+from torch.utils.data import Dataset
+from tqdm.auto import tqdm
+
+from exogym.run.dist import (
+    DistributedCommunicator,
+    RankContext,
+    gather_global_state,
+    local_batches,
+)
+from exogym.run.result import FitResult, MetricsWriter, NonFiniteLossError
+from exogym.run.sinks import MultiSink
+from exogym.sim.clock import ClockTrace, SimClock, measure_step_time
+from exogym.sim.comm import Communicator, InProcessCommunicator
+from exogym.sim.engine import EngineName, NodeStack, Precision, metrics_of
+from exogym.sim.network import Network
+from exogym.sim.partition import Partition
+from exogym.sim.sharding import DatasetFactory, FixedSubset, NodeBatches, iterate_batches
+from exogym.strategy.base import Strategy
+
+__all__ = ["RUN_CONFIG_KEYS", "STATE_FORMAT", "Run", "RunInterrupted", "RunSettings"]
+
+STATE_FORMAT = 1
+"""Version of :meth:`Run.state_dict`'s layout; a checkpoint of another version is refused."""
+
+RUN_CONFIG_KEYS = (
+    "strategy", "strategy_class", "hyperparameters", "num_nodes", "steps", "batch_size_per_node",
+    "steps_per_epoch", "eval_interval", "eval_samples", "eval_at_start", "eval_batch_size",
+    "log_interval", "partition", "partition_stats", "engine", "device", "seed",
+    "micro_batch_size", "precision", "processes", "parameters", "eval_set", "network",
+    "step_time_s", "compute_source", "allow_nonfinite", "allow_unsynced", "checkpointing",
+)
+"""The keys of ``config.json`` that are the run's own (``run_info`` may add others)."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """The run was stopped (Ctrl-C, SIGTERM) and ended cleanly: metrics flushed, and a checkpoint
+    written when the run has a folder. ``str(err)`` says how to continue it."""
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How a run trains: everything fixed from its start (validated by :meth:`exogym.Trainer.
+    fit`; see its arguments). ``total_steps`` and ``eval_interval`` are resolved numbers."""
+
+    num_nodes: int
+    total_steps: int
+    batch_size: int
+    partition: Partition
+    eval_interval: int
+    eval_samples: int | None
+    eval_at_start: bool
+    eval_batch_size: int
+    log_interval: int
+    engine: EngineName
+    micro_batch_size: int | None
+    precision: Precision
+    seed: int
+    network: Network | None
+    step_time_s: float | None
+    compute_source: str
+    allow_nonfinite: bool
+    allow_unsynced: bool
+
+
+class Run:
+    """One training run between two steps (see the module docstring).
+
+    Args:
+        model: the user's module (a template: never modified).
+        train_data, val_data: the training data (a Dataset or a factory) and the evaluation set.
+        strategy: a fresh :class:`Strategy`; :meth:`Strategy.setup` is called here.
+        settings: :class:`RunSettings`.
+        device: where the nodes compute.
+        ranks: this process's place in a multi-process run, or None to simulate every node.
+        out_dir: the run folder (rank 0 writes it), or None.
+        sink: more places for the rows (rank 0 only).
+        progress: show a progress bar (rank 0 only).
+        run_info: more ``config.json`` entries (the task id, a vocabulary).
+        batches: the run's :class:`NodeBatches` if already built (with the settings' seed,
+            N, batch size and partition); None: built here.
+        checkpointing: how the run writes checkpoints (recorded in ``config.json``, so that a
+            resumed run goes on writing them the same way).
+    """
+
+    def __init__(
+        self, model: nn.Module, train_data: Dataset | DatasetFactory, val_data: Dataset | None,
+        strategy: Strategy, settings: RunSettings, *, device: torch.device,
+        ranks: RankContext | None, out_dir: str | Path | None, sink: MultiSink,
+        progress: bool, run_info: dict[str, Any], batches: NodeBatches | None = None,
+        checkpointing: Mapping[str, Any] | None = None,
+    ) -> None:
+        s = settings
+        self.model, self.settings, self.device, self.ranks = model, s, device, ranks
+        self.lead = ranks is None or ranks.rank == 0
+        self.strategy = strategy
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.wall_start = time.perf_counter()
+
+        torch.manual_seed(s.seed)
+        self.batches = batches if batches is not None else NodeBatches(
+            train_data, s.num_nodes, s.batch_size, seed=s.seed, partition=s.partition)
+        self.comm: Communicator
+        if ranks is None:
+            self.nodes = NodeStack(model, s.num_nodes, device=device, engine=s.engine,
+                                   micro_batch_size=s.micro_batch_size, precision=s.precision)
+            self.comm = InProcessCommunicator(s.num_nodes)
+        else:
+            self.nodes = NodeStack(model, ranks.nodes_per_process, device=device,
+                                   engine=s.engine, micro_batch_size=s.micro_batch_size,
+                                   precision=s.precision)
+            self.comm = DistributedCommunicator(s.num_nodes, ranks.node_ids)
+        self._stream = self._make_stream()
+        strategy.setup(self.nodes, self.comm, s.total_steps)
+        self.eval_full = val_data
+        self.eval_set = val_data
+        if val_data is not None and s.eval_samples is not None and s.eval_samples < len(
+                val_data):  # type: ignore[arg-type]
+            self.eval_set = FixedSubset(val_data, s.eval_samples)
+        self.eval_module = copy.deepcopy(model).to(device).eval()
+        self.config = self._config(run_info, dict(checkpointing or {}))
+
+        # The state that changes from step to step (state_dict() saves exactly this).
+        self.step = 0  # steps done by every node
+        self.history: list[dict[str, Any]] = []
+        self.loss_sum = torch.zeros((), device=device)
+        self.loss_count = 0
+        # First step (0-based) at which each local node's loss was not finite, -1 while it is:
+        # tracked on the device (no host sync per step), read at log steps.
+        self.first_bad = torch.full((self.nodes.num_nodes,), -1, dtype=torch.long, device=device)
+        self.nonfinite: dict[str, Any] | None = None
+        self.train_time_s = 0.0  # wall time of the training steps (not state of the numbers)
+        self.clock: SimClock | None = None
+        self.step_time_s = s.step_time_s
+        self._fed = 0  # records of comm.log already given to the clock
+
+        self.writer: MetricsWriter | None = None
+        self.sink = sink if self.lead else MultiSink(())  # rank 0 alone writes
+        self._bar: Any = None
+        self._progress = progress
+        self._log_now = False
+        self._closed = True  # until open()
+
+    # -- the loop's calls ----------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self.step >= self.settings.total_steps
+
+    @property
+    def log_due(self) -> bool:
+        """Whether the step just taken ends with a metrics row."""
+        return self._log_now
+
+    def open(self, *, resumed: bool = False) -> None:
+        """Create the run folder and start the sinks; ``resumed``: continue them from the rows
+        of the loaded state (``metrics.jsonl`` cut back to them, nothing duplicated or lost)."""
+        if self.lead and self.out_dir is not None:
+            if resumed:
+                self.writer = MetricsWriter.resume(self.out_dir, self.config, self.history)
+            else:
+                self.writer = MetricsWriter(self.out_dir, self.config)
+        run_dir = self.writer.dir if self.writer is not None else None
+        self._closed = False
+        try:
+            if resumed:
+                self.sink.resume(self.config, run_dir, self.history)
+            else:
+                self.sink.start(self.config, run_dir)
+        except BaseException:
+            if self.writer is not None:
+                self.writer.close()
+            raise
+        self._bar = tqdm(total=self.settings.total_steps, initial=self.step,
+                         disable=not (self._progress and self.lead), dynamic_ncols=True,
+                         unit="step")
+
+    def evaluate_initial(self) -> None:
+        """The initial model as a row at step 0 (``eval_at_start``), where curves start."""
+        if self.eval_set is None or not self.settings.eval_at_start or self.step != 0:
+            return
+        row: dict[str, Any] = {"step": 0, "epoch": 0, "samples": 0,
+                               "bytes_sent": max(self.comm.bytes_sent),
+                               "bytes_received": max(self.comm.bytes_received),
+                               "wall_s": time.perf_counter() - self.wall_start}
+        if self.settings.network is not None:
+            row["sim_time_s"] = 0.0
+        row.update(self.evaluate(self.eval_set))
+        self._emit(row)
+
+    def train_step(self) -> None:
+        """Every node computes one step; the strategy updates and communicates; the clock."""
+        s, step, nodes = self.settings, self.step, self.nodes
+        t0 = time.perf_counter()
+        self.comm.step = step
+        batch = nodes.to_batch_device(next(self._stream))
+        if s.network is not None and self.clock is None:
+            t0 += self._start_clock(batch)  # measuring the step time is not training time
+        losses = nodes.forward_backward(batch)
+        self.strategy.step(step)
+        nodes.zero_grad()
+        self.loss_sum += losses.sum()
+        self.loss_count += 1
+        if not s.allow_nonfinite or self.nonfinite is None:
+            self.first_bad.masked_fill_((self.first_bad < 0) & ~torch.isfinite(losses), step)
+        self.step = done = step + 1
+        self._log_now = (done % s.log_interval == 0 or done == s.total_steps
+                         or self._eval_due)
+        if self._log_now and self.device.type == "cuda":
+            # Only where the time is read: queued kernels of earlier steps finish here and count
+            # as training time; a sync every step would stall the launch queue.
+            torch.cuda.synchronize(self.device)
+        self.train_time_s += time.perf_counter() - t0
+        if self.clock is not None:
+            self.clock.compute(step)
+            self._feed()
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def log(self) -> None:
+        """The metrics row of the step just taken, with an evaluation when one is due. A
+        non-finite loss stops the run here (unless allowed), the row written first."""
+        s = self.settings
+        if self.ranks is not None:  # every node's losses: the mean over all N nodes
+            dist.all_reduce(self.loss_sum)
+        row: dict[str, Any] = {
+            "step": self.step,
+            "epoch": self.batches.epoch,
+            "train_loss": float(self.loss_sum) / (self.loss_count * s.num_nodes),
+            "lr": self.strategy.lr,
+            "samples": self.step * s.num_nodes * s.batch_size,
+            "bytes_sent": max(self.comm.bytes_sent),
+            "bytes_received": max(self.comm.bytes_received),
+            "wall_s": time.perf_counter() - self.wall_start,
+        }
+        if self.clock is not None:
+            row["sim_time_s"] = self.clock.now
+        self.loss_sum.zero_()
+        self.loss_count = 0
+        if self.nonfinite is None:
+            self._check_nonfinite(row)
+        if self._eval_due:
+            assert self.eval_set is not None
+            row.update(self.evaluate(self.eval_set))
+            self._feed()  # a strategy may communicate to build its global model
+        self._emit(row)
+        if self._bar is not None:
+            self._bar.set_postfix({k: f"{v:.4g}" for k, v in row.items()
+                                   if k in ("train_loss", "eval_loss", "eval_accuracy")})
+
+    def agree(self, *flags: bool) -> tuple[bool, ...]:
+        """Flags every rank acts on together (any rank's True is everyone's): a stop request or
+        a time-based checkpoint must happen at the same step in every process. A collective in
+        a multi-process run (call it on every rank at the same step); the flags as they are in
+        one process."""
+        if self.ranks is None or self.ranks.world_size == 1:
+            return flags
+        t = torch.tensor([int(f) for f in flags], dtype=torch.int64, device=self.loss_sum.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return tuple(bool(v) for v in t.tolist())
+
+    def finish(self) -> FitResult:
+        """The final evaluation on the whole set, the clock's report, the global model: the
+        :class:`FitResult` (written to ``summary.json``; the sinks finished)."""
+        s = self.settings
+        final: dict[str, float] = {}
+        if self.eval_set is not None and self.history:
+            final = {k: v for k, v in self.history[-1].items() if k.startswith("eval_")}
+            if self.eval_set is not self.eval_full:  # the last evaluation again, whole set
+                assert self.eval_full is not None
+                final = self.evaluate(self.eval_full)
+                if not s.allow_nonfinite and not math.isfinite(final.get("eval_loss", 0.0)):
+                    raise NonFiniteLossError(
+                        f"the global model's eval loss on the whole evaluation set is "
+                        f"{final['eval_loss']} at the end (strategy {self.strategy.id})")
+        report = trace = None
+        if self.clock is not None and self.step_time_s is not None:
+            self._feed()
+            report = self.clock.finish()
+            trace = ClockTrace(num_nodes=s.num_nodes, steps=s.total_steps,
+                               step_time_s=self.step_time_s, compute_source=s.compute_source,
+                               overlap_steps=self.strategy.overlap_steps,
+                               records=tuple(self.comm.log[:self._fed]))
+        model = copy.deepcopy(self.model).to(self.device)
+        _load_state(model, self.global_state())
+        if self.writer is not None:
+            self.writer.save_model(model.state_dict())
+        result = FitResult(
+            model=model, history=self.history, final=final, strategy=self.strategy.id,
+            hyperparameters=self.strategy.hyperparameters(), num_nodes=s.num_nodes,
+            steps=s.total_steps, batch_size=s.batch_size,
+            samples=s.total_steps * s.num_nodes * s.batch_size,
+            train_time_s=self.train_time_s, wall_time_s=time.perf_counter() - self.wall_start,
+            bytes_sent=list(self.comm.bytes_sent), bytes_received=list(self.comm.bytes_received),
+            engine=self.nodes.engine, device=str(self.device), seed=s.seed,
+            out_dir=self.out_dir, comm_log=list(self.comm.log),
+            eval_set=_describe_eval_set(self.eval_full),
+            eval_during_training=(_describe_eval_set(self.eval_set)
+                                  if self.eval_set is not self.eval_full else None),
+            network=s.network, clock=report, trace=trace,
+            processes=1 if self.ranks is None else self.ranks.world_size,
+            nonfinite=self.nonfinite,
+        )
+        self.close(result.to_dict())
+        return result
+
+    def close(self, summary: dict[str, Any] | None) -> None:
+        """Close the metrics file (writing ``summary.json`` if given), the sinks (``None``: the
+        run did not finish) and the progress bar. Safe to call twice."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self._closed:
+            return
+        self._closed = True
+        if self.writer is not None:
+            self.writer.close(summary)
+        self.sink.finish(summary)
+
+    # -- evaluation ----------------------------------------------------------------------------
+    def global_state(self) -> dict[str, Tensor]:
+        """The model to evaluate; across processes a collective (every rank calls it)."""
+        if self.ranks is None:
+            return self.strategy.global_state()
+        assert isinstance(self.comm, DistributedCommunicator)
+        return gather_global_state(self.strategy, self.comm)
+
+    def evaluate(self, dataset: Dataset) -> dict[str, float]:
+        """The global model on ``dataset`` (rank 0 computes, every rank gets it); the
+        checkpoint ``model.pt`` is written."""
+        state = self.global_state()
+        metrics: dict[str, float] = {}
+        if self.lead:
+            metrics = _evaluate(self.eval_module, state, dataset, self.settings.eval_batch_size,
+                                self.device)
+        metrics = _from_lead(metrics, self.ranks)
+        if self.writer is not None:
+            _load_state(self.eval_module, state)  # a state_dict with tied names too
+            self.writer.save_model(self.eval_module.state_dict())
+        return metrics
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue the run exactly (tensors by reference; a checkpoint
+        copies them to host memory). Only tensors, dicts, lists, tuples and plain values, so
+        that ``torch.load(weights_only=True)`` reads it back."""
+        clock = None
+        if self.clock is not None:
+            clock = self.clock.state_dict()
+        return {
+            "format": STATE_FORMAT,
+            "config": _plain(self.config),
+            "step": self.step,
+            "nodes": {"params": {k: p.detach() for k, p in self.nodes.params.items()},
+                      "buffers": dict(self.nodes.buffers), "engine": self.nodes.engine},
+            "strategy": self.strategy.state_dict(),
+            "comm": self.comm.state_dict(),
+            "data": self.batches.state_dict(),
+            "rng": _rng_state(self.device),
+            "clock": clock,
+            "step_time_s": self.step_time_s,
+            "fed": self._fed,
+            "metrics": {"history": _plain(self.history), "loss_sum": self.loss_sum,
+                        "loss_count": self.loss_count, "first_bad": self.first_bad,
+                        "nonfinite": _plain(self.nonfinite), "train_time_s": self.train_time_s},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` into a Run built with the same settings (before
+        :meth:`open`); tensors are expected on this run's device."""
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"checkpoint format {state.get('format')!r} is not this exogym's "
+                             f"({STATE_FORMAT})")
+        with torch.no_grad():
+            for kind in ("params", "buffers"):
+                own = getattr(self.nodes, kind)
+                saved = state["nodes"][kind]
+                if set(saved) != set(own):
+                    raise ValueError(f"the checkpoint's model has other {kind} "
+                                     f"({sorted(set(saved) ^ set(own))}) than this model")
+                for k, t in own.items():
+                    t.copy_(saved[k])
+        if state["nodes"]["engine"] != self.nodes.engine:  # vmap fell back to the loop
+            self.nodes.engine = state["nodes"]["engine"]
+        self.nodes._vmap_checked = True
+        self.strategy.load_state_dict(state["strategy"])
+        self.comm.load_state_dict(state["comm"])
+        self.batches.load_state_dict(state["data"])
+        self._stream = self._make_stream()
+        self.step = int(state["step"])
+        self.step_time_s = state["step_time_s"]
+        self._fed = int(state["fed"])
+        if state["clock"] is not None:
+            assert self.settings.network is not None and self.step_time_s is not None
+            self.clock = SimClock(self.settings.network, self.settings.num_nodes,
+                                  self.step_time_s, overlap_steps=self.strategy.overlap_steps,
+                                  compute_source=self.settings.compute_source)
+            self.clock.load_state_dict(state["clock"])
+        m = state["metrics"]
+        self.history = [dict(row) for row in m["history"]]
+        self.loss_sum.copy_(m["loss_sum"])
+        self.loss_count = int(m["loss_count"])
+        self.first_bad.copy_(m["first_bad"])
+        self.nonfinite = m["nonfinite"]
+        self.train_time_s = float(m["train_time_s"])
+        _set_rng_state(state["rng"], self.device)
+
+    # -- internals -----------------------------------------------------------------------------
+    @property
+    def _eval_due(self) -> bool:
+        s, done = self.settings, self.step
+        return self.eval_set is not None and done > 0 and (
+            done % s.eval_interval == 0 or done == s.total_steps)
+
+    def _make_stream(self) -> Iterator[Any]:
+        if self.ranks is None:
+            return self.batches
+        return local_batches(self.batches, self.ranks.node_ids)
+
+    def _start_clock(self, batch: Any) -> float:
+        """Create the simulated clock (measuring the step time on rank 0 if not given); the
+        seconds it took."""
+        m0 = time.perf_counter()
+        s = self.settings
+        assert s.network is not None
+        if self.step_time_s is None:  # one node's step alone, on a copy; RNG restored
+            if self.lead:
+                self.step_time_s = measure_step_time(
+                    self.model, tree_map(_row0, batch), self.strategy.optim, self.device,
+                    micro_batch_size=s.micro_batch_size, precision=s.precision)
+            self.step_time_s = _from_lead(self.step_time_s, self.ranks)
+        self.clock = SimClock(s.network, s.num_nodes, self.step_time_s,
+                              overlap_steps=self.strategy.overlap_steps,
+                              compute_source=s.compute_source)
+        self._feed()  # set-up collectives (step -1)
+        return time.perf_counter() - m0
+
+    def _feed(self) -> None:
+        """Give the clock the collectives logged since the last call."""
+        if self.clock is None:
+            return
+        log = self.comm.log
+        for rec in log[self._fed:]:
+            self.clock.collective(rec)
+        self._fed = len(log)
+
+    def _emit(self, row: dict[str, Any]) -> None:
+        """Record a metrics row; a non-finite eval loss then stops the run (unless allowed)."""
+        self.history.append(row)
+        if self.writer is not None:
+            self.writer.write(row)
+        self.sink.log(row)
+        loss = row.get("eval_loss", 0.0)
+        if not self.settings.allow_nonfinite and not math.isfinite(loss):
+            raise NonFiniteLossError(
+                f"the global model's eval loss is {loss} after step {row['step']} "
+                f"(strategy {self.strategy.id}, {self.settings.num_nodes} nodes): the run "
+                "diverged; metrics so far are written. Lower the learning rate(s), clip "
+                "gradients (--set max_grad_norm=1), or pass allow_nonfinite=True "
+                "(--allow-nonfinite) to train on regardless")
+
+    def _check_nonfinite(self, row: dict[str, Any]) -> None:
+        bad = _first_bad_steps(self.first_bad, self.comm, self.ranks)
+        if not bad:
+            return
+        first = min(bad.values())
+        self.nonfinite = {"step": first + 1,
+                          "nodes": sorted(i for i, s in bad.items() if s == first)}
+        message = (f"non-finite training loss at step {first + 1} on node(s) "
+                   f"{', '.join(map(str, self.nonfinite['nodes']))} of "
+                   f"{self.settings.num_nodes} (strategy {self.strategy.id}): the run diverged")
+        if not self.settings.allow_nonfinite:
+            self.history.append(row)
+            if self.writer is not None:
+                self.writer.write(row)
+            self.sink.log(row)
+            raise NonFiniteLossError(
+                f"{message}; metrics so far are written. Lower the learning rate(s), clip "
+                "gradients (--set max_grad_norm=1), or pass allow_nonfinite=True "
+                "(--allow-nonfinite) to train on regardless")
+        if self.lead:
+            warnings.warn(f"{message}; training on (allow_nonfinite=True)", RuntimeWarning,
+                          stacklevel=4)
+
+    def _config(self, run_info: dict[str, Any], checkpointing: dict[str, Any]) -> dict[str, Any]:
+        """The ``config.json`` content: the run's settings, resolved."""
+        s, strategy = self.settings, self.strategy
+        config = {
+            "strategy": strategy.id,
+            "strategy_class": f"{type(strategy).__module__}:{type(strategy).__qualname__}",
+            "hyperparameters": strategy.hyperparameters(),
+            "num_nodes": s.num_nodes, "steps": s.total_steps, "batch_size_per_node": s.batch_size,
+            "steps_per_epoch": self.batches.steps_per_epoch, "eval_interval": s.eval_interval,
+            "eval_samples": s.eval_samples, "eval_at_start": s.eval_at_start,
+            "eval_batch_size": s.eval_batch_size, "log_interval": s.log_interval,
+            "partition": s.partition.spec, "partition_stats": self.batches.partition_stats(),
+            "engine": self.nodes.engine, "device": str(self.device), "seed": s.seed,
+            "micro_batch_size": s.micro_batch_size, "precision": s.precision,
+            "processes": 1 if self.ranks is None else self.ranks.world_size,
+            "parameters": self.nodes.num_parameters(),
+            "eval_set": getattr(self.eval_full, "test_set", None),
+            "network": s.network.spec() if s.network is not None else None,
+            "step_time_s": s.step_time_s, "compute_source": s.compute_source,
+            "allow_nonfinite": s.allow_nonfinite, "allow_unsynced": s.allow_unsynced,
+            "checkpointing": checkpointing,
+        }
+        assert set(config) == set(RUN_CONFIG_KEYS)
+        clash = sorted(set(run_info) & set(config))
+        if clash:
+            raise ValueError(f"run_info may not replace the run's own config keys {clash}")
+        config.update(run_info)
+        return config
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+def _plain(value: Any) -> Any:
+    """JSON-like data with only the types ``torch.load(weights_only=True)`` reads (tuples kept,
+    paths as strings)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def _rng_state(device: torch.device) -> dict[str, Any]:
+    """Every random generator a run draws from: torch's (CPU, and the GPUs'), Python's and
+    NumPy's global ones (a user's dataset or model may use them)."""
+    np_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": (torch.cuda.get_rng_state_all() if device.type == "cuda" else None),
+        "python": random.getstate(),
+        "numpy": (np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]),
+    }
+
+
+def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"].cpu())
+    if state["cuda"] is not None and device.type == "cuda":
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+    version, *rest = state["python"]
+    random.setstate((version, tuple(rest[0]), rest[1]))
+    name, keys, *tail = state["numpy"]
+    np.random.set_state((name, keys.cpu().numpy().astype(np.uint32), *tail))
+
+
+def _from_lead(value: Any, ranks: RankContext | None) -> Any:
+    """Rank 0's ``value`` on every rank (a broadcast); as is in one process."""
+    if ranks is None or ranks.world_size == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _row0(t: Any) -> Any:
+    """Node 0's part of a node-stacked batch leaf."""
+    return t[0] if isinstance(t, Tensor) else t
+
+
+def _first_bad_steps(first_bad: Tensor, comm: Communicator,
+                     ranks: RankContext | None) -> dict[int, int]:
+    """``{global node id: first 0-based step with a non-finite loss}`` over the whole run (a
+    collective across processes, so that every rank stops at the same step)."""
+    if ranks is not None:
+        full = torch.full((comm.num_nodes,), -1, dtype=torch.long, device=first_bad.device)
+        full[comm.node_ids] = first_bad
+        dist.all_reduce(full, op=dist.ReduceOp.MAX)
+        ids: list[int] = list(range(comm.num_nodes))
+    else:
+        full, ids = first_bad, comm.node_ids
+    values = full.tolist()
+    return {i: s for i, s in zip(ids, values, strict=True) if s >= 0}
+
+
+def _describe_eval_set(dataset: Dataset | None) -> str | None:
+    """What an evaluation set is: its ``test_set`` attribute, else its size."""
+    if dataset is None:
+        return None
+    name = getattr(dataset, "test_set", None)
+    return name if name is not None else f"{len(dataset):,} samples"  # type: ignore[arg-type]
+
+
+def _to(batch: Any, dev: torch.device) -> Any:
+    return tree_map(lambda t: t.to(dev) if isinstance(t, Tensor) else t, batch)
+
+
+@torch.no_grad()
+def _evaluate(module: nn.Module, state: dict[str, Tensor], dataset: Dataset, batch_size: int,
+              dev: torch.device) -> dict[str, float]:
+    """Sample-weighted means of the model's scalar metrics over ``dataset``, ``eval_*``."""
+    sums: dict[str, Tensor] = {}
+    count = 0
+    for batch, size in iterate_batches(dataset, batch_size):
+        batch = _to(batch, dev)
+        metrics = metrics_of(functional_call(module, state, (batch,)))
+        for k, v in metrics.items():
+            sums[k] = sums.get(k, 0) + v.detach().float().reshape(()) * size
+        count += size
+    out = {f"eval_{k}": float(v) / count for k, v in sums.items()}
+    if "eval_perplexity" in out:
+        # Perplexity does not average over batches: it is exp of the mean loss.
+        out["eval_perplexity"] = math.exp(out["eval_loss"])
+    return out
+
+
+@torch.no_grad()
+def _load_state(module: nn.Module, state: dict[str, Tensor]) -> None:
+    for name, value in state.items():
+        try:
+            target = module.get_parameter(name)
+        except AttributeError:
+            target = module.get_buffer(name)
+        target.copy_(value)
