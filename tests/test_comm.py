@@ -235,7 +235,7 @@ def test_comm_records_are_appended():
         CommRecord("all_reduce", 12, -1, "", False),
         CommRecord("all_reduce", 12, 7, "grads", True),
         CommRecord("all_gather", 6, 8, "g", False),
-        CommRecord("broadcast", 12, 8, "buffers", False),
+        CommRecord("broadcast", 12, 8, "buffers", False, src=1),
     ]
 
 

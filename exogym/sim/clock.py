@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Protocol
 
 import torch
@@ -187,11 +187,11 @@ class ClockReport:
         step_time_s: ``c``, one node's compute per step at speed 1; ``compute_source`` how it was
             obtained (``measured``, ``given``, ``flops``).
         total_s: simulated wall clock of the whole run.
-        compute_s, comm_s, idle_s: mean over nodes of each node's compute, time waiting on the
-            network, and time waiting for slower nodes; ``compute + comm + idle = total`` for
-            every node.
+        compute_s, comm_s, idle_s, down_s: mean over nodes of each node's compute, time waiting
+            on the network, time waiting for slower nodes, and time down (a world's failures);
+            ``compute + comm + idle + down = total`` for every node.
         utilization: ``compute_s / total_s``.
-        node_compute_s, node_comm_s, node_idle_s: per node.
+        node_compute_s, node_comm_s, node_idle_s, node_down_s: per node.
     """
 
     network: str
@@ -206,6 +206,8 @@ class ClockReport:
     node_compute_s: tuple[float, ...]
     node_comm_s: tuple[float, ...]
     node_idle_s: tuple[float, ...]
+    down_s: float = 0.0
+    node_down_s: tuple[float, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
@@ -213,9 +215,10 @@ class ClockReport:
 
     def line(self) -> str:
         """``"6.2 s = compute 6.1 s + comm 0.1 s + idle 0 s, utilization 98.4%"``."""
+        down = f" + down {format_duration(self.down_s)}" if self.down_s else ""
         return (f"{format_duration(self.total_s)} = compute {format_duration(self.compute_s)} "
-                f"+ comm {format_duration(self.comm_s)} + idle {format_duration(self.idle_s)}, "
-                f"utilization {100 * self.utilization:.1f}%")
+                f"+ comm {format_duration(self.comm_s)} + idle {format_duration(self.idle_s)}"
+                f"{down}, utilization {100 * self.utilization:.1f}%")
 
 
 @dataclass
@@ -223,6 +226,7 @@ class _Pending:
     tag: str
     end: float
     deadline_step: int | None
+    members: tuple[int, ...] | None = None  # None: every node
 
 
 class SimClock:
@@ -237,10 +241,13 @@ class SimClock:
         overlap_steps: ``W`` for collectives marked ``overlap=True`` (None: until the next
             collective with the same tag, or the end).
         compute_source: recorded in the report.
+        speeds: each node's relative compute speed (a world's); None: the network's
+            ``node_speeds``.
     """
 
     def __init__(self, network: Network | str, num_nodes: int, step_time_s: float, *,
-                 overlap_steps: int | None = None, compute_source: str = "given") -> None:
+                 overlap_steps: int | None = None, compute_source: str = "given",
+                 speeds: Sequence[float] | None = None) -> None:
         self.network = parse_network(network)
         if not (math.isfinite(step_time_s) and step_time_s > 0):
             raise ValueError(f"step_time_s must be > 0, got {step_time_s!r}")
@@ -250,14 +257,22 @@ class SimClock:
         self.step_time_s = float(step_time_s)
         self.compute_source = compute_source
         self.overlap_steps = overlap_steps
-        self.node_step_s = [step_time_s / s for s in self.network.node_speeds(num_nodes)]
+        if speeds is None:
+            speeds = self.network.node_speeds(num_nodes)
+        if len(speeds) != num_nodes:
+            raise ValueError(f"speeds lists {len(speeds)} nodes, the clock has {num_nodes}")
+        self.node_step_s = [step_time_s / s for s in speeds]
         self.t = [0.0] * num_nodes
         self.node_compute = [0.0] * num_nodes
         self.node_comm = [0.0] * num_nodes
         self.node_idle = [0.0] * num_nodes
-        self.net_free = 0.0
+        self.node_down = [0.0] * num_nodes
+        # When each node's link is next free: collectives of the same nodes go one at a time;
+        # with every node a member (no world) this is one value, the network's.
+        self.link_free = [0.0] * num_nodes
+        self.last_release = 0.0  # when the last blocking collective let its members go
         self.pending: list[_Pending] = []
-        self._times: dict[tuple[str, int], float] = {}
+        self._times: dict[tuple[str, int, int], float] = {}
 
     @property
     def now(self) -> float:
@@ -265,63 +280,119 @@ class SimClock:
         return max(self.t)
 
     def state_dict(self) -> dict[str, Any]:
-        """Every node's time and its split, the network's next free time and the overlapped
-        collectives still in flight (the network, step time and ``W`` are the run's settings)."""
+        """Every node's time and its split, each link's next free time, the last release and
+        the overlapped collectives still in flight (the network, step time, speeds and ``W``
+        are the run's settings)."""
         return {"t": list(self.t), "node_compute": list(self.node_compute),
                 "node_comm": list(self.node_comm), "node_idle": list(self.node_idle),
-                "net_free": self.net_free,
-                "pending": [(p.tag, p.end, p.deadline_step) for p in self.pending]}
+                "node_down": list(self.node_down), "link_free": list(self.link_free),
+                "last_release": self.last_release,
+                "pending": [(p.tag, p.end, p.deadline_step, p.members) for p in self.pending]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if len(state["t"]) != self.num_nodes:
             raise ValueError(f"the saved clock has {len(state['t'])} nodes, this one "
                              f"{self.num_nodes}")
-        self.t = [float(v) for v in state["t"]]
-        self.node_compute = [float(v) for v in state["node_compute"]]
-        self.node_comm = [float(v) for v in state["node_comm"]]
-        self.node_idle = [float(v) for v in state["node_idle"]]
-        self.net_free = float(state["net_free"])
-        self.pending = [_Pending(tag, float(end), deadline)
-                        for tag, end, deadline in state["pending"]]
+        for key in ("t", "node_compute", "node_comm", "node_idle", "node_down", "link_free"):
+            setattr(self, key, [float(v) for v in state[key]])
+        self.last_release = float(state["last_release"])
+        self.pending = [_Pending(tag, float(end), deadline,
+                                 tuple(members) if members is not None else None)
+                        for tag, end, deadline, members in state["pending"]]
 
-    def compute(self, step: int) -> None:
-        """Every node computes one step; then overlapped results due after it are awaited."""
+    # -- compute -----------------------------------------------------------------------------
+    def compute(self, step: int, active: Sequence[bool] | None = None) -> None:
+        """Every node (``active``: those that are True) computes one step; then overlapped
+        results due after it are awaited."""
         for i, c in enumerate(self.node_step_s):
-            self.t[i] += c
-            self.node_compute[i] += c
+            if active is None or active[i]:
+                self.t[i] += c
+                self.node_compute[i] += c
         due = [p for p in self.pending if p.deadline_step is not None and p.deadline_step <= step]
         for p in due:
             self._await(p)
 
+    def down(self, node: int, until: float) -> None:
+        """Node ``node`` is down (a world's failure) from its time until ``until``."""
+        if until > self.t[node]:
+            self.node_down[node] += until - self.t[node]
+            self.t[node] = until
+            self.link_free[node] = max(self.link_free[node], until)
+
+    def arrivals(self, candidates: Sequence[bool], deadline: str | None) -> list[bool]:
+        """Which ``candidates`` reach a blocking collective in time under ``deadline``
+        (:func:`parse_deadline`): ``"2x"`` cuts a node whose time since the last release is
+        more than twice the median of the candidates' (the median is known once half of them
+        have arrived, so the rule needs no foresight); ``"30s"``, more than 30 s. None: all."""
+        if deadline is None:
+            return list(candidates)
+        kind, value = parse_deadline(deadline)
+        ids = [i for i, c in enumerate(candidates) if c]
+        if not ids:
+            return list(candidates)
+        elapsed = {i: self.t[i] - self.last_release for i in ids}
+        if kind == "x":
+            ordered = sorted(elapsed.values())
+            limit = value * ordered[(len(ordered) - 1) // 2]  # the lower median
+        else:
+            limit = value
+        return [bool(c) and elapsed[i] <= limit * (1 + 1e-12) for i, c in enumerate(candidates)]
+
+    # -- communication -----------------------------------------------------------------------
     def collective_time(self, rec: CommRecord) -> float:
-        key = (rec.op, rec.payload_bytes)
+        members = rec.member_ids(self.num_nodes)
+        key = (rec.op, rec.payload_bytes, rec.members)
         if key not in self._times:
-            self._times[key] = self.network.collective_time(rec.op, rec.payload_bytes,
-                                                            self.num_nodes)
+            if rec.members < 0:
+                self._times[key] = self.network.collective_time(
+                    rec.op, rec.payload_bytes, self.num_nodes)
+            else:
+                sub, src = _sub_network(self.network, self.num_nodes, members, rec.src)
+                self._times[key] = sub.collective_time(rec.op, rec.payload_bytes, len(members),
+                                                       src=src)
         return self._times[key]
 
     def collective(self, rec: CommRecord) -> None:
-        """One collective of the log (blocking, or overlapping if ``rec.overlap``)."""
+        """One record of the log: a collective among its members (blocking, or overlapping if
+        ``rec.overlap``), or a point-to-point send."""
+        if rec.op == "send":
+            self._send(rec)
+            return
+        members = rec.member_ids(self.num_nodes)
         for p in [p for p in self.pending if p.tag == rec.tag]:
             self._await(p)  # its result is applied before the next one with this tag is sent
-        issue = max(self.t)  # a collective starts when every node has joined it
-        start = max(issue, self.net_free)
+        issue = max(self.t[i] for i in members)  # when every member has joined it
+        start = max(issue, max(self.link_free[i] for i in members))
         end = start + self.collective_time(rec)
-        self.net_free = end
+        for i in members:
+            self.link_free[i] = end
         if rec.overlap:
             deadline = None if self.overlap_steps is None else rec.step + self.overlap_steps
-            pending = _Pending(rec.tag, end, deadline)
+            pending = _Pending(rec.tag, end, deadline,
+                               None if rec.members < 0 else tuple(members))
             self.pending.append(pending)
             if deadline is not None and deadline <= rec.step:  # W = 0: due at once
                 self._await(pending)
             return
-        for i in range(self.num_nodes):
+        for i in members:
             self.node_idle[i] += issue - self.t[i]
             self.node_comm[i] += end - issue
             self.t[i] = end
+        self.last_release = end
+
+    def _send(self, rec: CommRecord) -> None:
+        """``src`` sends to ``dst``: it starts when both are there and both links are free; the
+        receiver waits for it (comm), the sender goes on computing."""
+        src, dst = rec.src, rec.dst
+        start = max(self.t[src], self.t[dst], self.link_free[src], self.link_free[dst])
+        end = start + send_time(self.network, self.num_nodes, rec.payload_bytes, src, dst)
+        self.link_free[src] = self.link_free[dst] = end
+        self.node_idle[dst] += start - self.t[dst]
+        self.node_comm[dst] += end - start
+        self.t[dst] = end
 
     def _await(self, p: _Pending) -> None:
-        for i in range(self.num_nodes):
+        for i in (range(self.num_nodes) if p.members is None else p.members):
             if p.end > self.t[i]:
                 self.node_comm[i] += p.end - self.t[i]
                 self.t[i] = p.end
@@ -343,8 +414,58 @@ class SimClock:
             compute_s=compute, comm_s=sum(self.node_comm) / n, idle_s=sum(self.node_idle) / n,
             utilization=compute / total if total > 0 else float("nan"),
             node_compute_s=tuple(self.node_compute), node_comm_s=tuple(self.node_comm),
-            node_idle_s=tuple(self.node_idle),
+            node_idle_s=tuple(self.node_idle), down_s=sum(self.node_down) / n,
+            node_down_s=tuple(self.node_down),
         )
+
+
+def parse_deadline(text: str) -> tuple[str, float]:
+    """A straggler deadline: ``"2x"`` (a multiple of the median time since the last
+    synchronisation) -> ``("x", 2.0)``; ``"30s"`` (a duration) -> ``("s", 30.0)``.
+
+    Raises:
+        ValueError: anything else, saying what is allowed.
+    """
+    raw = text.strip() if isinstance(text, str) else ""
+    if raw.endswith("x"):
+        try:
+            value = float(raw[:-1])
+        except ValueError:
+            value = math.nan
+        if math.isfinite(value) and value >= 1.0:
+            return "x", value
+        raise ValueError(f"deadline {text!r}: a multiple of the median arrival must be a number "
+                         ">= 1 followed by x, e.g. 1.5x")
+    try:
+        seconds = parse_duration(raw)
+    except ValueError:
+        seconds = math.nan
+    if math.isfinite(seconds) and seconds > 0:
+        return "s", seconds
+    raise ValueError(f"deadline {text!r}: give a multiple of the median arrival (e.g. 2x) or a "
+                     "duration after the last synchronisation (e.g. 30s)")
+
+
+def send_time(network: Network, num_nodes: int, payload_bytes: float, src: int,
+              dst: int) -> float:
+    """Seconds for ``src`` to send ``payload_bytes`` to ``dst``: one message over the slower of
+    ``src``'s uplink and ``dst``'s downlink at the network's payload efficiency, plus one
+    latency (``8S / (eff * min(up_src, down_dst)) + L``)."""
+    up, down = network.node_bandwidths(num_nodes)
+    eff = getattr(network, "efficiency", 1.0)
+    latency = network.latency_s + getattr(network, "hop_latency_s", 0.0)
+    return 8 * payload_bytes / (eff * min(up[src], down[dst])) + latency
+
+
+def _sub_network(network: Network, num_nodes: int, members: Sequence[int],
+                 src: int) -> tuple[Network, int]:
+    """The network restricted to the links of ``members`` (a collective among them only) and
+    the source's position among them (0 if none)."""
+    up, down = network.node_bandwidths(num_nodes)
+    sub = replace(network, node_up_bps=tuple(up[i] for i in members),
+                  node_down_bps=tuple(down[i] for i in members), bw_sigma=0.0,
+                  node_speed=None, speed_sigma=0.0)
+    return sub, members.index(src) if src in members else 0
 
 
 # -- what a run records, to re-cost it ------------------------------------------------------------

@@ -82,11 +82,13 @@ class Codec(abc.ABC):
     sparse: bool = False
     sparsifying: bool = False
 
-    def roundtrip(self, x: Tensor, key: Hashable) -> Tensor:
+    def roundtrip(self, x: Tensor, key: Hashable, rows: Tensor | None = None) -> Tensor:
         """What the receivers reconstruct from each row of the node-stacked ``x``.
 
         ``x`` is ``[n_local, ...]``; the result has its shape and dtype. ``key`` identifies the
         call site (error feedback keeps a residual per key and node). ``x`` is not modified.
+        ``rows`` (int64 row indices): only those rows send (the others are absent from this
+        call: their reconstruction is zeros and their error-feedback residual is untouched).
         """
         if not isinstance(x, Tensor) or x.dim() == 0 or not x.is_floating_point():
             what = f"a {x.dtype} tensor of shape {tuple(x.shape)}" if isinstance(x, Tensor) \
@@ -97,7 +99,16 @@ class Codec(abc.ABC):
             )
         if x[0].numel() == 0:
             return x.clone()
-        return self._roundtrip(x, key)
+        if rows is None:
+            return self._roundtrip(x, key)
+        out = torch.zeros_like(x)
+        if rows.numel():
+            out[rows] = self._roundtrip_rows(x, key, rows)
+        return out
+
+    def _roundtrip_rows(self, x: Tensor, key: Hashable, rows: Tensor) -> Tensor:
+        """The reconstruction of the rows ``rows`` of ``x`` only (codecs work row by row)."""
+        return self._roundtrip(x.index_select(0, rows), key)
 
     @abc.abstractmethod
     def _roundtrip(self, x: Tensor, key: Hashable) -> Tensor: ...
@@ -385,6 +396,20 @@ class ErrorFeedback(Codec):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.residuals = {key: value.clone() for key, value in state["residuals"].items()}
         self.inner.load_state_dict(state["inner"])
+
+    def _roundtrip_rows(self, x: Tensor, key: Hashable, rows: Tensor) -> Tensor:
+        """Error feedback for the sending rows only: the absent rows keep their residuals."""
+        work = torch.float64 if x.dtype == torch.float64 else torch.float32
+        e = self.residuals.get(key)
+        if e is None:
+            e = self.residuals[key] = torch.zeros_like(x, dtype=work)
+        elif e.shape != x.shape:
+            raise ValueError(f"error feedback: call site {key!r} had shape {tuple(e.shape)}, "
+                             f"now {tuple(x.shape)}")
+        corrected = x.index_select(0, rows).to(work) + e.index_select(0, rows)
+        c = self.inner.roundtrip(corrected.to(x.dtype) if x.dtype != work else corrected, key)
+        e[rows] = corrected - c.to(work)
+        return c
 
     def _roundtrip(self, x: Tensor, key: Hashable) -> Tensor:
         work = torch.float64 if x.dtype == torch.float64 else torch.float32

@@ -23,6 +23,19 @@ broadcast      source: ``(N-1) * S``, others: 0 (star)    source: 0, others: ``S
 With one node nothing is sent. Every call is also appended to :attr:`Communicator.log` as a
 :class:`CommRecord`, which a network model can turn into time.
 
+Members (the world's absent nodes, shared/DESIGN.md section 7). Every collective takes
+``members=``: a sequence of ``N`` booleans (global node order, the same on every process), the
+nodes that take part; None means all. Only members' rows are reduced (a mean divides by their
+number ``M``) or gathered (the others' rows come back as zeros); the bytes are those of a ring
+(or star) among the ``M`` members, ``2 (M-1)/M * S`` per member for an all-reduce, and nothing
+for the others; the record carries the members so that the clock times a ring of ``M``. What the
+result means for a node that is not a member is the strategy's business (a replicated method
+may hand it the result anyway, a DiLoCo-style method leaves it on its own parameters).
+
+Point to point: :meth:`Communicator.send` moves node ``src``'s row to node ``dst`` (live
+recovery, gossip, a parameter server): ``S`` bytes sent by ``src`` and received by ``dst``,
+logged as ``op="send"`` with both ends.
+
 Codecs (lossy transport, :mod:`exogym.sim.codecs`). Every collective takes ``codec=``: each node's
 row of tensor ``j`` goes through ``codec.roundtrip(t, key=(tag, j))`` (a broadcast: the source's row
 only, key ``(tag, j, "broadcast", src)``), the receivers work with the reconstructions (an
@@ -53,6 +66,7 @@ __all__ = [
     "all_gather_bytes",
     "all_reduce_bytes",
     "broadcast_bytes",
+    "member_mask",
 ]
 
 ReduceOp = Literal["mean", "sum"]
@@ -87,6 +101,9 @@ class CommRecord:
         codec: the name of the transport codec (``"int8"``, ``"topk:0.1+ef"``), ``""`` if none;
             ``payload_bytes`` is then the compressed payload, and an all-reduce with a sparse
             codec is recorded as the ``"all_gather"`` that carries it.
+        members: the nodes that took part, as a bit mask (bit ``i``: node ``i``); ``-1``: all.
+        src, dst: the two ends of a point-to-point ``"send"`` (``-1`` otherwise; a broadcast
+            records its source in ``src``).
     """
 
     op: str
@@ -95,6 +112,31 @@ class CommRecord:
     tag: str
     overlap: bool = False
     codec: str = ""
+    members: int = -1
+    src: int = -1
+    dst: int = -1
+
+    def member_ids(self, num_nodes: int) -> list[int]:
+        """The ids of the nodes that took part."""
+        if self.members < 0:
+            return list(range(num_nodes))
+        return [i for i in range(num_nodes) if self.members >> i & 1]
+
+
+def member_mask(members: Sequence[bool] | Tensor | None, num_nodes: int) -> list[bool] | None:
+    """``members`` as a list of ``N`` booleans, or None when every node is a member (the fast
+    path, exactly the collectives without members)."""
+    if members is None:
+        return None
+    flags = [bool(m) for m in (members.tolist() if isinstance(members, Tensor) else members)]
+    if len(flags) != num_nodes:
+        raise ValueError(f"members must list {num_nodes} booleans (one per node), got "
+                         f"{len(flags)}")
+    return None if all(flags) else flags
+
+
+def _bits(flags: Sequence[bool]) -> int:
+    return sum(1 << i for i, f in enumerate(flags) if f)
 
 
 def _payload(tensors: Sequence[Tensor], codec: Codec | None = None) -> int:
@@ -146,27 +188,43 @@ class Communicator(abc.ABC):
     def all_reduce(
         self, x: Tensor | Sequence[Tensor], op: ReduceOp = "mean", *, tag: str = "",
         overlap: bool = False, codec: Codec | None = None,
+        members: Sequence[bool] | Tensor | None = None,
     ) -> Tensor | list[Tensor]:
-        """Reduce ``x`` over all nodes; returns ``x.shape[1:]`` (a list for a list input).
+        """Reduce ``x`` over all nodes (or the ``members``); returns ``x.shape[1:]`` (a list for
+        a list input).
 
         Bytes: each node sends and receives ``2(N-1)/N * S`` (ring all-reduce); with a sparse
-        codec ``(N-1) * S`` (all-gather of the payloads). ``codec``: each row is sent through it
+        codec ``(N-1) * S`` (all-gather of the payloads); with members, ``M`` in place of ``N``
+        for the members and nothing for the others. ``codec``: each sending row goes through it
         (key ``(tag, tensor index)``) and the reconstructions are reduced in fp32.
         """
         tensors = self._check(x, codec, op)
-        self._account_reduce(tensors, tag, overlap, codec)
-        out = self._all_reduce(self._encode(tensors, tag, codec), op)
+        mask = member_mask(members, self.num_nodes)
+        if mask is None:
+            self._account_reduce(tensors, tag, overlap, codec)
+            out = self._all_reduce(self._encode(tensors, tag, codec), op)
+        else:
+            out = self._all_reduce_members(tensors, op, tag, overlap, codec, mask)
         return out if isinstance(x, (list, tuple)) else out[0]
 
     def all_reduce_(
         self, x: Tensor | Sequence[Tensor], op: ReduceOp = "mean", *, tag: str = "",
         overlap: bool = False, codec: Codec | None = None,
+        members: Sequence[bool] | Tensor | None = None,
     ) -> None:
         """In place: every row of ``x`` becomes the reduction (``torch.distributed`` style).
 
         Same bytes and codec handling as :meth:`all_reduce`; saves the strategy a copy back into
-        the stack.
+        the stack. With ``members``, every row (members' and others') becomes the members'
+        reduction.
         """
+        mask = member_mask(members, self.num_nodes)
+        if mask is not None:
+            tensors = self._check(x, codec, op)
+            reduced = self._all_reduce_members(tensors, op, tag, overlap, codec, mask)
+            for t, r in zip(tensors, reduced, strict=True):
+                t.copy_(r.expand_as(t))
+            return
         tensors = self._check(x, codec, op)
         self._account_reduce(tensors, tag, overlap, codec)
         if codec is None or self.num_nodes == 1:
@@ -178,38 +236,54 @@ class Communicator(abc.ABC):
 
     def all_gather(
         self, x: Tensor | Sequence[Tensor], *, tag: str = "", overlap: bool = False,
-        codec: Codec | None = None,
+        codec: Codec | None = None, members: Sequence[bool] | Tensor | None = None,
     ) -> Tensor | list[Tensor]:
         """Gather every node's row: ``[n_local, *shape] -> [N, *shape]`` (global node order).
 
         Bytes: each node sends and receives ``(N-1) * S`` (ring all-gather). With ``codec`` the
-        rows gathered are the reconstructions (key ``(tag, tensor index)``).
+        rows gathered are the reconstructions (key ``(tag, tensor index)``). With ``members``:
+        ``(M-1) * S`` per member, and the rows of the others are zeros.
         """
         tensors = self._check(x, codec)
-        s = all_gather_bytes(_payload(tensors, codec), self.num_nodes)
-        self._account("all_gather", tensors, tag, overlap, sent=[s] * self.num_nodes,
-                      received=[s] * self.num_nodes, codec=codec)
-        out = self._all_gather(self._encode(tensors, tag, codec))
+        mask = member_mask(members, self.num_nodes)
+        m = self.num_nodes if mask is None else sum(mask)
+        s = all_gather_bytes(_payload(tensors, codec), m)
+        each = [s if mask is None or mask[i] else 0.0 for i in range(self.num_nodes)]
+        self._account("all_gather", tensors, tag, overlap, sent=each, received=each,
+                      codec=codec, members=mask)
+        if mask is None:
+            out = self._all_gather(self._encode(tensors, tag, codec))
+        else:
+            rows = self._rows(mask, tensors[0].device)
+            sending = [self._zero_others(t, mask) for t in
+                       self._encode(tensors, tag, codec, rows)]
+            out = self._all_gather(sending)
         return out if isinstance(x, (list, tuple)) else out[0]
 
     def broadcast(
         self, x: Tensor | Sequence[Tensor], src: int = 0, *, tag: str = "", overlap: bool = False,
-        codec: Codec | None = None,
+        codec: Codec | None = None, members: Sequence[bool] | Tensor | None = None,
     ) -> Tensor | list[Tensor]:
         """Node ``src``'s row, ``x.shape[1:]``, on every node.
 
-        Bytes: the source sends ``(N-1) * S``; each other node receives ``S`` (star). With
-        ``codec`` the source's row goes through it (key ``(tag, tensor index, "broadcast",
-        src)``) and every node, the source included, gets the reconstruction.
+        Bytes: the source sends ``(N-1) * S``; each other node receives ``S`` (star); with
+        ``members``, ``(M-1) * S`` and the members only. With ``codec`` the source's row goes
+        through it (key ``(tag, tensor index, "broadcast", src)``) and every node, the source
+        included, gets the reconstruction.
         """
         if not 0 <= src < self.num_nodes:
             raise ValueError(f"src must be a node id in [0, {self.num_nodes}), got {src}")
         tensors = self._check(x, codec)
-        src_sent, recv = broadcast_bytes(_payload(tensors, codec), self.num_nodes)
+        mask = member_mask(members, self.num_nodes)
+        if mask is not None and not mask[src]:
+            raise ValueError(f"the source of a broadcast must be a member, node {src} is not")
+        m = self.num_nodes if mask is None else sum(mask)
+        src_sent, recv = broadcast_bytes(_payload(tensors, codec), m)
         sent = [src_sent if i == src else 0.0 for i in range(self.num_nodes)]
-        received = [0.0 if i == src else recv for i in range(self.num_nodes)]
+        received = [0.0 if i == src or (mask is not None and not mask[i]) else recv
+                    for i in range(self.num_nodes)]
         self._account("broadcast", tensors, tag, overlap, sent=sent, received=received,
-                      codec=codec)
+                      codec=codec, members=mask, src=src)
         if codec is not None and self.num_nodes > 1 and src in self.node_ids:
             row = self.node_ids.index(src)
             encoded = []
@@ -220,6 +294,32 @@ class Communicator(abc.ABC):
             tensors = encoded
         out = self._broadcast(tensors, src)
         return out if isinstance(x, (list, tuple)) else out[0]
+
+    def send(self, x: Tensor | Sequence[Tensor], src: int, dst: int, *,
+             tag: str = "") -> Tensor | list[Tensor]:
+        """Point to point: node ``src``'s row of ``x``, ``x.shape[1:]`` (on every process; the
+        caller puts it where ``dst`` keeps it). Bytes: ``S`` sent by ``src``, received by
+        ``dst``; logged as ``op="send"``."""
+        for name, node in (("src", src), ("dst", dst)):
+            if not 0 <= node < self.num_nodes:
+                raise ValueError(f"{name} must be a node id in [0, {self.num_nodes}), got {node}")
+        if src == dst:
+            raise ValueError(f"a node does not send to itself (src = dst = {src})")
+        tensors = self._check(x)
+        s = float(_payload(tensors))
+        sent = [s if i == src else 0.0 for i in range(self.num_nodes)]
+        received = [s if i == dst else 0.0 for i in range(self.num_nodes)]
+        pair = [i in (src, dst) for i in range(self.num_nodes)]
+        self._account("send", tensors, tag, False, sent=sent, received=received, members=pair,
+                      src=src, dst=dst)
+        out = self._broadcast(tensors, src)
+        return out if isinstance(x, (list, tuple)) else out[0]
+
+    def local_rows(self, mask: Sequence[bool] | Tensor, device: torch.device) -> Tensor:
+        """A global ``[N]`` mask as this process's ``[n_local]`` bool tensor on ``device``."""
+        flags = mask.tolist() if isinstance(mask, Tensor) else list(mask)
+        return torch.tensor([bool(flags[i]) for i in self.node_ids], dtype=torch.bool,
+                            device=device)
 
     @property
     def total_bytes_sent(self) -> float:
@@ -259,11 +359,46 @@ class Communicator(abc.ABC):
                                  f"{t.dtype} tensor of shape {tuple(t.shape)}")
         return tensors
 
-    def _encode(self, tensors: list[Tensor], tag: str, codec: Codec | None) -> list[Tensor]:
-        """What the receivers reconstruct from each row (the tensors themselves without codec)."""
+    def _encode(self, tensors: list[Tensor], tag: str, codec: Codec | None,
+                rows: Tensor | None = None) -> list[Tensor]:
+        """What the receivers reconstruct from each row (the tensors themselves without codec);
+        ``rows``: only those local rows send (see :meth:`Codec.roundtrip`)."""
         if codec is None or self.num_nodes == 1:
             return tensors
-        return [codec.roundtrip(t, (tag, j)) for j, t in enumerate(tensors)]
+        return [codec.roundtrip(t, (tag, j), rows) for j, t in enumerate(tensors)]
+
+    def _rows(self, mask: Sequence[bool], device: torch.device) -> Tensor:
+        """This process's member rows, int64 indices on ``device``."""
+        return torch.tensor([r for r, node in enumerate(self.node_ids) if mask[node]],
+                            dtype=torch.long, device=device)
+
+    def _zero_others(self, t: Tensor, mask: Sequence[bool]) -> Tensor:
+        """``t`` with the rows of non-members zeroed (never multiplied: a NaN stays out)."""
+        keep = self.local_rows(mask, t.device).view(-1, *([1] * (t.dim() - 1)))
+        return torch.where(keep, t, torch.zeros((), dtype=t.dtype, device=t.device))
+
+    def _all_reduce_members(self, tensors: list[Tensor], op: ReduceOp, tag: str, overlap: bool,
+                            codec: Codec | None, mask: list[bool]) -> list[Tensor]:
+        """An all-reduce among the members: bytes of a ring of ``M``; the members' sum, or the
+        sum divided by ``M`` (an integer mean truncates toward zero, as without members)."""
+        m = sum(mask)
+        payload = _payload(tensors, codec)
+        if codec is not None and codec.sparse:
+            kind, s = "all_gather", all_gather_bytes(payload, m)
+        else:
+            kind, s = "all_reduce", all_reduce_bytes(payload, m)
+        each = [s if mask[i] else 0.0 for i in range(self.num_nodes)]
+        self._account(kind, tensors, tag, overlap, sent=each, received=each, codec=codec,
+                      members=mask)
+        if m == 0:
+            raise ValueError(f"an all-reduce ({tag!r}) with no member")
+        rows = self._rows(mask, tensors[0].device)
+        sending = [self._zero_others(t, mask) for t in self._encode(tensors, tag, codec, rows)]
+        sums = self._all_reduce(sending, "sum")
+        if op == "sum":
+            return sums
+        return [(s / m).to(s.dtype) if s.is_floating_point() else torch.div(
+            s, m, rounding_mode="trunc") for s in sums]
 
     def _account_reduce(
         self, tensors: list[Tensor], tag: str, overlap: bool, codec: Codec | None
@@ -279,12 +414,14 @@ class Communicator(abc.ABC):
     def _account(
         self, op: str, tensors: list[Tensor], tag: str, overlap: bool, *,
         sent: list[float], received: list[float], codec: Codec | None = None,
+        members: Sequence[bool] | None = None, src: int = -1, dst: int = -1,
     ) -> None:
         for i in range(self.num_nodes):
             self.bytes_sent[i] += sent[i]
             self.bytes_received[i] += received[i]
         self.log.append(CommRecord(op, _payload(tensors, codec), self.step, tag, overlap,
-                                   codec.name if codec is not None else ""))
+                                   codec.name if codec is not None else "",
+                                   -1 if members is None else _bits(members), src, dst))
 
 
 class InProcessCommunicator(Communicator):
