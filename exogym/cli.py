@@ -35,6 +35,7 @@ from exogym.run.state import RunInterrupted
 from exogym.sim.engine import ENGINES, PRECISIONS
 from exogym.sim.network import PROFILES, Network, parse_duration, parse_network
 from exogym.sim.partition import parse_partition
+from exogym.sim.world import parse_world
 from exogym.tasks.data.download import ChecksumError, DatasetNotFoundError
 from exogym.tasks.registry import TASKS, get_task
 from exogym.utils.config import ConfigError, config_fields
@@ -336,6 +337,10 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--network", type=_argtype(parse_network), default="datacenter",
                    help="simulated network: a profile (see `exogym networks`) or key=value "
                         "items, e.g. bw=1Gbps,latency=5ms (default datacenter)")
+    p.add_argument("--world", type=_argtype(parse_world), default=None, metavar="SPEC",
+                   help="the world the nodes train in: speed=1:1:0.5:0.25, mtbf=30min,"
+                        "mttr=5min, fail=NODE@STEP|TIME, rejoin=NODE@..., drop=0.05, "
+                        "min_nodes=K, seed=S, trace:FILE.json (default: perfect)")
     p.add_argument("--data-dir", type=_path,
                    help="data folder (default: $EXOGYM_DATA_DIR, else ~/.cache/exogym/data)")
     p.add_argument("--no-download", action="store_true",
@@ -377,6 +382,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if ranks is None or ranks.rank == 0:
         check_out_dir(out)
     args.network.check_nodes(args.nodes)
+    if args.world is not None:
+        args.world.check_nodes(args.nodes)
     torch.manual_seed(args.seed)
     model = task.build_model()
     if args.engine != "process" and ranks is None:
@@ -401,6 +408,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         sinks=sinks,
         network=args.network,
+        world=args.world,
         step_time=args.step_time,
         flops_per_sample=args.flops_per_sample,
         device_flops=args.device_flops,
@@ -531,7 +539,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             overrides=args.overrides, step_time=args.step_time, device=args.device,
             data_dir=args.data_dir, download=not args.no_download, progress=not args.no_progress,
             eval_samples=args.eval_samples, allow_unsynced=args.allow_unsynced,
-            allow_nonfinite=args.allow_nonfinite)
+            allow_nonfinite=args.allow_nonfinite, world=args.world)
     print("\n".join(format_table(c)))
     if c.plot_note:
         print(f"exogym: {c.plot_note}")

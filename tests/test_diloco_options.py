@@ -166,10 +166,11 @@ def test_dropped_nodes_are_left_out_of_the_mean_and_keep_their_parameters():
     assert torch.allclose(diloco.global_state()["w"], t([0.8, 1.85]), **TOL)
     assert torch.allclose(nodes.params["w"],
                           t([[0.8, 1.85], [0.8, 1.85], [0.8, 1.9], [0.4, 1.4]]), **TOL)
-    # bytes: one all-reduce over all N rows (dropped rows are zeros): 2*3/4 * 16 = 24 per node
-    assert [(r.op, r.payload_bytes, r.tag) for r in comm.log] == [
-        ("all_reduce", 16, "pseudo_grads")] * 2
-    assert comm.bytes_sent == [48.0] * 4
+    # bytes: a ring among the M = 2 survivors only, 2 (M-1)/M * 16 = 16 per survivor, nothing
+    # from a dropped node (earlier versions charged all N: 24 to every node, an overstatement)
+    assert [(r.op, r.payload_bytes, r.tag, r.members) for r in comm.log] == [
+        ("all_reduce", 16, "pseudo_grads", 0b0101), ("all_reduce", 16, "pseudo_grads", 0b0011)]
+    assert comm.bytes_sent == [32.0, 16.0, 16.0, 0.0]
 
 
 def test_when_every_node_drops_nothing_is_sent_and_nothing_moves():

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from torch.utils.data import TensorDataset
 
 from exogym import Trainer
-from exogym.run.dist import DistributedCommunicator, local_batches, local_node_ids
+from exogym.run.dist import DistributedCommunicator, local_batch, local_node_ids
 from exogym.run.launch import (
     RankContext,
     WorkerError,
@@ -163,7 +163,7 @@ def test_processes_match_the_simulator(
             torch.testing.assert_close(res.global_state[k], v, **TOL, msg=f"{name} {k}")
         for k, p in res.node_params.items():
             torch.testing.assert_close(p, ref_nodes[k][res.node_ids], **TOL, msg=f"{name} {k}")
-    assert ref.bytes_sent[0] > 0  # every strategy communicated something in 6 steps
+    assert sum(ref.bytes_sent) > 0  # every strategy communicated something in 6 steps
 
 
 def test_a_logged_run_ends_with_the_simulators_summary(
@@ -232,8 +232,8 @@ def test_collectives_by_hand(runs: dict[int, list[dict[str, Any]]]) -> None:
 
 def _local_rows(ctx: RankContext) -> list[Tensor]:
     batches = NodeBatches(dataset(), ctx.num_nodes, BATCH, seed=SEED)
-    stream = local_batches(batches, ctx.node_ids)
-    return [next(stream)[1] for _ in range(15)]  # 15 steps > 12 per epoch: crosses an epoch
+    return [local_batch(batches, ctx.node_ids)[1]
+            for _ in range(15)]  # 15 steps > 12 per epoch: crosses an epoch
 
 
 def test_local_batches_are_the_simulators_rows(runs: dict[int, list[dict[str, Any]]]) -> None:

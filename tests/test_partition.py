@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 import exogym.run.trainer
-from exogym.run.dist import local_batches
+from exogym.run.dist import local_batch
 from exogym.sim.partition import (
     MAX_DRAWS,
     Partition,
@@ -318,13 +318,12 @@ def test_node_batches_collate_and_stats() -> None:
 
 
 def test_process_rows_equal_the_simulator_rows() -> None:
-    """``exogym.run.dist.local_batches`` (the process engine) gives a process exactly its rows."""
+    """``exogym.run.dist.local_batch`` (the process engine) gives a process exactly its rows."""
     sim = NodeBatches(Labelled(LABELS), 4, 8, seed=9, partition="dirichlet:0.5")
     proc = NodeBatches(Labelled(LABELS), 4, 8, seed=9, partition="dirichlet:0.5")
-    rows = local_batches(proc, [1, 3])
     for _ in range(30):
         x, y = next(sim)
-        px, py = next(rows)
+        px, py = local_batch(proc, [1, 3])
         assert torch.equal(px, x[[1, 3]]) and torch.equal(py, y[[1, 3]])
     assert proc.epoch == sim.epoch
 

@@ -61,6 +61,7 @@ from exogym.run.result import check_out_dir
 from exogym.sim.engine import PRECISIONS, Precision
 from exogym.sim.network import Network, parse_duration, parse_network
 from exogym.sim.partition import Partition, parse_partition
+from exogym.sim.world import World, parse_world
 from exogym.strategy import Strategy
 from exogym.tasks.registry import get_task
 from exogym.utils.config import ConfigError, config_fields
@@ -237,6 +238,7 @@ def compare(
     progress: bool = False,
     allow_unsynced: bool = False,
     allow_nonfinite: bool = False,
+    world: World | str | None = None,
 ) -> Comparison:
     """Train every strategy on ``task`` with the same seeds and write the comparison.
 
@@ -274,6 +276,8 @@ def compare(
         progress: print a line and show a progress bar per run.
         allow_unsynced: allow runs shorter than a strategy's ``H`` (otherwise an error before
             anything is trained).
+        world: the world every run trains in (:mod:`exogym.sim.world`; None: perfect): the same
+            failures, speeds and losses for every strategy (the world is seeded).
         allow_nonfinite: a run whose loss turns NaN or infinite stops the comparison with
             :class:`exogym.run.result.NonFiniteLossError` (the finished runs' folders stay); True
             trains every run to the end regardless.
@@ -319,6 +323,8 @@ def compare(
     if eval_samples is not None:
         _check_int("eval_samples (or None)", eval_samples, 1)
     net.check_nodes(num_nodes)
+    the_world = parse_world(world)
+    the_world.check_nodes(num_nodes)
     checked = resolve_strategies(labels, overrides, lr=spec.lr)  # every setting, before training
     for label, strategy in checked.items():
         period = strategy.sync_period
@@ -353,7 +359,7 @@ def compare(
                     precision=precision, eval_interval=interval, eval_samples=eval_samples,
                     eval_at_start=True,
                     device=device, seed=s, out_dir=run_dir, progress=progress, network=net,
-                    step_time=step_time, run_info=spec.run_info(train),
+                    step_time=step_time, world=the_world, run_info=spec.run_info(train),
                     allow_unsynced=allow_unsynced, allow_nonfinite=allow_nonfinite)
             said = tuple(dict.fromkeys(str(w.message) for w in caught))
             for text in said:  # repeated for every run it applies to, naming the label
@@ -380,7 +386,7 @@ def compare(
         seeds=seeds, target_loss=target, target_source=source, rows=rows, out_dir=out,
         results_md=out / "results.md", results_json=out / "results.json", plots=plots,
         plot_note=None, eval_during_training=first.eval_during_training,
-        eval_set=first.eval_set)
+        eval_set=first.eval_set, world=None if the_world.perfect else the_world.spec())
     try:
         from exogym.lab.plots import plot_comparison
 

@@ -3,7 +3,8 @@ training steps, against bytes sent per node, and against simulated time on the n
 
 One line per strategy (the same colour in every plot), the mean over the repeats, with the band
 from the lowest to the highest run shaded when there are several; the target loss as a dashed
-line. The loss axis is logarithmic; the bytes and simulated-time axes are symmetric-log
+line; on the simulated-time plot, a world's failures of each strategy's first run as ticks at
+the bottom. The loss axis is logarithmic; the bytes and simulated-time axes are symmetric-log
 (strategies differ there by orders of magnitude: DDP sends every step, DiLoCo every H steps): linear
 from 0 up to the smallest positive value plotted, logarithmic above, so that the points before a
 strategy's first synchronisation (0 bytes sent, the initial model at time 0) are shown too.
@@ -69,6 +70,12 @@ def plot_comparison(comparison: Comparison, out_dir: str | Path) -> tuple[Path, 
             ax.plot(xs, row.loss_mean, "o-", ms=3, color=color, label=row.label)
             if runs > 1:
                 ax.fill_between(xs, row.loss_min, row.loss_max, color=color, alpha=0.2, lw=0)
+            failures = row.runs[0].failure_times_s if row.runs else ()
+            if name == "loss_vs_sim_time.png" and failures:
+                # each failure of the first seed's run: a tick on the time axis, in its colour
+                ax.plot(list(failures), [0.02] * len(failures), "v", ms=5, color=color,
+                        transform=ax.get_xaxis_transform(), clip_on=False,
+                        label=f"{row.label}: failures ({len(failures)})")
         if c.target_loss is not None:
             ax.axhline(c.target_loss, color="gray", ls="--", lw=1,
                        label=f"target {c.target_loss:.4g}")

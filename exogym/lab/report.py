@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exogym.run.result import FitResult
+from exogym.run.result import FitResult, world_line
 from exogym.run.result import _dumps as _dumps_json
 from exogym.sim.network import format_duration
 
@@ -118,6 +118,8 @@ class RunOutcome:
         wall_time_s: measured wall time of the whole fit (evaluations included).
         curve: every evaluation, in step order (the first, at step 0, is the initial model).
         warnings: what the run warned about (e.g. a run that is not a multiple of H).
+        world: what the world did in the run (counts, :attr:`exogym.FitResult.world`), None
+            for a perfect world; ``failure_times_s`` the simulated times of its failures.
     """
 
     label: str
@@ -134,6 +136,8 @@ class RunOutcome:
     wall_time_s: float
     curve: tuple[CurvePoint, ...]
     warnings: tuple[str, ...] = ()
+    world: dict[str, Any] | None = None
+    failure_times_s: tuple[float, ...] = ()
 
     @property
     def improved(self) -> bool:
@@ -155,7 +159,9 @@ class RunOutcome:
                    utilization=result.clock.utilization, step_time_s=result.clock.step_time_s,
                    compute_source=result.clock.compute_source,
                    samples_per_s=result.samples_per_s, wall_time_s=result.wall_time_s,
-                   curve=curve, warnings=warnings)
+                   curve=curve, warnings=warnings, world=result.world,
+                   failure_times_s=tuple(e["time_s"] for e in result.events
+                                         if e["event"] == "fail"))
 
     def reach(self, target: float | None) -> CurvePoint | None:
         """The first evaluation with ``eval_loss <= target`` (None: never, or no target)."""
@@ -171,7 +177,8 @@ class RunOutcome:
                 "bytes_sent_per_node": self.bytes_sent_per_node, "sim_time_s": self.sim_time_s,
                 "utilization": self.utilization, "step_time_s": self.step_time_s,
                 "samples_per_s": self.samples_per_s, "wall_time_s": self.wall_time_s,
-                "improved": self.improved, "warnings": list(self.warnings)}
+                "improved": self.improved, "warnings": list(self.warnings),
+                "world": self.world, "failure_times_s": list(self.failure_times_s)}
 
 
 RUN_METRICS = ("bytes_sent_per_node", "sim_time_s", "utilization", "samples_per_s", "wall_time_s")
@@ -253,6 +260,7 @@ class Comparison:
     plot_note: str | None
     eval_during_training: str | None = None
     eval_set: str | None = None
+    world: str | None = None
 
     def row(self, label: str) -> ComparisonRow:
         """The row of ``label``."""
@@ -287,6 +295,7 @@ def _to_json(c: Comparison) -> dict[str, Any]:
         "network": c.network, "seeds": c.seeds, "target_loss": c.target_loss,
         "target_source": c.target_source, "spread": "sample standard deviation (n - 1)",
         "eval_during_training": c.eval_during_training, "eval_set": c.eval_set,
+        "world": c.world,
         "rows": rows, "plots": [p.name for p in c.plots], "plot_note": c.plot_note,
     }
 
@@ -343,6 +352,8 @@ def format_table(c: Comparison) -> list[str]:
     head = ["strategy", *(k.replace("_", " ") for k in evals),
             f"steps to loss ≤ {target}", "sim time to target", "sent per node", "sim time",
             "utilization", "samples/s", "wall time"]
+    if c.world is not None:
+        head.append("world (first seed)")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     runs = len(c.seeds)
     for r in c.rows:
@@ -358,6 +369,9 @@ def format_table(c: Comparison) -> list[str]:
         cells = [f"`{r.label}`", *(_cell(r.metrics[k], _fmt_metric(k)) for k in evals),
                  *to_target,
                  *(_cell(r.metrics[k], _FORMATS[k]) for k in RUN_METRICS)]
+        if c.world is not None:
+            w = r.runs[0].world
+            cells.append(world_line(w) if w is not None else "-")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -388,7 +402,8 @@ def format_markdown(c: Comparison) -> str:
         f"{c.num_nodes} nodes x {c.max_steps} steps, batch {c.batch_size} per node{micro}, "
         f"partition {c.partition}, precision {c.precision}, network {c.network_text}, "
         f"{seeds} ({runs} run{'s' if runs > 1 else ''} per strategy, the "
-        "same seeds for every strategy).",
+        "same seeds for every strategy)"
+        + (f", world {c.world}." if c.world is not None else "."),
         "",
         *format_table(c),
         "",

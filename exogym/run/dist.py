@@ -25,7 +25,7 @@ A codec is applied by the base class to each local row before the collective, ex
 simulator; the processes then exchange the dense reconstructions (the codec is simulated, its
 compressed size is what is counted).
 
-:func:`local_batches` gives a process only its nodes' batches of the run's shared data order, and
+:func:`local_batch` gives a process only its nodes' batches of the run's shared data order, and
 :func:`gather_global_state` builds the model to evaluate when a strategy's ``global_state()``
 depends on nodes of other processes (evaluation traffic is not counted).
 """
@@ -33,7 +33,7 @@ depends on nodes of other processes (evaluation traffic is not counted).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -49,7 +49,7 @@ from exogym.sim.sharding import NodeBatches, fetch
 
 __all__ = [
     "COLLECTIVE_TIMEOUT_S", "DistributedCommunicator", "RankContext", "TorchrunEnv",
-    "gather_global_state", "join_torchrun", "local_batches", "local_node_ids", "torchrun_env",
+    "gather_global_state", "join_torchrun", "local_batch", "local_node_ids", "torchrun_env",
 ]
 
 #: Collective timeout of a process group exogym initialises (a rank waiting on a dead peer fails
@@ -265,26 +265,24 @@ class DistributedCommunicator(Communicator):
         return [t for t in out if t is not None]
 
 
-def local_batches(batches: NodeBatches, node_ids: Sequence[int]) -> Iterator[Any]:
-    """This process's rows of the run's node-stacked batches: ``[n_local, B, ...]`` per leaf.
+def local_batch(batches: NodeBatches, node_ids: Sequence[int],
+                active: Sequence[bool] | None = None) -> Any:
+    """This process's rows of the run's next node-stacked batch: ``[n_local, B, ...]`` per leaf.
 
     ``batches`` is the :class:`NodeBatches` of the whole run (all ``N`` nodes, same seed in every
     process), so every node draws exactly the samples it draws in the simulator; only the rows
-    ``node_ids`` are fetched. ``batches.epoch`` advances as usual.
+    ``node_ids`` are fetched. ``active`` (``N`` booleans, the same on every process): only those
+    nodes consume data (:meth:`NodeBatches.next_indices`).
     """
     rows = torch.tensor(list(node_ids), dtype=torch.long)
-    while True:
-        idx = batches.next_indices()[rows]  # [n_local, B]
-        n, b = idx.shape
-        if batches.shared is not None:
-            flat = fetch(batches.shared, idx.reshape(-1))
-            yield tree_map(
-                lambda t, n=n, b=b: t.reshape(n, b, *t.shape[1:]) if isinstance(t, Tensor) else t,
-                flat,
-            )
-        else:
-            per_node = [fetch(batches.datasets[i], idx[k]) for k, i in enumerate(node_ids)]
-            yield tree_map(lambda *ts: torch.stack(ts), *per_node)
+    idx = batches.next_indices(active)[rows]  # [n_local, B]
+    n, b = idx.shape
+    if batches.shared is not None:
+        flat = fetch(batches.shared, idx.reshape(-1))
+        return tree_map(
+            lambda t: t.reshape(n, b, *t.shape[1:]) if isinstance(t, Tensor) else t, flat)
+    per_node = [fetch(batches.datasets[i], idx[k]) for k, i in enumerate(node_ids)]
+    return tree_map(lambda *ts: torch.stack(ts), *per_node)
 
 
 def _same_on_every_rank(state: dict[str, Tensor], group: dist.ProcessGroup | None) -> bool:

@@ -45,7 +45,7 @@ from exogym.run.dist import (
     DistributedCommunicator,
     RankContext,
     gather_global_state,
-    local_batches,
+    local_batch,
 )
 from exogym.run.result import FitResult
 from exogym.run.state import RunInterrupted
@@ -261,11 +261,10 @@ def fit_worker(
     nodes = NodeStack(model, ctx.nodes_per_process, device=ctx.device, engine=engine)
     comm = DistributedCommunicator(ctx.num_nodes, ctx.node_ids)
     strategy.setup(nodes, comm, max_steps)
-    stream = local_batches(batches, ctx.node_ids)
     t0 = time.perf_counter()
     for step in range(max_steps):
         comm.step = step
-        batch = nodes.to_batch_device(next(stream))
+        batch = nodes.to_batch_device(local_batch(batches, ctx.node_ids))
         nodes.forward_backward(batch)
         strategy.step(step)
         nodes.zero_grad()

@@ -116,12 +116,14 @@ class MetricsWriter:
         self.dir = check_out_dir(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         metrics = self.dir / "metrics.jsonl"
+        self._events: IO[str] | None = None
         self._write_json("config.json", config)
         self._file: IO[str] = metrics.open("w", encoding="utf-8")
 
     @classmethod
     def resume(cls, out_dir: str | Path, config: dict[str, Any],
-               rows: list[dict[str, Any]]) -> MetricsWriter:
+               rows: list[dict[str, Any]],
+               events: list[dict[str, Any]] | None = None) -> MetricsWriter:
         """Continue a run folder from a checkpoint: ``metrics.jsonl`` becomes exactly ``rows``
         (the rows logged up to the checkpoint, rewritten atomically: rows a crash left after it
         are dropped, none is duplicated), ``config.json`` the run's config (its ``steps`` may
@@ -136,7 +138,22 @@ class MetricsWriter:
         tmp.write_text("".join(_row_line(row) for row in rows), encoding="utf-8")
         tmp.replace(metrics)
         self._file = metrics.open("a", encoding="utf-8")
+        self._events = None
+        if events:
+            tmp = self.dir / ".events.jsonl.tmp"
+            tmp.write_text("".join(_row_line(e) for e in events), encoding="utf-8")
+            tmp.replace(self.dir / "events.jsonl")
+        elif (self.dir / "events.jsonl").exists():
+            (self.dir / "events.jsonl").unlink()  # events after the checkpoint: not yet
         return self
+
+    def write_event(self, event: dict[str, Any]) -> None:
+        """One line of ``events.jsonl``: what the world did (a failure, a rejoin, a recovery, a
+        lost message, a straggler cut), flushed at once."""
+        if self._events is None:
+            self._events = (self.dir / "events.jsonl").open("a", encoding="utf-8")
+        self._events.write(_row_line(event))
+        self._events.flush()
 
     def write(self, row: dict[str, Any]) -> None:
         self._file.write(_row_line(row))
@@ -151,6 +168,8 @@ class MetricsWriter:
 
     def close(self, summary: dict[str, Any] | None = None) -> None:
         self._file.close()
+        if self._events is not None:
+            self._events.close()
         if summary is not None:
             self._write_json("summary.json", summary)
 
@@ -204,6 +223,12 @@ class FitResult:
             during training, or None when every evaluation used the whole set.
         nonfinite: ``{"step": s, "nodes": [...]}`` where a loss first was NaN or infinite in a
             run allowed to go on (``allow_nonfinite=True``); None if it never was.
+        world: the run's world (:mod:`exogym.sim.world`) and what happened in it: its spec and
+            the counts of failures, rejoins, recoveries (their bytes and simulated seconds),
+            lost messages, stragglers cut and quorum waits; None for a perfect world.
+        events: the world's event log, as in ``events.jsonl`` (``step``, ``time_s``, ``node``,
+            ``event``: fail, rejoin, recovery (with ``bytes``, ``duration_s``, ``donor``), lost,
+            late, quorum_wait).
         network: the simulated network of the run's clock (None: no clock).
         clock: the simulated time on it (:class:`exogym.sim.clock.ClockReport`): total, compute,
             communication, idle, utilization.
@@ -230,6 +255,8 @@ class FitResult:
     eval_set: str | None = None
     eval_during_training: str | None = None
     nonfinite: dict[str, Any] | None = None
+    world: dict[str, Any] | None = None
+    events: list[dict[str, Any]] = field(default_factory=list, repr=False)
     comm_log: list[CommRecord] = field(default_factory=list, repr=False)
     network: Network | None = None
     clock: ClockReport | None = None
@@ -245,7 +272,10 @@ class FitResult:
         collectives and compute per step replayed on ``network``."""
         if self.trace is None:
             raise ValueError("this run has no simulated clock (it ran with network=None)")
-        return self.trace.cost(parse_network(network), step_time_s)
+        net = parse_network(network)
+        if self.network is None or net.spec() != self.network.spec():
+            self.trace.check_recostable(net)
+        return self.trace.cost(net, step_time_s)
 
     def to_dict(self) -> dict[str, Any]:
         """The ``summary.json`` content."""
@@ -271,6 +301,7 @@ class FitResult:
             "eval_set": self.eval_set,
             "eval_during_training": self.eval_during_training,
             "nonfinite": self.nonfinite,
+            "world": self.world,
             **self._clock_dict(),
         }
 
@@ -307,6 +338,8 @@ class FitResult:
             f"traffic     per node sent {_fmt_bytes(max(sent))}, received "
             f"{_fmt_bytes(max(recv))} (max over nodes; {len(self.comm_log)} collectives)"
         )
+        if self.world is not None:
+            lines.append(f"world       {self.world['spec']}: {world_line(self.world)}")
         if self.clock is not None and self.network is not None:
             c = self.clock
             lines.append(f"sim clock   {self.network.name} ({self.network.describe()}): "
@@ -317,6 +350,22 @@ class FitResult:
         if self.out_dir:
             lines.append(f"written to  {self.out_dir}")
         return "\n".join(lines)
+
+
+def world_line(world: dict[str, Any]) -> str:
+    """``"3 failures, 3 recoveries (41 MB, 2.1 min), 12 messages lost, 5 stragglers cut"``."""
+    c = world
+    parts = [f"{c['failures']} failure{'s' * (c['failures'] != 1)}"]
+    recovered = f"{c['recoveries']} recover{'ies' if c['recoveries'] != 1 else 'y'}"
+    if c["recoveries"]:
+        recovered += (f" ({_fmt_bytes(c['recovery_bytes'])}, "
+                      f"{format_duration(c['recovery_time_s'])})")
+    parts.append(recovered)
+    parts.append(f"{c['messages_lost']} message{'s' * (c['messages_lost'] != 1)} lost")
+    parts.append(f"{c['stragglers_cut']} straggler{'s' * (c['stragglers_cut'] != 1)} cut")
+    if c.get("quorum_wait_s"):
+        parts.append(f"waited {format_duration(c['quorum_wait_s'])} for a quorum")
+    return ", ".join(parts)
 
 
 def _fmt_metric(key: str, value: float) -> str:

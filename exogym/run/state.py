@@ -31,7 +31,7 @@ import math
 import random
 import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +49,7 @@ from exogym.run.dist import (
     DistributedCommunicator,
     RankContext,
     gather_global_state,
-    local_batches,
+    local_batch,
 )
 from exogym.run.result import FitResult, MetricsWriter, NonFiniteLossError
 from exogym.run.sinks import MultiSink
@@ -59,6 +59,7 @@ from exogym.sim.engine import EngineName, NodeStack, Precision, metrics_of
 from exogym.sim.network import Network
 from exogym.sim.partition import Partition
 from exogym.sim.sharding import DatasetFactory, FixedSubset, NodeBatches, iterate_batches
+from exogym.sim.world import PERFECT, World, speeds_of
 from exogym.strategy.base import Strategy
 
 __all__ = ["RUN_CONFIG_KEYS", "STATE_FORMAT", "Run", "RunInterrupted", "RunSettings"]
@@ -72,6 +73,7 @@ RUN_CONFIG_KEYS = (
     "log_interval", "partition", "partition_stats", "engine", "device", "seed",
     "micro_batch_size", "precision", "processes", "parameters", "eval_set", "network",
     "step_time_s", "compute_source", "allow_nonfinite", "allow_unsynced", "checkpointing",
+    "world",
 )
 """The keys of ``config.json`` that are the run's own (``run_info`` may add others)."""
 
@@ -104,6 +106,7 @@ class RunSettings:
     compute_source: str
     allow_nonfinite: bool
     allow_unsynced: bool
+    world: World = PERFECT
 
 
 class Run:
@@ -153,7 +156,6 @@ class Run:
                                    engine=s.engine, micro_batch_size=s.micro_batch_size,
                                    precision=s.precision)
             self.comm = DistributedCommunicator(s.num_nodes, ranks.node_ids)
-        self._stream = self._make_stream()
         strategy.setup(self.nodes, self.comm, s.total_steps)
         self.eval_full = val_data
         self.eval_set = val_data
@@ -176,6 +178,20 @@ class Run:
         self.clock: SimClock | None = None
         self.step_time_s = s.step_time_s
         self._fed = 0  # records of comm.log already given to the clock
+        self.loss_nodes = 0  # node-steps in loss_sum (the nodes that computed)
+        # The world (shared/DESIGN.md section 7): which nodes are down, what happened so far
+        # (the event log), and how many synchronisations drew message losses.
+        self.world = s.world
+        self.down = [False] * s.num_nodes
+        self.events: list[dict[str, Any]] = []
+        self.counts = {"failures": 0, "rejoins": 0, "recoveries": 0, "recovery_bytes": 0.0,
+                       "recovery_time_s": 0.0, "messages_lost": 0, "stragglers_cut": 0,
+                       "quorum_wait_s": 0.0}
+        self._syncs = 0
+        if not s.world.perfect or getattr(strategy, "deadline", None) is not None:
+            self.comm.timeline = self
+        # The clock's operations in order (re-costing replays them) when nodes can be absent.
+        self._ops: list[list[Any]] | None = None if s.world.perfect else []
 
         self.writer: MetricsWriter | None = None
         self.sink = sink if self.lead else MultiSink(())  # rank 0 alone writes
@@ -199,7 +215,8 @@ class Run:
         of the loaded state (``metrics.jsonl`` cut back to them, nothing duplicated or lost)."""
         if self.lead and self.out_dir is not None:
             if resumed:
-                self.writer = MetricsWriter.resume(self.out_dir, self.config, self.history)
+                self.writer = MetricsWriter.resume(self.out_dir, self.config, self.history,
+                                                   self.events)
             else:
                 self.writer = MetricsWriter(self.out_dir, self.config)
         run_dir = self.writer.dir if self.writer is not None else None
@@ -231,18 +248,27 @@ class Run:
         self._emit(row)
 
     def train_step(self) -> None:
-        """Every node computes one step; the strategy updates and communicates; the clock."""
+        """The world decides who computes; they compute one step; the strategy updates and
+        communicates; the clock."""
         s, step, nodes = self.settings, self.step, self.nodes
         t0 = time.perf_counter()
         self.comm.step = step
-        batch = nodes.to_batch_device(next(self._stream))
         if s.network is not None and self.clock is None:
-            t0 += self._start_clock(batch)  # measuring the step time is not training time
-        losses = nodes.forward_backward(batch)
+            t0 += self._start_clock()  # measuring the step time is not training time
+        active = None if s.world.perfect else self._world_step()
+        self.comm.active = active
+        local = None if active is None else [active[i] for i in self.comm.node_ids]
+        batch = nodes.to_batch_device(self._next_batch(active))
+        losses = nodes.forward_backward(batch, local)
+        if self.clock is not None:
+            self.clock.compute(step, active)
+            if self._ops is not None:
+                self._ops.append(["c", step, _bits(active)])
         self.strategy.step(step)
         nodes.zero_grad()
         self.loss_sum += losses.sum()
         self.loss_count += 1
+        self.loss_nodes += s.num_nodes if active is None else sum(active)
         if not s.allow_nonfinite or self.nonfinite is None:
             self.first_bad.masked_fill_((self.first_bad < 0) & ~torch.isfinite(losses), step)
         self.step = done = step + 1
@@ -253,9 +279,7 @@ class Run:
             # as training time; a sync every step would stall the launch queue.
             torch.cuda.synchronize(self.device)
         self.train_time_s += time.perf_counter() - t0
-        if self.clock is not None:
-            self.clock.compute(step)
-            self._feed()
+        self._feed()
         if self._bar is not None:
             self._bar.update(1)
 
@@ -268,7 +292,7 @@ class Run:
         row: dict[str, Any] = {
             "step": self.step,
             "epoch": self.batches.epoch,
-            "train_loss": float(self.loss_sum) / (self.loss_count * s.num_nodes),
+            "train_loss": float(self.loss_sum) / max(self.loss_nodes, 1),
             "lr": self.strategy.lr,
             "samples": self.step * s.num_nodes * s.batch_size,
             "bytes_sent": max(self.comm.bytes_sent),
@@ -279,6 +303,7 @@ class Run:
             row["sim_time_s"] = self.clock.now
         self.loss_sum.zero_()
         self.loss_count = 0
+        self.loss_nodes = 0
         if self.nonfinite is None:
             self._check_nonfinite(row)
         if self._eval_due:
@@ -319,10 +344,14 @@ class Run:
         if self.clock is not None and self.step_time_s is not None:
             self._feed()
             report = self.clock.finish()
-            trace = ClockTrace(num_nodes=s.num_nodes, steps=s.total_steps,
-                               step_time_s=self.step_time_s, compute_source=s.compute_source,
-                               overlap_steps=self.strategy.overlap_steps,
-                               records=tuple(self.comm.log[:self._fed]))
+            trace = ClockTrace(
+                num_nodes=s.num_nodes, steps=s.total_steps, step_time_s=self.step_time_s,
+                compute_source=s.compute_source, overlap_steps=self.strategy.overlap_steps,
+                records=tuple(self.comm.log[:self._fed]),
+                speeds=(tuple(self.clock.step_time_s / c for c in self.clock.node_step_s)
+                        if not s.world.perfect else None),
+                ops=tuple(tuple(op) for op in self._ops) if self._ops is not None else None,
+                not_recostable=self._not_recostable())
         model = copy.deepcopy(self.model).to(self.device)
         _load_state(model, self.global_state())
         if self.writer is not None:
@@ -342,6 +371,10 @@ class Run:
             network=s.network, clock=report, trace=trace,
             processes=1 if self.ranks is None else self.ranks.world_size,
             nonfinite=self.nonfinite,
+            world=(None if s.world.perfect else
+                   {"spec": s.world.spec(), "description": s.world.describe(),
+                    **self.counts, "events": len(self.events)}),
+            events=list(self.events),
         )
         self.close(result.to_dict())
         return result
@@ -403,8 +436,12 @@ class Run:
             "step_time_s": self.step_time_s,
             "fed": self._fed,
             "metrics": {"history": _plain(self.history), "loss_sum": self.loss_sum,
-                        "loss_count": self.loss_count, "first_bad": self.first_bad,
-                        "nonfinite": _plain(self.nonfinite), "train_time_s": self.train_time_s},
+                        "loss_count": self.loss_count, "loss_nodes": self.loss_nodes,
+                        "first_bad": self.first_bad, "nonfinite": _plain(self.nonfinite),
+                        "train_time_s": self.train_time_s},
+            "world": {"down": list(self.down), "events": _plain(self.events),
+                      "counts": dict(self.counts), "syncs": self._syncs,
+                      "ops": _plain(self._ops)},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -428,20 +465,24 @@ class Run:
         self.strategy.load_state_dict(state["strategy"])
         self.comm.load_state_dict(state["comm"])
         self.batches.load_state_dict(state["data"])
-        self._stream = self._make_stream()
         self.step = int(state["step"])
         self.step_time_s = state["step_time_s"]
         self._fed = int(state["fed"])
         if state["clock"] is not None:
             assert self.settings.network is not None and self.step_time_s is not None
-            self.clock = SimClock(self.settings.network, self.settings.num_nodes,
-                                  self.step_time_s, overlap_steps=self.strategy.overlap_steps,
-                                  compute_source=self.settings.compute_source)
+            self.clock = self._new_clock(self.step_time_s)
             self.clock.load_state_dict(state["clock"])
+        w = state["world"]
+        self.down = [bool(d) for d in w["down"]]
+        self.events = [dict(e) for e in w["events"]]
+        self.counts = dict(w["counts"])
+        self._syncs = int(w["syncs"])
+        self._ops = [list(op) for op in w["ops"]] if w["ops"] is not None else None
         m = state["metrics"]
         self.history = [dict(row) for row in m["history"]]
         self.loss_sum.copy_(m["loss_sum"])
         self.loss_count = int(m["loss_count"])
+        self.loss_nodes = int(m["loss_nodes"])
         self.first_bad.copy_(m["first_bad"])
         self.nonfinite = m["nonfinite"]
         self.train_time_s = float(m["train_time_s"])
@@ -454,36 +495,198 @@ class Run:
         return self.eval_set is not None and done > 0 and (
             done % s.eval_interval == 0 or done == s.total_steps)
 
-    def _make_stream(self) -> Iterator[Any]:
+    def _next_batch(self, active: list[bool] | None) -> Any:
+        """This process's rows of the next node-stacked batch (``active``: only those nodes
+        consume data)."""
         if self.ranks is None:
-            return self.batches
-        return local_batches(self.batches, self.ranks.node_ids)
+            return self.batches.batch(active)
+        return local_batch(self.batches, self.ranks.node_ids, active)
 
-    def _start_clock(self, batch: Any) -> float:
-        """Create the simulated clock (measuring the step time on rank 0 if not given); the
-        seconds it took."""
+    def _start_clock(self) -> float:
+        """Create the simulated clock (measuring the step time on rank 0, on node 0's next
+        batch, if not given); the seconds it took."""
         m0 = time.perf_counter()
         s = self.settings
         assert s.network is not None
         if self.step_time_s is None:  # one node's step alone, on a copy; RNG restored
             if self.lead:
+                batch = tree_map(lambda t: t.to(self.device) if isinstance(t, Tensor) else t,
+                                 self.batches.peek(0))
                 self.step_time_s = measure_step_time(
-                    self.model, tree_map(_row0, batch), self.strategy.optim, self.device,
+                    self.model, batch, self.strategy.optim, self.device,
                     micro_batch_size=s.micro_batch_size, precision=s.precision)
             self.step_time_s = _from_lead(self.step_time_s, self.ranks)
-        self.clock = SimClock(s.network, s.num_nodes, self.step_time_s,
-                              overlap_steps=self.strategy.overlap_steps,
-                              compute_source=s.compute_source)
+        self.clock = self._new_clock(self.step_time_s)
         self._feed()  # set-up collectives (step -1)
         return time.perf_counter() - m0
+
+    def _new_clock(self, step_time_s: float) -> SimClock:
+        s = self.settings
+        assert s.network is not None
+        speeds = speeds_of(s.world, s.network.node_speeds(s.num_nodes))
+        return SimClock(s.network, s.num_nodes, step_time_s,
+                        overlap_steps=self.strategy.overlap_steps,
+                        compute_source=s.compute_source, speeds=speeds)
+
+    # -- the world -----------------------------------------------------------------------------
+    def _time(self, node: int) -> float:
+        return self.clock.t[node] if self.clock is not None else 0.0
+
+    def _not_recostable(self) -> str | None:
+        """Why this run's clock cannot be replayed on another network, or None."""
+        if self.world.time_dependent:
+            return (f"its world ({self.world.spec()}) decides who is up by simulated time, "
+                    "which another network would change")
+        if getattr(self.strategy, "deadline", None) is not None:
+            return (f"its deadline ({self.strategy.deadline}) decides who is late by simulated "
+                    "time, which another network would change")
+        return None
+
+    def _event(self, kind: str, node: int, **extra: Any) -> None:
+        event = {"step": self.step, "time_s": self._time(node), "node": node, "event": kind,
+                 **extra}
+        self.events.append(event)
+        if self.writer is not None:
+            self.writer.write_event(event)
+
+    def _world_step(self) -> list[bool] | None:
+        """Before a step: failures and rejoins by each node's own clock, the quorum, the live
+        recoveries; the nodes that compute this step (None: all)."""
+        world, n, step = self.world, self.settings.num_nodes, self.step
+        for i in range(n):
+            if not self.down[i] and not world.is_up(i, self._time(i), step):
+                self.down[i] = True
+                self.counts["failures"] += 1
+                self._event("fail", i)
+        self._rejoin()
+        waited = 0.0
+        while sum(not d for d in self.down) < world.min_nodes:
+            waited += self._wait_for_quorum()
+            self._rejoin()
+        if waited:
+            self.counts["quorum_wait_s"] += waited
+        pending = [i for i in self.strategy.pending_recovery if not self.down[i]]
+        if pending:
+            self._recover(pending)
+        self.strategy.pending_recovery = [i for i in self.strategy.pending_recovery
+                                          if self.down[i]]
+        active = [not d for d in self.down]
+        return None if all(active) else active
+
+    def _rejoin(self) -> None:
+        """Down nodes whose time to come back has come (the run's "now": the clock of its most
+        advanced node that is up) rejoin, and will recover."""
+        n = self.settings.num_nodes
+        ups = [self._time(j) for j in range(n) if not self.down[j]]
+        now = max(ups) if ups else min(
+            (b for i in range(n) if self.down[i]
+             and (b := self.world.next_up(i, self._time(i), self.step)) is not None),
+            default=math.inf)
+        for i in range(n):
+            if not self.down[i]:
+                continue
+            back = self.world.next_up(i, self._time(i), self.step)
+            if back is None or back > now:
+                continue
+            if self.clock is not None:
+                up = [not d for d in self.down]
+                if back <= self._time(i):
+                    # back at a step (no time of its own passed): it returns "now", when the
+                    # most advanced node that is up is
+                    back = max([back] + [self.clock.t[j] for j in range(
+                        self.settings.num_nodes) if up[j]])
+                    if self._ops is not None:
+                        self._ops.append(["n", i, _bits(up)])
+                elif self._ops is not None:
+                    self._ops.append(["d", i, back])
+                self.clock.down(i, back)
+            self.down[i] = False
+            self.counts["rejoins"] += 1
+            self._event("rejoin", i)
+            self.strategy.request_recovery([i])
+
+    def _wait_for_quorum(self) -> float:
+        """Fewer than ``min_nodes`` nodes are up: the run waits until the next one returns (its
+        up nodes idle); the seconds waited. Raises RuntimeError if none ever does, or not
+        within ``max_wait``."""
+        world, n = self.world, self.settings.num_nodes
+        returns = [world.next_up(i, self._time(i), self.step) for i in range(n) if self.down[i]]
+        times = [t for t in returns if t is not None]
+        up = [i for i in range(n) if not self.down[i]]
+        now = max((self._time(i) for i in up), default=0.0)
+        if not times or self.clock is None:
+            raise RuntimeError(
+                f"the quorum min_nodes={world.min_nodes} cannot be met at step {self.step}: "
+                f"{len(up)} node(s) up and no down node comes back by itself (a step-based "
+                "failure holds until its step, which the run cannot reach without a quorum)")
+        until = min(times)
+        if until - now > world.max_wait_s:
+            raise RuntimeError(
+                f"the quorum min_nodes={world.min_nodes} is not met within max_wait="
+                f"{world.max_wait_s:g} s at step {self.step}: the next node returns "
+                f"{until - now:.0f} s later")
+        for i in up:
+            self.clock.wait(i, until)
+            if self._ops is not None:
+                self._ops.append(["w", i, until])
+        self._event("quorum_wait", up[0] if up else 0, until_s=until)
+        return max(until - now, 0.0)
+
+    def _recover(self, nodes: list[int]) -> None:
+        """Live recovery of ``nodes`` from a live peer each (the lowest-numbered node that is
+        up and in sync), point to point, charged on the clock."""
+        n = self.settings.num_nodes
+        synced = [j for j in range(n) if not self.down[j] and j not in nodes]
+        for node in nodes:
+            donor = synced[0] if synced else next(j for j in range(n) if not self.down[j]
+                                                  and j != node) if n > 1 else None
+            if donor is None:
+                continue
+            received = self.comm.bytes_received[node]
+            start = self._time(node)
+            self.strategy.recover(node, donor)
+            self._feed()
+            got = self.comm.bytes_received[node] - received
+            took = self._time(node) - start
+            self.counts["recoveries"] += 1
+            self.counts["recovery_bytes"] += got
+            self.counts["recovery_time_s"] += took
+            self._event("recovery", node, donor=donor, bytes=got, duration_s=took)
+
+    def arrivals(self, active: list[bool] | None, deadline: str | None) -> list[bool] | None:
+        """The :class:`~exogym.sim.comm.Timeline` the strategies ask at a synchronisation: the
+        ``active`` nodes (None: all) minus those whose message is lost (the world's ``drop``,
+        one draw per synchronisation) and those the ``deadline`` cuts (by the clock)."""
+        n = self.settings.num_nodes
+        heard = list(active) if active is not None else [True] * n
+        lost = self.world.lost(self._syncs, n)
+        self._syncs += 1
+        for i in range(n):
+            if heard[i] and lost[i]:
+                heard[i] = False
+                self.counts["messages_lost"] += 1
+                self._event("lost", i)
+        if deadline is not None:
+            if self.clock is None:
+                raise ValueError(f"deadline={deadline!r} needs a simulated network (a clock to "
+                                 "tell who is late): give the run a network")
+            kept = self.clock.arrivals(heard, deadline)
+            for i in range(n):
+                if heard[i] and not kept[i]:
+                    self.counts["stragglers_cut"] += 1
+                    self._event("late", i, deadline=deadline)
+            heard = kept
+        return None if all(heard) else heard
 
     def _feed(self) -> None:
         """Give the clock the collectives logged since the last call."""
         if self.clock is None:
             return
         log = self.comm.log
-        for rec in log[self._fed:]:
-            self.clock.collective(rec)
+        for k in range(self._fed, len(log)):
+            self.clock.collective(log[k])
+            if self._ops is not None:
+                self._ops.append(["r", k])
         self._fed = len(log)
 
     def _emit(self, row: dict[str, Any]) -> None:
@@ -544,7 +747,7 @@ class Run:
             "network": s.network.spec() if s.network is not None else None,
             "step_time_s": s.step_time_s, "compute_source": s.compute_source,
             "allow_nonfinite": s.allow_nonfinite, "allow_unsynced": s.allow_unsynced,
-            "checkpointing": checkpointing,
+            "checkpointing": checkpointing, "world": s.world.spec(),
         }
         assert set(config) == set(RUN_CONFIG_KEYS)
         clash = sorted(set(run_info) & set(config))
@@ -555,6 +758,11 @@ class Run:
 
 
 # -- helpers ---------------------------------------------------------------------------------------
+def _bits(flags: list[bool] | None) -> int:
+    """Booleans as a bit mask (bit ``i``: ``flags[i]``); None (all) as -1."""
+    return -1 if flags is None else sum(1 << i for i, f in enumerate(flags) if f)
+
+
 
 def _plain(value: Any) -> Any:
     """JSON-like data with only the types ``torch.load(weights_only=True)`` reads (tuples kept,

@@ -44,6 +44,7 @@ from exogym.sim.engine import (
 from exogym.sim.network import Network, parse_duration, parse_network
 from exogym.sim.partition import Partition, parse_partition
 from exogym.sim.sharding import DatasetFactory, NodeBatches
+from exogym.sim.world import World, parse_world, speeds_of
 from exogym.strategy import Strategy, make
 from exogym.strategy import get as get_strategy
 from exogym.utils.config import apply_overrides
@@ -118,6 +119,7 @@ class Trainer:
         out_dir: str | Path | None = None,
         progress: bool = True,
         network: Network | str | None = "datacenter",
+        world: World | str | None = None,
         step_time: float | str | None = None,
         flops_per_sample: float | None = None,
         device_flops: float | None = None,
@@ -178,6 +180,13 @@ class Trainer:
             network: the simulated network under the run's clock (:mod:`exogym.sim.network`): a
                 profile name (``"datacenter"``, ``"home-100mbps"``, ...), a spec string
                 (``"bw=1Gbps,latency=5ms"``) or a :class:`Network`; None: no simulated clock.
+            world: the world the nodes train in (:mod:`exogym.sim.world`): per-node speeds,
+                failures and rejoins (MTBF/MTTR, explicit events, a trace), lost messages, a
+                quorum; a spec string (``"speed=1:1:0.5:0.25,mtbf=30min,mttr=5min,seed=3"``)
+                or a :class:`World`; None: a perfect world (every node up at speed 1, nothing
+                lost: the numbers of a run without one). Failures by simulated time and a
+                strategy's ``deadline`` need a ``network``. What happened goes to
+                ``events.jsonl`` and ``result.world``.
             step_time: one node's compute per step, seconds (or ``"1.5s"``); default: measured
                 once on this machine at the start (:func:`exogym.sim.clock.measure_step_time`); or
             flops_per_sample, device_flops: training FLOPs per sample and the device's FLOP/s,
@@ -264,6 +273,7 @@ class Trainer:
         net = parse_network(network) if network is not None else None
         if net is not None:
             net.check_nodes(num_nodes)
+        the_world = _check_world(parse_world(world), num_nodes, net, strategy)
         step_time_s, compute_source = resolve_step_time(step_time, flops_per_sample,
                                                         device_flops, batch_size)
         if eval_interval is not None:
@@ -287,7 +297,8 @@ class Trainer:
                 eval_batch_size=eval_batch_size, log_interval=log_interval, engine=engine,
                 micro_batch_size=micro_batch_size, precision=precision, seed=seed,
                 network=net, step_time_s=step_time_s, compute_source=compute_source,
-                allow_nonfinite=allow_nonfinite, allow_unsynced=allow_unsynced)
+                allow_nonfinite=allow_nonfinite, allow_unsynced=allow_unsynced,
+                world=the_world)
             run = Run(self.model, self.train_dataset, self.val_dataset, strategy, settings,
                       device=dev, ranks=ranks, out_dir=out_dir, sink=sink, progress=progress,
                       run_info=dict(run_info or {}), batches=batches,
@@ -347,6 +358,8 @@ class Trainer:
                     kwargs["step_time"], kwargs["flops_per_sample"], kwargs["device_flops"],
                     int(saved["batch_size_per_node"]))
             engine = arg("engine", saved["engine"])
+            the_world = _check_world(parse_world(arg("world", saved.get("world"))), num_nodes,
+                                     net, strategy)
             if engine not in ENGINES:
                 raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
             settings = RunSettings(
@@ -363,7 +376,8 @@ class Trainer:
                 seed=arg("seed", saved["seed"]), network=net, step_time_s=step_time_s,
                 compute_source=source,
                 allow_nonfinite=arg("allow_nonfinite", saved["allow_nonfinite"]),
-                allow_unsynced=arg("allow_unsynced", saved["allow_unsynced"]))
+                allow_unsynced=arg("allow_unsynced", saved["allow_unsynced"]),
+                world=the_world)
             run_info = {k: v for k, v in saved.items() if k not in RUN_CONFIG_KEYS}
             run_info.update(dict(kwargs["run_info"] or {}))
             checkpointing = checkpointing.resumed(saved.get("checkpointing") or {}, given)
@@ -405,6 +419,23 @@ def _join(
         raise ValueError(f"num_nodes={num_nodes} must be a multiple of the {world} processes "
                          "(each process holds num_nodes / world_size nodes)")
     return RankContext(dist.get_rank(), world, num_nodes // world, str(dev)), owns, dev
+
+
+def _check_world(world: World, num_nodes: int, net: Network | None,
+                 strategy: Strategy) -> World:
+    """A world fits the run: per-node settings of N nodes; failures by simulated time and a
+    straggler deadline need a simulated network (the clock); node speeds are not given twice."""
+    world.check_nodes(num_nodes)
+    if net is None and world.time_dependent:
+        raise ValueError(f"world {world.spec()!r} decides who is up by simulated time: give the "
+                         "run a network (the clock), or use failures by step (fail=2@300)")
+    deadline = getattr(strategy, "deadline", None)
+    if net is None and deadline is not None:
+        raise ValueError(f"{strategy.id}: deadline={deadline!r} needs a simulated network (a "
+                         "clock to tell who is late)")
+    if net is not None:
+        speeds_of(world, net.node_speeds(num_nodes))  # given twice is an error
+    return world
 
 
 def _check_sync(strategy: Strategy, total_steps: int, allow_unsynced: bool, *,

@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, astuple, dataclass, fields, replace
 from typing import Any, Protocol
 
 import torch
@@ -319,6 +319,12 @@ class SimClock:
             self.t[node] = until
             self.link_free[node] = max(self.link_free[node], until)
 
+    def wait(self, node: int, until: float) -> None:
+        """Node ``node`` idles until ``until`` (waiting for a quorum)."""
+        if until > self.t[node]:
+            self.node_idle[node] += until - self.t[node]
+            self.t[node] = until
+
     def arrivals(self, candidates: Sequence[bool], deadline: str | None) -> list[bool]:
         """Which ``candidates`` reach a blocking collective in time under ``deadline``
         (:func:`parse_deadline`): ``"2x"`` cuts a node whose time since the last release is
@@ -517,6 +523,14 @@ class ClockTrace:
         step_time_s: ``c`` of the run; ``compute_source`` how it was obtained.
         overlap_steps: ``W`` of overlapped collectives (None: until the next with the same tag).
         records: the communicator's log, in order.
+        speeds: the nodes' compute speeds (a world's), None: the network's.
+        ops: the clock's operations in order, for a run in a world with absent nodes
+            (``["c", step, active bits]`` compute, ``["r", k]`` record ``k``, ``["n", node, up
+            bits]`` a node back at a step (its clock jumps to the up nodes'), ``["d", node,
+            until]`` down until a time, ``["w", node, until]`` waiting for a quorum); None: every
+            node computed every step.
+        not_recostable: why this run cannot be re-costed on another network (its world decided
+            who took part by simulated time), or None.
     """
 
     num_nodes: int
@@ -525,13 +539,24 @@ class ClockTrace:
     compute_source: str
     overlap_steps: int | None
     records: tuple[CommRecord, ...]
+    speeds: tuple[float, ...] | None = None
+    ops: tuple[tuple[Any, ...], ...] | None = None
+    not_recostable: str | None = None
 
     def cost(self, network: Network | str, step_time_s: float | None = None) -> ClockReport:
-        """Replay the run on ``network`` (optionally with another compute time per step)."""
-        clock = SimClock(network, self.num_nodes,
+        """Replay the run on ``network`` (optionally with another compute time per step).
+
+        Raises:
+            ValueError: the run cannot be re-costed (:attr:`not_recostable`) on another network.
+        """
+        net = parse_network(network)
+        clock = SimClock(net, self.num_nodes,
                          self.step_time_s if step_time_s is None else step_time_s,
                          overlap_steps=self.overlap_steps,
-                         compute_source=self.compute_source if step_time_s is None else "given")
+                         compute_source=self.compute_source if step_time_s is None else "given",
+                         speeds=self.speeds)
+        if self.ops is not None:
+            return self._replay(clock)
         records = sorted(self.records, key=lambda r: r.step)  # stable: keeps order in a step
         k = 0
         while k < len(records) and records[k].step < 0:  # before the first step (set-up)
@@ -546,15 +571,63 @@ class ClockTrace:
             clock.collective(rec)
         return clock.finish()
 
+    def _replay(self, clock: SimClock) -> ClockReport:
+        """The recorded clock operations of a run with absent nodes, on another network."""
+        n = self.num_nodes
+
+        def flags(bits: int) -> list[bool]:
+            return [bool(bits >> i & 1) for i in range(n)]
+
+        assert self.ops is not None
+        for op in self.ops:
+            kind = op[0]
+            if kind == "r":
+                clock.collective(self.records[int(op[1])])
+            elif kind == "c":
+                clock.compute(int(op[1]), flags(int(op[2])))
+            elif kind == "n":
+                up = flags(int(op[2]))
+                clock.down(int(op[1]), max([clock.t[int(op[1])]] +
+                                           [clock.t[j] for j in range(n) if up[j]]))
+            elif kind == "d":
+                clock.down(int(op[1]), float(op[2]))
+            elif kind == "w":
+                clock.wait(int(op[1]), float(op[2]))
+            else:
+                raise ValueError(f"unknown clock operation {op!r}")
+        return clock.finish()
+
+    def check_recostable(self, network: Network) -> None:
+        """Raise ValueError if the run cannot be re-costed on ``network`` (another than its
+        own): its world decided by simulated time who was up or late."""
+        if self.not_recostable is not None:
+            raise ValueError(f"this run cannot be re-costed on another network: "
+                             f"{self.not_recostable}; train it again with --network "
+                             f"{network.spec()}")
+
     def to_dict(self) -> dict[str, Any]:
-        return {"num_nodes": self.num_nodes, "steps": self.steps,
-                "step_time_s": self.step_time_s, "compute_source": self.compute_source,
-                "overlap_steps": self.overlap_steps, "comm": encode_comm_log(self.records)}
+        out: dict[str, Any] = {
+            "num_nodes": self.num_nodes, "steps": self.steps, "step_time_s": self.step_time_s,
+            "compute_source": self.compute_source, "overlap_steps": self.overlap_steps,
+            "comm": encode_comm_log(self.records)}
+        if self.speeds is not None:
+            out["speeds"] = list(self.speeds)
+        if self.ops is not None:
+            out["ops"] = [list(op) for op in self.ops]
+            out["records"] = [list(astuple(r)) for r in self.records]
+        if self.not_recostable is not None:
+            out["not_recostable"] = self.not_recostable
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ClockTrace:
+        ops = data.get("ops")
+        records = (tuple(CommRecord(*r) for r in data["records"]) if ops is not None
+                   else tuple(decode_comm_log(data["comm"])))
         return cls(num_nodes=int(data["num_nodes"]), steps=int(data["steps"]),
                    step_time_s=float(data["step_time_s"]),
                    compute_source=str(data["compute_source"]),
-                   overlap_steps=data["overlap_steps"],
-                   records=tuple(decode_comm_log(data["comm"])))
+                   overlap_steps=data["overlap_steps"], records=records,
+                   speeds=tuple(data["speeds"]) if data.get("speeds") is not None else None,
+                   ops=tuple(tuple(op) for op in ops) if ops is not None else None,
+                   not_recostable=data.get("not_recostable"))

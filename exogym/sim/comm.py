@@ -51,7 +51,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from dataclasses import astuple, dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
 from torch import Tensor
@@ -63,6 +63,7 @@ __all__ = [
     "CommRecord",
     "Communicator",
     "InProcessCommunicator",
+    "Timeline",
     "all_gather_bytes",
     "all_reduce_bytes",
     "broadcast_bytes",
@@ -145,6 +146,13 @@ def _payload(tensors: Sequence[Tensor], codec: Codec | None = None) -> int:
     return sum(codec.payload_bytes(t[0].numel(), t.dtype) for t in tensors)
 
 
+class Timeline(Protocol):
+    """Who is heard at a synchronisation (the trainer's world and clock)."""
+
+    def arrivals(self, active: list[bool] | None, deadline: str | None) -> list[bool] | None:
+        """The nodes of ``active`` (None: all) whose messages arrive; None: all of them."""
+
+
 class Communicator(abc.ABC):
     """Collectives over the nodes of a run, with byte accounting.
 
@@ -165,10 +173,25 @@ class Communicator(abc.ABC):
         self.bytes_received = [0.0] * num_nodes
         self.log: list[CommRecord] = []
         self.step = -1
+        # The world's view, set by the trainer each step: the nodes that computed it (None:
+        # all), and who decides whose messages arrive (None: a perfect world, everyone's).
+        self.active: list[bool] | None = None
+        self.timeline: Timeline | None = None
 
     @property
     def n_local(self) -> int:
         return len(self.node_ids)
+
+    def arrivals(self, deadline: str | None = None) -> list[bool] | None:
+        """Whose contributions reach a synchronisation now (``N`` booleans): the active nodes
+        minus lost messages and the ones ``deadline`` cuts (the run's :class:`Timeline`
+        decides); None when everyone's do."""
+        if self.timeline is None:
+            if deadline is not None:
+                raise ValueError(f"deadline={deadline!r} needs a simulated network (a clock to "
+                                 "tell who is late): give the run a network")
+            return self.active
+        return self.timeline.arrivals(self.active, deadline)
 
     def state_dict(self) -> dict[str, Any]:
         """The counters and the log (records as tuples of their fields), for a checkpoint."""

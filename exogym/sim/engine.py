@@ -52,7 +52,7 @@ import contextlib
 import copy
 import logging
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -296,19 +296,43 @@ class NodeStack:
             self._node_params.append(views)
 
     # -- training ---------------------------------------------------------------------------
-    def forward_backward(self, batch: Any) -> Tensor:
+    def forward_backward(self, batch: Any, active: Sequence[bool] | None = None) -> Tensor:
         """Each node's loss on its own batch and the gradient into :attr:`grads` (accumulated).
 
         ``batch`` is a pytree whose tensor leaves are ``[N, B, ...]``: row ``i`` is node ``i``'s
         batch. Returns the detached per-node losses, shape ``[N]``: with micro-batches, the
-        full-batch mean ``sum_k (b_k / B) * loss_k``.
+        full-batch mean ``sum_k (b_k / B) * loss_k``. ``active`` (``N`` booleans; None: all):
+        only those nodes compute (a world's absent nodes do not); the others' gradients stay
+        as they are (zero after :meth:`zero_grad`), their buffers untouched, and their losses
+        are reported as 0.
         """
         parts = self._micro_batches(batch)
+        if active is not None and all(active):
+            active = None
         if self.engine == "vmap":
+            if active is not None:
+                return self._masked_vmap_step(parts, active)
             if self._vmap_checked:
                 return self._vmap_step(parts)
             return self._first_vmap_step(parts)
-        return self._loop_step(parts)
+        return self._loop_step(parts, active)
+
+    def _masked_vmap_step(self, parts: list[tuple[float | None, Any]],
+                          active: Sequence[bool]) -> Tensor:
+        """vmap over every row, then the absent rows' gradients, buffers and losses undone (the
+        batch has one batch per row; an absent node's row is only computed to be discarded)."""
+        saved = {name: b.clone() for name, b in self.buffers.items()}
+        grads = {name: g.clone() for name, g in self.grads.items()}
+        losses = (self._vmap_step(parts) if self._vmap_checked
+                  else self._first_vmap_step(parts))
+        idle = torch.tensor([not a for a in active], dtype=torch.bool, device=self.device)
+        with torch.no_grad():
+            for name, g in self.grads.items():
+                g[idle] = grads[name][idle]
+            for name, b in self.buffers.items():
+                b[idle] = saved[name][idle]
+        return torch.where(idle, torch.zeros((), dtype=losses.dtype, device=losses.device),
+                           losses)
 
     def _micro_batches(self, batch: Any) -> list[tuple[float | None, Any]]:
         """``(weight, part)`` pairs: ``[(None, batch)]`` (one unscaled pass) or micro-batches."""
@@ -336,9 +360,13 @@ class NodeStack:
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _loop_step(self, parts: list[tuple[float | None, Any]]) -> Tensor:
-        losses = []
+    def _loop_step(self, parts: list[tuple[float | None, Any]],
+                   active: Sequence[bool] | None = None) -> Tensor:
+        losses: list[Tensor | None] = []
         for i in range(self.num_nodes):
+            if active is not None and not active[i]:
+                losses.append(None)  # an absent node: reported as 0 below
+                continue
             node_buffers = {name: b[i] for name, b in self.buffers.items()}
             total: Tensor | None = None
             for weight, part in parts:
@@ -355,7 +383,10 @@ class NodeStack:
                     total = _add_scaled(total, loss.detach(), weight)
             assert total is not None
             losses.append(total)
-        return torch.stack(losses)
+        if active is not None:
+            like = next(t for t in losses if t is not None)
+            losses = [torch.zeros_like(like) if t is None else t for t in losses]
+        return torch.stack(losses)  # type: ignore[arg-type]
 
     def _vmap_step(self, parts: list[tuple[float | None, Any]]) -> Tensor:
         def one_node(params: dict[str, Tensor], buffers: dict[str, Tensor], b: Any) -> Tensor:

@@ -171,8 +171,11 @@ class NodeBatches:
             self._node_pos = [0] * num_nodes
             self._node_order = [self._node_pass(i, 0) for i in range(num_nodes)]
             return
-        self._pos = 0
-        self._order: Tensor = self._permute(0)
+        # IID: every node's own epoch and offset in it (equal unless a world made some node
+        # skip steps); the orders of the epochs in use, rebuilt from the seed.
+        self._epochs = [0] * num_nodes
+        self._offsets = [0] * num_nodes
+        self._orders: dict[int, Tensor] = {0: self._permute(0)}
 
     def _fixed_shards(self, dataset: Dataset) -> list[Tensor]:
         """Each node's sample ids under a ``"dirichlet"`` or ``"contiguous"`` partition."""
@@ -207,41 +210,89 @@ class NodeBatches:
             for rank, ds in enumerate(self.datasets)
         ])
 
-    def next_indices(self) -> Tensor:
-        """The ``[N, batch_size]`` sample ids of the next step."""
+    def next_indices(self, active: Sequence[bool] | None = None) -> Tensor:
+        """The ``[N, batch_size]`` sample ids of the next step. ``active`` (``N`` booleans;
+        None: all): only those nodes consume their data; the others' rows are the ids they will
+        take next (for shape only: a node that does not compute does not advance)."""
+        if active is not None and all(active):
+            active = None
         if self.shards is not None:
-            return self._next_fixed()
-        if self._pos + self.batch_size > self.per_node:
-            self.epoch += 1
-            self._pos = 0
-            self._order = self._permute(self.epoch)
-        idx = self._order[:, self._pos : self._pos + self.batch_size]
-        self._pos += self.batch_size
-        return idx
+            return self._next_fixed(active)
+        b, epochs, offsets = self.batch_size, self._epochs, self._offsets
+        if active is None and len(set(epochs)) == 1 and len(set(offsets)) == 1:
+            # every node at the same place: one slice of the shared order (and a new epoch for
+            # all at once), exactly as without a world
+            if offsets[0] + b > self.per_node:
+                self._start_epoch(epochs[0] + 1)
+                self._orders.pop(epochs[0], None)
+                self._epochs = [epochs[0] + 1] * self.num_nodes
+                self._offsets = [0] * self.num_nodes
+            pos = self._offsets[0]
+            idx = self._orders[self._epochs[0]][:, pos: pos + b]
+            self._offsets = [pos + b] * self.num_nodes
+            self.epoch = self._epochs[0]
+            return idx
+        rows = []
+        for i in range(self.num_nodes):
+            epoch, pos = self._epochs[i], self._offsets[i]
+            if pos + b > self.per_node:
+                epoch, pos = epoch + 1, 0
+                self._start_epoch(epoch)
+            rows.append(self._orders[epoch][i, pos: pos + b])
+            if active is None or active[i]:
+                self._epochs[i], self._offsets[i] = epoch, pos + b
+        for e in [e for e in self._orders if e < min(self._epochs)]:
+            del self._orders[e]  # no node reads that epoch any more
+        self.epoch = max(self._epochs)
+        return torch.stack(rows)
 
-    def _next_fixed(self) -> Tensor:
+    def peek(self, node: int = 0) -> Any:
+        """The batch ``node`` will take next, collated (``[B, ...]``), without taking it: for
+        timing a step before training starts (nothing, no generator, moves)."""
+        b = self.batch_size
+        if self.shards is not None:
+            order, pos = self._node_order[node], self._node_pos[node]
+            if pos + b > len(order):
+                order, pos = self._node_pass(node, self._passes[node] + 1), 0
+            ids = order[pos: pos + b]
+        else:
+            epoch, pos = self._epochs[node], self._offsets[node]
+            if pos + b > self.per_node:
+                epoch, pos = epoch + 1, 0
+            order = self._orders.get(epoch)
+            ids = (order if order is not None else self._permute(epoch))[node, pos: pos + b]
+        dataset = self.shared if self.shared is not None else self.datasets[node]
+        return fetch(dataset, ids)
+
+    def _start_epoch(self, epoch: int) -> None:
+        if epoch not in self._orders:
+            self._orders[epoch] = self._permute(epoch)
+
+    def _next_fixed(self, active: Sequence[bool] | None) -> Tensor:
         """Fixed shards: each node's next ``batch_size`` ids of its current pass."""
         assert self.shards is not None
         b = self.batch_size
         rows = []
         for i, shard in enumerate(self.shards):
-            if self._node_pos[i] + b > len(shard):
-                self._passes[i] += 1
-                self._node_order[i] = self._node_pass(i, self._passes[i])
-                self._node_pos[i] = 0
-            rows.append(self._node_order[i][self._node_pos[i] : self._node_pos[i] + b])
-            self._node_pos[i] += b
+            consume = active is None or active[i]
+            n_pass, pos, order = self._passes[i], self._node_pos[i], self._node_order[i]
+            if pos + b > len(shard):
+                n_pass, pos = n_pass + 1, 0
+                order = self._node_pass(i, n_pass)
+            rows.append(order[pos: pos + b])
+            if consume:
+                self._passes[i], self._node_pos[i], self._node_order[i] = n_pass, pos + b, order
         self.epoch = self._steps // self.steps_per_epoch
         self._steps += 1
         return torch.stack(rows)
 
     def state_dict(self) -> dict[str, Any]:
-        """Where every node is in the data (the orders are rebuilt from the seed): the epoch and
-        offset of the shared IID order, or each node's pass and offset in its fixed shard."""
+        """Where every node is in the data (the orders are rebuilt from the seed): each node's
+        epoch and offset in the shared IID order, or its pass and offset in its fixed shard."""
         if self.shards is not None:
             return {"epoch": self.epoch, "steps": self._steps, "passes": list(self._passes),
                     "node_pos": list(self._node_pos)}
-        return {"epoch": self.epoch, "pos": self._pos}
+        return {"epoch": self.epoch, "epochs": list(self._epochs), "pos": list(self._offsets)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch = int(state["epoch"])
@@ -253,10 +304,11 @@ class NodeBatches:
             self._node_pos = [int(p) for p in state["node_pos"]]
             self._node_order = [self._node_pass(i, p) for i, p in enumerate(self._passes)]
             return
-        if "pos" not in state:
-            raise ValueError("the saved data position is not of an IID partition")
-        self._pos = int(state["pos"])
-        self._order = self._permute(self.epoch)
+        if "epochs" not in state or len(state["epochs"]) != self.num_nodes:
+            raise ValueError("the saved data position is not of an IID partition of this N")
+        self._epochs = [int(e) for e in state["epochs"]]
+        self._offsets = [int(p) for p in state["pos"]]
+        self._orders = {e: self._permute(e) for e in set(self._epochs)}
 
     def partition_stats(self) -> dict[str, Any]:
         """How the data is split, for a run's ``config.json``.
@@ -286,7 +338,11 @@ class NodeBatches:
         return self
 
     def __next__(self) -> Any:
-        idx = self.next_indices()
+        return self.batch(None)
+
+    def batch(self, active: Sequence[bool] | None = None) -> Any:
+        """The next node-stacked batch (``active``: see :meth:`next_indices`)."""
+        idx = self.next_indices(active)
         n, b = idx.shape
         if self.shared is not None:
             flat = fetch(self.shared, idx.reshape(-1))

@@ -21,6 +21,18 @@ hyperparameters alone (a cache, an index layout) is listed in the class attribut
 ``derived_state`` and not saved; any other kind of object is an error naming the attribute, so a
 strategy can never be checkpointed incompletely without saying so.
 
+Absent nodes (a world, shared/DESIGN.md section 7). When some nodes do not compute a step (down,
+recovering) the trainer sets ``comm.active`` (``N`` booleans; None: all) and :attr:`Strategy.
+active` gives this process's rows of it; :meth:`Strategy.inner_step` then steps only those rows,
+each node with its own step count (:mod:`exogym.strategy.masked`). At a synchronisation,
+:meth:`Strategy.arrivals` says whose contributions arrive (the active nodes, minus lost messages
+and the ones a ``deadline`` cuts); the strategy passes it as ``members=`` to its collectives and
+defines in its docstring what a node that did not take part does. A node that comes back up, or
+that a strategy reports out of sync (:meth:`Strategy.request_recovery`), is brought back by
+:meth:`Strategy.recover` from a live peer, point to point, its bytes counted and timed. With no
+absent node every one of these is None or empty and the code paths are exactly those without a
+world.
+
 Compressed communication: the fields ``codec`` (a spec of :func:`exogym.sim.codecs.make_codec`,
 ``"int8"``, ``"topk:0.1"``, ...), ``error_feedback`` and ``codec_seed`` select a transport codec;
 :meth:`Strategy.setup` builds it afresh for every run as ``self.transport_codec`` (``None``
@@ -33,15 +45,18 @@ codec at construction.
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor
 
+from exogym.sim.clock import parse_deadline
 from exogym.sim.codecs import Codec, make_codec
 from exogym.sim.comm import Communicator, ReduceOp
 from exogym.sim.engine import NodeStack
+from exogym.strategy.masked import masked_step
 from exogym.strategy.optim import LRSchedule, OptimSpec
 from exogym.utils.validation import check_number, in_range, positive_int
 
@@ -61,6 +76,11 @@ class Strategy(abc.ABC):
         error_feedback: keep each node's compression error and add it to its next message
             (needs a codec).
         codec_seed: seed of randk's index generator, shared by all nodes.
+        deadline: straggler deadline at every synchronisation: a multiple of the median time
+            since the last one (``"2x"``), or a duration (``"30s"``); a node arriving later is
+            cut, as if its message was lost (needs a simulated network). None: wait for all.
+        recovery: what a node that comes back gets of its inner optimizer state: ``"copy"``
+            (the donor's, as torchft heals) or ``"restart"`` (fresh).
     """
 
     id: ClassVar[str] = ""
@@ -74,6 +94,8 @@ class Strategy(abc.ABC):
     codec: str | None = None
     error_feedback: bool = False
     codec_seed: int = 0
+    deadline: str | None = None
+    recovery: Literal["copy", "restart"] = "copy"
 
     def __post_init__(self) -> None:
         if not isinstance(self.optim, OptimSpec):
@@ -93,6 +115,10 @@ class Strategy(abc.ABC):
         except ValueError as err:
             raise ValueError(f"codec={self.codec!r}, error_feedback={self.error_feedback!r}: "
                              f"{err}") from None
+        if self.deadline is not None:
+            parse_deadline(self.deadline)
+        if self.recovery not in ("copy", "restart"):
+            raise ValueError(f"recovery must be 'copy' or 'restart', got {self.recovery!r}")
 
     # -- called by the trainer -----------------------------------------------------------------
     def setup(self, nodes: NodeStack, comm: Communicator, total_steps: int) -> None:
@@ -102,6 +128,10 @@ class Strategy(abc.ABC):
         self.nodes = nodes
         self.comm = comm
         self.total_steps = total_steps
+        # Per-node step counts of the inner optimizer, once some node missed a step (None while
+        # every node stepped every time: the optimizer's own count is everyone's).
+        self.node_steps: Tensor | None = None
+        self.pending_recovery: list[int] = []  # nodes out of sync, recovered before next step
         self.transport_codec: Codec | None = self._make_codec()
         self.optimizer = self.optim.build(list(nodes.params.values()))
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
@@ -171,13 +201,116 @@ class Strategy(abc.ABC):
         return make_codec(self.codec, error_feedback=self.error_feedback, seed=self.codec_seed)
 
     @torch.no_grad()
-    def inner_step(self) -> None:
-        """Per-node gradient clipping, one inner optimizer step, one schedule step."""
+    def inner_step(self, rows: Tensor | None = None) -> None:
+        """Per-node gradient clipping, one inner optimizer step, one schedule step.
+
+        ``rows`` (``[n_local]`` bool; default :attr:`active`): only these nodes step, each with
+        its own count; the others' parameters and optimizer state stay as they are.
+        """
         if self.max_grad_norm is not None:
             self.nodes.clip_grad_norm_(self.max_grad_norm)
-        self.optimizer.step()
+        if rows is None:
+            rows = self.active
+        if rows is None and self.node_steps is None:
+            self.optimizer.step()  # every node, one count: exactly torch's step
+        else:
+            if self.node_steps is None:
+                self.node_steps = torch.full((self.nodes.num_nodes,), _count(self.optimizer),
+                                             dtype=torch.long)
+            if rows is None:
+                rows = torch.ones(self.nodes.num_nodes, dtype=torch.bool,
+                                  device=self.nodes.device)
+            masked_step(self.optimizer, rows, self.node_steps)
         if self.scheduler is not None:
             self.scheduler.step()
+
+    # -- absent nodes ----------------------------------------------------------------------------
+    @property
+    def active(self) -> Tensor | None:
+        """This process's rows of the nodes that computed this step (``[n_local]`` bool on the
+        device), or None when all did."""
+        mask = self.comm.active
+        return None if mask is None else self.comm.local_rows(mask, self.nodes.device)
+
+    def arrivals(self) -> list[bool] | None:
+        """Whose contributions arrive at this step's synchronisation (``N`` booleans, global
+        order): the active nodes minus lost messages and those the ``deadline`` cuts; None when
+        everyone's do. Call it once per synchronisation (every call draws its message losses)."""
+        return self.comm.arrivals(self.deadline)
+
+    def request_recovery(self, nodes: Sequence[int] | Sequence[bool]) -> None:
+        """Mark nodes as out of sync (they missed an update the others applied): the trainer
+        recovers them from a live peer before the next step (:meth:`recover`). Takes node ids,
+        or ``N`` booleans."""
+        ids = ([i for i, f in enumerate(nodes) if f] if nodes and isinstance(nodes[0], bool)
+               else [int(i) for i in nodes])
+        self.pending_recovery = sorted(set(self.pending_recovery) | set(ids))
+
+    @torch.no_grad()
+    def recover(self, node: int, donor: int) -> None:
+        """Bring ``node`` (back up, or out of sync) to the run's state from the live ``donor``,
+        point to point: by default (a method whose replicas are identical: DDP, DeMo, SPARTA)
+        the donor's parameters and buffers, its inner optimizer state (``recovery="copy"``) and
+        the strategy's own per-node state (:meth:`node_state`); ``recovery="restart"`` gives
+        the node a fresh optimizer state instead. What the node had not sent (error-feedback
+        residuals) is lost. Methods with a global model override it (DiLoCo: the global model
+        and the outer optimizer's momentum)."""
+        tensors = list(self.nodes.params.values()) + list(self.nodes.buffers.values())
+        tensors += list(self.node_state().values())
+        if self.recovery == "copy":
+            tensors += _optimizer_rows(self.optimizer, self.nodes.num_nodes)
+        self.copy_rows(tensors, donor, node, tag="recovery")
+        self._after_recovery(node, donor)
+
+    def _after_recovery(self, node: int, donor: int) -> None:
+        """The bookkeeping every recovery ends with: the node's step count (the donor's, or 0
+        with a fresh optimizer state), and its error-feedback residuals zeroed."""
+        row = self._row(node)
+        if self.node_steps is None:
+            self.node_steps = torch.full((self.nodes.num_nodes,), _count(self.optimizer),
+                                         dtype=torch.long)
+        if row is not None:
+            if self.recovery == "restart":
+                for t in _optimizer_rows(self.optimizer, self.nodes.num_nodes):
+                    t[row].zero_()
+                self.node_steps[row] = 0
+            else:
+                donor_row = self._row(donor)
+                if donor_row is not None:
+                    self.node_steps[row] = self.node_steps[donor_row]
+        residuals = getattr(self.transport_codec, "residuals", None)
+        if residuals and row is not None:
+            for e in residuals.values():
+                e[row].zero_()
+
+    def node_state(self) -> dict[str, Tensor]:
+        """The strategy's own node-stacked tensors besides the parameters, buffers and inner
+        optimizer state (DeMo's momenta), which a recovering node copies from its donor."""
+        return {}
+
+    def copy_rows(self, tensors: Sequence[Tensor], src: int, dst: int, *, tag: str) -> None:
+        """``dst``'s rows of node-stacked ``tensors`` <- ``src``'s, through :meth:`Communicator.
+        send` (the bytes counted and timed)."""
+        if not tensors:
+            return
+        sent = self.comm.send(list(tensors), src, dst, tag=tag)
+        row = self._row(dst)
+        if row is not None:
+            for t, value in zip(tensors, sent, strict=True):
+                t[row].copy_(value)
+
+    def send_global(self, values: Sequence[Tensor], dst: int, src: int, *, tag: str) -> None:
+        """Account a transfer of global (not node-stacked) tensors, e.g. a global model and an
+        outer momentum, from ``src`` to ``dst`` (every process already holds the values)."""
+        if values:
+            n = self.comm.n_local
+            self.comm.send([v.unsqueeze(0).expand(n, *v.shape) for v in values], src, dst,
+                           tag=tag)
+
+    def _row(self, node: int) -> int | None:
+        """This process's row of global node ``node`` (None if another process holds it)."""
+        ids = self.comm.node_ids
+        return ids.index(node) if node in ids else None
 
     def snapshot(self) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """Copies of node 0's parameters and buffers: a global/server model's starting point."""
@@ -186,19 +319,42 @@ class Strategy(abc.ABC):
                 {k: state[k].clone() for k in self.nodes.buffers})
 
     def all_reduce_with_buffers(
-        self, payload: list[Tensor], buffers: list[Tensor], op: ReduceOp, *, tag: str
+        self, payload: list[Tensor], buffers: list[Tensor], op: ReduceOp, *, tag: str,
+        members: Sequence[bool] | None = None,
     ) -> tuple[list[Tensor], list[Tensor]]:
-        """Reduce ``payload`` through the transport codec and the float ``buffers`` exactly.
+        """Reduce ``payload`` through the transport codec and the float ``buffers`` exactly,
+        among ``members`` (None: every node).
 
         Without a codec one collective carries both (one record, tag ``tag``); with a codec the
         buffers travel uncompressed in a second one tagged ``"buffers"``.
         """
         codec = self.transport_codec
         if codec is None:
-            reduced = list(self.comm.all_reduce(payload + buffers, op, tag=tag))
+            reduced = list(self.comm.all_reduce(payload + buffers, op, tag=tag, members=members))
             return reduced[: len(payload)], reduced[len(payload):]
-        out = list(self.comm.all_reduce(payload, op, tag=tag, codec=codec))
-        return out, list(self.comm.all_reduce(buffers, op, tag="buffers")) if buffers else []
+        out = list(self.comm.all_reduce(payload, op, tag=tag, codec=codec, members=members))
+        return out, (list(self.comm.all_reduce(buffers, op, tag="buffers", members=members))
+                     if buffers else [])
+
+    @torch.no_grad()
+    def recover_from_global(self, node: int, donor: int, params: dict[str, Tensor],
+                            buffers: dict[str, Tensor], shared: Sequence[Tensor] = ()) -> None:
+        """Recovery for a method with a global model (DiLoCo, FedAvg, FedOpt): the node gets
+        the global ``params`` and float ``buffers`` and the method's ``shared`` state (an outer
+        optimizer's momentum) from ``donor``, plus the donor's inner optimizer state
+        (``recovery="copy"``) or a fresh one."""
+        self.send_global([*params.values(), *(buffers[k] for k in self.nodes.float_buffers),
+                          *shared], node, donor, tag="recovery")
+        row = self._row(node)
+        if row is not None:
+            for k, p in self.nodes.params.items():
+                p[row].copy_(params[k])
+            for k, b in self.nodes.float_buffers.items():
+                b[row].copy_(buffers[k])
+        if self.recovery == "copy":
+            self.copy_rows(_optimizer_rows(self.optimizer, self.nodes.num_nodes), donor, node,
+                           tag="recovery")
+        self._after_recovery(node, donor)
 
     @torch.no_grad()
     def adopt_buffers(
@@ -254,6 +410,33 @@ class Strategy(abc.ABC):
 
 
 _BINDING = ("nodes", "comm", "total_steps")  # what setup() binds the strategy to: not its state
+
+
+def _count(optimizer: torch.optim.Optimizer) -> int:
+    """The optimizer's own step count (every node's while they stepped together)."""
+    for state in optimizer.state.values():
+        step = state.get("step")
+        if step is not None:  # one count (torch), or one per node (Muon's): the largest
+            return int(step.max()) if isinstance(step, Tensor) else int(step)
+    return 0
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[Tensor]:
+    """Every tensor of an optimizer's state but its step counts (an outer optimizer's momentum,
+    Adam's moments): what a recovering node receives of a shared optimizer."""
+    return [v for state in optimizer.state.values() for k, v in state.items()
+            if isinstance(v, Tensor) and k != "step"]
+
+
+def _optimizer_rows(optimizer: torch.optim.Optimizer, n_local: int) -> list[Tensor]:
+    """The node-stacked tensors of an optimizer's state (moments, momentum buffers)."""
+    out = []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            for value in optimizer.state.get(p, {}).values():
+                if isinstance(value, Tensor) and value.dim() >= 1 and value.shape[0] == n_local:
+                    out.append(value)
+    return out
 
 
 def _save(value: Any, where: str) -> Any:

@@ -12,6 +12,15 @@ Sent per step by each node: ``2 (N-1)/N * P`` bytes for the gradients (ring all-
 parameter bytes, 4 x number of parameters in fp32), plus, if the model has buffers, node 0 sends
 ``(N-1) * B`` buffer bytes.
 
+Absent nodes (a world): the gradients are averaged over the nodes whose gradients arrived (the
+quorum's mean, as torchft's ``Manager`` computes it: a ring all-reduce among those ``M`` nodes,
+``2 (M-1)/M * P`` bytes each), and those nodes take the optimizer step with it. A node that is
+down computes and sends nothing. A node that computed but whose gradient was lost, or cut by a
+``deadline``, did not take part: it skips the step, is out of sync, and heals from a live peer
+before the next one (:meth:`Strategy.recover`: parameters, buffers and optimizer state), as a
+torchft replica that did not commit heals. The buffers are broadcast from the lowest-numbered
+node that took part.
+
 With a transport codec (``codec="int8"``, see :mod:`exogym.sim.codecs`) every node sends its
 gradients through it (optionally with error feedback) and all nodes step with the mean of the
 reconstructions, so the replicas stay identical. ``P`` becomes the compressed payload
@@ -26,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from exogym.strategy.base import Strategy
+from exogym.strategy.base import Strategy, restart_rows
 
 __all__ = ["DDP"]
 
@@ -44,10 +53,22 @@ class DDP(Strategy):
 
     @torch.no_grad()
     def step(self, step: int) -> None:
+        members = self.arrivals()
+        if members is not None and not any(members):
+            return  # no gradient arrived: nobody steps, so nobody is out of sync
         self.comm.all_reduce_(list(self.nodes.grads.values()), "mean", tag="grads",
-                              codec=self.transport_codec)
-        self.inner_step()
+                              codec=self.transport_codec, members=members)
+        rows = None if members is None else self.comm.local_rows(members, self.nodes.device)
+        self.inner_step(rows)
+        if members is not None:  # computed, but not heard: out of sync
+            active = self.comm.active or [True] * self.comm.num_nodes
+            self.request_recovery([a and not m for a, m in zip(active, members, strict=True)])
         buffers = list(self.nodes.buffers.values())
         if self.broadcast_buffers and buffers:
-            for b, src in zip(buffers, self.comm.broadcast(buffers, 0, tag="buffers"), strict=True):
-                b.copy_(src.expand_as(b))
+            src = 0 if members is None else members.index(True)
+            for b, value in zip(buffers, self.comm.broadcast(buffers, src, tag="buffers",
+                                                             members=members), strict=True):
+                if members is None:
+                    b.copy_(value.expand_as(b))
+                else:
+                    restart_rows(b, value, rows)

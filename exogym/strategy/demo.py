@@ -46,6 +46,12 @@ min(k, h_t w_t)`` components per chunk, each an index in the smallest integer ty
 fp32). The MNIST CNN (215,370 fp32 parameters) sends ``S`` = 13,474 bytes (against ``P`` =
 861,480), so ``3 S`` = 40,422 bytes per node per step at ``N`` = 4 (DDP: 1,292,220).
 
+Absent nodes (a world): a node that does not compute a step leaves its momentum and parameters as
+they are. The all-gather is among the nodes whose components arrive (a ring among those ``M``),
+and they apply the combined update; a node that computed but whose components were lost, or cut
+by a ``deadline``, missed an update its peers applied: it is out of sync and heals from a live
+peer before the next step (its parameters and momentum copied, as DDP's replicas do).
+
 Codecs: DeMo's payload is already sparse, so it takes no transport codec (``supports_codec``).
 """
 
@@ -139,10 +145,18 @@ class DeMo(Strategy):
         return sum(self.layouts[name].payload_bytes(p.element_size())
                    for name, p in self.nodes.params.items())
 
+    def node_state(self) -> dict[str, Tensor]:
+        """The decoupled momenta: a recovering node copies its donor's."""
+        return {f"momentum.{k}": m for k, m in self.momentum.items()}
+
     @torch.no_grad()
     def step(self, step: int) -> None:
         if self.max_grad_norm is not None:
             self.nodes.clip_grad_norm_(self.max_grad_norm)
+        active = self.active
+        if active is not None:  # an absent node's momentum must not decay: restored below
+            kept = {k: m.clone() for k, m in self.momentum.items()}
+        members = self.arrivals()
         eta = self.eta(step)  # a Python float: no device sync
         names = list(self.nodes.params)
         indices: list[Tensor] = []
@@ -155,13 +169,44 @@ class DeMo(Strategy):
             m.sub_(lay.decode(lay.scatter(idx, val), mats))                   # 3
             indices.append(idx.to(lay.index_dtype))
             values.append(val)
-        gathered = self.comm.all_gather(indices + values, tag="demo")        # 4
+        if active is not None:
+            for k, m in self.momentum.items():
+                m.copy_(torch.where(_rows(active, m), m, kept[k]))
+        if members is not None and not any(members):
+            self._next_step = step + 1
+            return  # nothing arrived: nobody applies an update, nobody is out of sync
+        if members is None:
+            gathered = self.comm.all_gather(indices + values, tag="demo")    # 4
+        else:
+            gathered = self._gather_members(indices, values, members)
         decay = 1.0 - eta * self.optim.weight_decay
+        keep = None if members is None else self.comm.local_rows(members, self.nodes.device)
         for j, name in enumerate(names):
             p, lay = self.nodes.params[name], self.layouts[name]
             q = lay.combine(gathered[j].long(), gathered[len(names) + j])
             update = lay.decode(q, self._mats(lay, p.dtype))                 # [1, *shape]
-            if decay != 1.0:
-                p.mul_(decay)
-            p.sub_(update.sign_(), alpha=eta)                                 # 5
+            if keep is None:
+                if decay != 1.0:
+                    p.mul_(decay)
+                p.sub_(update.sign_(), alpha=eta)                             # 5
+            else:
+                p.copy_(torch.where(_rows(keep, p), p * decay - eta * update.sign(), p))
+        if members is not None:  # computed, but not heard: out of sync
+            active_all = self.comm.active or [True] * self.comm.num_nodes
+            self.request_recovery([a and not m for a, m in zip(active_all, members,
+                                                                strict=True)])
         self._next_step = step + 1
+
+    def _gather_members(self, indices: list[Tensor], values: list[Tensor],
+                        members: list[bool]) -> list[Tensor]:
+        """The all-gather among ``members``, with the non-members' rows left out of the
+        combination (their components did not arrive)."""
+        gathered = self.comm.all_gather(indices + values, tag="demo", members=members)
+        rows = torch.tensor([i for i, m in enumerate(members) if m], dtype=torch.long,
+                            device=gathered[0].device)
+        return [g.index_select(0, rows) for g in gathered]
+
+
+def _rows(mask: Tensor, like: Tensor) -> Tensor:
+    """``mask`` ``[n]`` shaped ``[n, 1, ...]`` to broadcast over ``like`` ``[n, *shape]``."""
+    return mask.view(-1, *([1] * (like.dim() - 1)))

@@ -52,11 +52,16 @@ fp32), ``B`` = float buffer bytes:
 - with ``codec``: the pseudo-gradient goes through it, ``2 (N-1)/N * S_c`` with ``S_c`` the codec's
   payload for ``P`` (``(N-1) * S_c`` for a sparse codec, whose all-reduce is an all-gather), plus
   a separate uncompressed all-reduce of the buffers, ``2 (N-1)/N * B``, if the model has any;
-- with ``q > 0``: the dropped nodes' rows are zeros in an all-reduce summed over all ``N`` nodes
-  and divided by ``M``, so the communicator charges the full ``2 (N-1)/N * (P + B)`` to every node
-  (an upper bound: a ring among the ``M`` survivors alone would send ``2 (M-1)/M * (P + B)`` per
-  survivor and nothing from a dropped node; the communicator has no sub-group collective); an
-  outer step where all nodes drop sends nothing.
+- with ``q > 0`` (or a world's absent nodes, lost messages and deadline cuts): a ring all-reduce
+  among the ``M`` survivors, ``2 (M-1)/M * (P + B)`` per survivor and nothing from the others;
+  an outer step where all nodes drop sends nothing.
+
+Absent nodes (a world): the outer gradient is the mean over the ``M`` nodes whose pseudo-gradients
+arrived, exactly as with ``q`` (the paper's dropped-gradient ablation; ``q`` is a special case of
+message loss). A node that is down, or whose message was lost or cut by a ``deadline``, keeps its
+own parameters; a node that was down loses what it had not sent and, back up, receives the global
+model and the outer optimizer's momentum from a live peer (live recovery, :meth:`DiLoCo.recover`;
+``2 P`` bytes for Nesterov, plus the inner optimizer state with ``recovery="copy"``).
 
 MNIST CNN (215,370 fp32 parameters, ``P`` = 861,480 bytes, no buffers), ``N = 4``: 1,292,220
 bytes per node per outer step, 12,922.2 bytes per step at ``H = 100``.
@@ -70,7 +75,13 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from exogym.strategy.base import Strategy, in_range, positive_int, restart_rows
+from exogym.strategy.base import (
+    Strategy,
+    in_range,
+    optimizer_tensors,
+    positive_int,
+    restart_rows,
+)
 
 __all__ = ["OUTER_OPTIMIZERS", "DiLoCo", "OuterOptimizerName"]
 
@@ -176,49 +187,46 @@ class DiLoCo(Strategy):
         """Average the pseudo-gradients, step the global copy, restart every node from it."""
         t = self.outer_steps
         self.outer_steps += 1
-        if self.q == 0.0:
-            self._outer_step(None, self.comm.num_nodes)
+        members = self.arrivals()  # a world's: the active nodes whose messages arrive
+        if self.q == 0.0 and members is None:
+            self._outer_step(None)
             return
-        dropped = self.dropped(t)  # [N] on the CPU: deciding needs no device sync
-        count = int(dropped.logical_not().sum())  # M, the survivors among all N nodes
-        if count == 0:
+        survivors = list(members) if members is not None else [True] * self.comm.num_nodes
+        if self.q > 0.0:
+            dropped = self.dropped(t).tolist()  # on the CPU: deciding needs no device sync
+            survivors = [s and not d for s, d in zip(survivors, dropped, strict=True)]
+        if not any(survivors):
             return  # nobody sends: no outer step, every node keeps its own parameters
-        survivors = dropped[self.comm.node_ids].logical_not().to(self.nodes.device)
-        self._outer_step(survivors, count)
+        self._outer_step(survivors)
 
-    def _outer_step(self, survivors: Tensor | None, count: int) -> None:
-        """One outer step over ``survivors`` (``[n_local]`` bool; None: every node, mean)."""
+    def _outer_step(self, survivors: list[bool] | None) -> None:
+        """One outer step over ``survivors`` (``N`` booleans; None: every node)."""
         names = list(self.nodes.params)
         local = [self.nodes.params[k] for k in names]
         buffers = list(self.nodes.float_buffers.values())
         # Delta_i = theta^(t-1) - theta_i^(t), node-stacked: [N, *shape].
         pseudo = [self.global_params[k].unsqueeze(0) - p for k, p in zip(names, local, strict=True)]
-        op: Literal["mean", "sum"] = "mean"
-        if survivors is not None:
-            # Dropped rows send zeros; the sum over all rows divided by M is the survivors' mean.
-            pseudo = [d.mul_(_rows(survivors, d)) for d in pseudo]
-            buffers = [b * _rows(survivors, b) for b in buffers]
-            op = "sum"
-        reduced, buffer_means = self.all_reduce_with_buffers(pseudo, buffers, op,
-                                                             tag="pseudo_grads")
-        if survivors is not None:
-            reduced = [r.div_(count) for r in reduced]
-            buffer_means = [r.div_(count) for r in buffer_means]
+        reduced, buffer_means = self.all_reduce_with_buffers(pseudo, buffers, "mean",
+                                                             tag="pseudo_grads",
+                                                             members=survivors)
         for k, delta in zip(names, reduced, strict=True):
             self.global_params[k].grad = delta
         self.outer_opt.step()
         self.outer_opt.zero_grad(set_to_none=True)
+        keep = (None if survivors is None
+                else self.comm.local_rows(survivors, self.nodes.device))
         for k, p in zip(names, local, strict=True):
-            restart_rows(p, self.global_params[k], survivors)
-        self.adopt_buffers(buffer_means, self.global_buffers, survivors)
+            restart_rows(p, self.global_params[k], keep)
+        self.adopt_buffers(buffer_means, self.global_buffers, keep)
+
+    def recover(self, node: int, donor: int) -> None:
+        """A node back up gets the global model ``theta^(t)`` and the outer optimizer's state
+        (its momentum), and the donor's inner optimizer state (``recovery="copy"``) or a fresh
+        one; its local progress since its last outer step is lost."""
+        self.recover_from_global(node, donor, self.global_params, self.global_buffers,
+                                 optimizer_tensors(self.outer_opt))
 
     def global_state(self) -> dict[str, Tensor]:
         out = {k: v.clone() for k, v in self.global_params.items()}
         out.update({k: v.clone() for k, v in self.global_buffers.items()})
         return out
-
-
-def _rows(mask: Tensor, like: Tensor) -> Tensor:
-    """``mask`` ``[N]`` shaped ``[N, 1, ...]`` to broadcast over ``like`` ``[N, *shape]``."""
-    return mask.view(-1, *([1] * (like.dim() - 1))).to(like.dtype)
-

@@ -12,6 +12,11 @@ inner optimizer (AdamW by default, ``optim.name=sgd`` for the paper's client), a
 its optimizer state across rounds. Floating-point buffers (BatchNorm statistics) are averaged with
 the parameters.
 
+Absent nodes (a world): the average is over the nodes whose parameters arrived (a ring among those
+``M``), and only they adopt it; a node that is down, lost its message or was cut by a
+``deadline`` keeps its own parameters, and a node back up receives the server model from a live
+peer (:meth:`FedAvg.recover`).
+
 Sent per round (every ``H`` steps) by each node: ``2 (N-1)/N * (P + B)`` bytes (ring all-reduce of
 the parameters, ``P`` bytes, and float buffers, ``B`` bytes); nothing in between.
 
@@ -32,7 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from exogym.strategy.base import Strategy, positive_int
+from exogym.strategy.base import Strategy, positive_int, restart_rows
 
 __all__ = ["FedAvg"]
 
@@ -68,13 +73,32 @@ class FedAvg(Strategy):
 
     @torch.no_grad()
     def average(self) -> None:
-        """One round's communication: every node's parameters and float buffers <- their mean."""
+        """One round's communication: every node's parameters and float buffers <- their mean
+        (with a world: the mean over the nodes whose parameters arrived, which adopt it; the
+        others keep their own, as DiLoCo's dropped nodes do)."""
         tensors = list(self.nodes.params.values()) + list(self.nodes.float_buffers.values())
         names = list(self.nodes.params) + list(self.nodes.float_buffers)
-        self.comm.all_reduce_(tensors, "mean", tag="params", codec=self.transport_codec)
-        for name, t in zip(names, tensors, strict=True):
-            self.server_state[name].copy_(t[0])
+        members = self.arrivals()
+        if members is None:
+            self.comm.all_reduce_(tensors, "mean", tag="params", codec=self.transport_codec)
+            means = [t[0] for t in tensors]
+        elif any(members):
+            means = list(self.comm.all_reduce(tensors, "mean", tag="params",
+                                              codec=self.transport_codec, members=members))
+            keep = self.comm.local_rows(members, self.nodes.device)
+            for t, mean in zip(tensors, means, strict=True):
+                restart_rows(t, mean, keep)
+        else:
+            return  # nothing arrived: no round
+        for name, mean in zip(names, means, strict=True):
+            self.server_state[name].copy_(mean)
         self.copy_counters(self.server_state)
+
+    def recover(self, node: int, donor: int) -> None:
+        """A node back up gets the server model (and the donor's inner optimizer state with
+        ``recovery="copy"``)."""
+        params = {k: self.server_state[k] for k in self.nodes.params}
+        self.recover_from_global(node, donor, params, self.server_state)
 
     def global_state(self) -> dict[str, Tensor]:
         return {k: v.clone() for k, v in self.server_state.items()}

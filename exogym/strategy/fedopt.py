@@ -33,6 +33,11 @@ default (the paper's clients run SGD: ``optim.name=sgd``); floating-point buffer
 statistics) are averaged across nodes at each round and become the server model's buffers
 (integer counters: node 0's), as in exogym's DiLoCo.
 
+Absent nodes (a world): the server averages the updates that arrived (a ring among those ``M``
+clients, ``2 (M-1)/M * (P + B)`` each) and only those clients restart from the new server model;
+a client that is down, lost its update or was cut by a ``deadline`` keeps its own parameters, and
+one back up receives the server model and the server optimizer's state from a live peer.
+
 Sent per round (every ``H`` steps) by each node, ``P`` = parameter bytes, ``B`` = float buffer
 bytes: ``2 (N-1)/N * (P + B)`` (one ring all-reduce of the fp32 client updates and buffers).
 With ``codec``, the client updates go through it: ``2 (N-1)/N * S_c`` (``(N-1) * S_c`` for a
@@ -50,7 +55,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from exogym.strategy.base import Strategy, in_range, positive_int
+from exogym.strategy.base import Strategy, in_range, positive_int, restart_rows
 
 __all__ = ["AdaptiveFedOpt", "FedOpt"]
 
@@ -98,7 +103,11 @@ class FedOpt(Strategy):
 
     @torch.no_grad()
     def server_round(self) -> None:
-        """Average the client updates, step the server model, restart every node from it."""
+        """Average the client updates, step the server model, restart every node from it (with
+        a world: the clients whose updates arrived; the others keep their own parameters)."""
+        members = self.arrivals()
+        if members is not None and not any(members):
+            return  # no update arrived: no server step
         names = list(self.nodes.params)
         local = [self.nodes.params[k] for k in names]
         buffers = list(self.nodes.float_buffers.values())
@@ -106,12 +115,21 @@ class FedOpt(Strategy):
         updates = [p - self.server_params[k].unsqueeze(0)
                    for k, p in zip(names, local, strict=True)]
         reduced, buffer_means = self.all_reduce_with_buffers(updates, buffers, "mean",
-                                                             tag="client_updates")
+                                                             tag="client_updates",
+                                                             members=members)
         self.server_update([self.server_params[k] for k in names], reduced)
         self.rounds += 1
+        keep = None if members is None else self.comm.local_rows(members, self.nodes.device)
         for k, p in zip(names, local, strict=True):
-            p.copy_(self.server_params[k].expand_as(p))
-        self.adopt_buffers(buffer_means, self.server_buffers)
+            restart_rows(p, self.server_params[k], keep)
+        self.adopt_buffers(buffer_means, self.server_buffers, keep)
+
+    def recover(self, node: int, donor: int) -> None:
+        """A node back up gets the server model and the server optimizer's state, and the
+        donor's inner optimizer state (``recovery="copy"``) or a fresh one."""
+        shared = [t for name in ("m", "v", "momentum")
+                  for t in getattr(self, name, {}).values()]
+        self.recover_from_global(node, donor, self.server_params, self.server_buffers, shared)
 
     def global_state(self) -> dict[str, Tensor]:
         out = {k: v.clone() for k, v in self.server_params.items()}

@@ -69,5 +69,5 @@ class FedProx(FedAvg):
     @torch.no_grad()
     def average(self) -> None:
         super().average()
-        for k, w in self.round_start.items():  # every node now holds w^{t+1}
-            w.copy_(self.nodes.params[k][:1])
+        for k, w in self.round_start.items():  # the server model w^{t+1}: the next anchor
+            w.copy_(self.server_state[k].unsqueeze(0))

@@ -30,6 +30,12 @@ float buffers (the paper's suggestion: a full average at the end of training), w
 buffers (``num_batches_tracked``). Computing it is an evaluation-side view and is not counted as
 traffic; deploying it once costs one all-reduce of the model, ``2 (N-1)/N * P`` bytes per node.
 
+Absent nodes (a world): the selected entries are averaged over the nodes whose values arrived (a
+ring among those ``M``) and written into their rows only; a node that lost its message or was
+cut by a ``deadline`` keeps its own values (SPARTA's replicas are never identical anyway, and the
+next steps pull them together). A node back up copies a live peer's parameters and optimizer
+state (:meth:`Strategy.recover`).
+
 Sent per step by each node: the ``k`` selected values, ``S = k * s`` bytes (``s`` = bytes per
 element, 4 in fp32; indices are not sent), in a ring all-reduce: ``2 (N-1)/N * k * s`` bytes. MNIST
 CNN (``M`` = 215,370, ``p`` = 0.005, ``N`` = 4): ``k`` = 1,077, ``S`` = 4,308 bytes, 6,462 bytes per
@@ -168,12 +174,16 @@ class SparseAverager:
         return self.permutation[lo:hi].sort().values
 
     @torch.no_grad()
-    def average(self, flat_indices: Tensor, comm: Communicator, *, tag: str = "sparta") -> None:
+    def average(self, flat_indices: Tensor, comm: Communicator, *, tag: str = "sparta",
+                members: list[bool] | None = None) -> None:
         """Replace the entries ``flat_indices`` (sorted, CPU) of every node by their node mean.
 
         One all-reduce of the selected values (one ``[N, k_j]`` piece per tensor that has
-        selected entries, ``k = sum_j k_j`` values per node); the indices are not sent.
+        selected entries, ``k = sum_j k_j`` values per node); the indices are not sent. With
+        ``members`` (``N`` booleans): the mean over them, written into their rows only.
         """
+        if members is not None and not any(members):
+            return
         # Index bookkeeping stays on the host (no device sync); only the k indices go to the device.
         cuts = torch.searchsorted(flat_indices, self.offsets).tolist()
         flats: list[Tensor] = []
@@ -186,9 +196,12 @@ class SparseAverager:
             idx = flat_indices[lo:hi] - self._offsets[j]
             local.append(idx.to(t.device, non_blocking=True))
         values = [f.index_select(1, idx) for f, idx in zip(flats, local, strict=True)]
-        means = cast(list[Tensor], comm.all_reduce(values, "mean", tag=tag))
-        for f, idx, mean in zip(flats, local, means, strict=True):
-            f.index_copy_(1, idx, mean.unsqueeze(0).expand(f.shape[0], -1))
+        means = cast(list[Tensor], comm.all_reduce(values, "mean", tag=tag, members=members))
+        keep = None if members is None else comm.local_rows(members, flats[0].device
+                                                            if flats else "cpu").view(-1, 1)
+        for f, idx, mean, old in zip(flats, local, means, values, strict=True):
+            new = mean.unsqueeze(0).expand(f.shape[0], -1)
+            f.index_copy_(1, idx, new if keep is None else torch.where(keep, new, old))
 
 
 @dataclass(kw_only=True)
@@ -221,7 +234,7 @@ class SPARTA(Strategy):
     @torch.no_grad()
     def step(self, step: int) -> None:
         self.inner_step()
-        self.averager.average(self.averager.indices(step), self.comm)
+        self.averager.average(self.averager.indices(step), self.comm, members=self.arrivals())
 
     @torch.no_grad()
     def global_state(self) -> dict[str, Tensor]:

@@ -76,6 +76,6 @@ class SPARTADiLoCo(DiLoCo):
     @torch.no_grad()
     def step(self, step: int) -> None:
         self.inner_step()
-        self.averager.average(self.averager.indices(step), self.comm)
+        self.averager.average(self.averager.indices(step), self.comm, members=self.arrivals())
         if (step + 1) % self.H == 0:
             self.outer_step()

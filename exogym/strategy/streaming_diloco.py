@@ -59,6 +59,11 @@ Each all-reduce is logged with
 ``overlap = tau > 0`` (it runs under the compute of the next ``tau`` steps) and tag
 ``fragment{p}``.
 
+Absent nodes (a world): a fragment's sync averages the nodes whose pseudo-gradients arrive (a ring
+among those ``M``) and only they merge the new global fragment ``tau`` steps later; the others
+keep their local fragment. A node back up receives every global fragment and the outer
+optimizers' momenta from a live peer.
+
 MNIST CNN (215,370 fp32 parameters in 8 tensors of 4 layers, no buffers), ``N = 4``, defaults
 (``P = 2``, fp4): fragment 0 = conv1 + fc1 (201,248 parameters, ``S_0`` = 100,640 bytes), fragment 1
 = conv2 + fc2 (14,122 parameters, ``S_1`` = 7,077 bytes): 150,960 and 10,615.5 bytes per node per
@@ -73,7 +78,7 @@ import torch
 from torch import Tensor
 
 from exogym.sim.codecs import Codec, make_codec
-from exogym.strategy.base import Strategy, in_range, positive_int
+from exogym.strategy.base import Strategy, in_range, optimizer_tensors, positive_int
 
 __all__ = ["StreamingDiLoCo", "strided_fragments"]
 
@@ -208,7 +213,9 @@ class StreamingDiLoCo(Strategy):
             if names else None
             for names in self.fragment_params
         ]
-        self._merges: dict[int, int] = {}  # inner step t -> fragment to merge after it
+        # inner step t -> (fragment to merge after it, the nodes that took part in its sync;
+        # None: all)
+        self._merges: dict[int, tuple[int, list[bool] | None]] = {}
 
     # -- the step -------------------------------------------------------------------------------
     @torch.no_grad()
@@ -217,22 +224,25 @@ class StreamingDiLoCo(Strategy):
         t = step + 1
         p = self.fragment_syncing(t)
         if p is not None:
-            self._start_sync(p)
-            self._merges[t + self.tau] = p
-        q = self._merges.pop(t, None)
-        if q is not None:
-            self._merge(q)
+            members = self.arrivals()
+            if members is None or any(members):
+                self._start_sync(p, members)
+                self._merges[t + self.tau] = (p, members)
+        merge = self._merges.pop(t, None)
+        if merge is not None:
+            self._merge(*merge)
 
     @torch.no_grad()
-    def _start_sync(self, p: int) -> None:
-        """All-reduce fragment ``p``'s quantized pseudo-gradient, step its global copy."""
+    def _start_sync(self, p: int, members: list[bool] | None = None) -> None:
+        """All-reduce fragment ``p``'s quantized pseudo-gradient among ``members`` (None: all),
+        step its global copy."""
         nodes, overlap = self.nodes, self.tau > 0
         names, outer = self.fragment_params[p], self.outer_optimizers[p]
         if outer is not None:
             # Delta_{m,p} = theta_p - theta_{m,p}, node-stacked [N, *shape].
             pseudo = [self.global_params[k].unsqueeze(0) - nodes.params[k] for k in names]
             reduced = self.comm.all_reduce(pseudo, "mean", tag=f"fragment{p}", overlap=overlap,
-                                           codec=self.transport_codec)
+                                           codec=self.transport_codec, members=members)
             for k, delta in zip(names, reduced, strict=True):
                 self.global_params[k].grad = delta
             outer.step()
@@ -241,22 +251,35 @@ class StreamingDiLoCo(Strategy):
         buffers = self.fragment_buffers[p]
         if buffers:
             means = self.comm.all_reduce([nodes.buffers[k] for k in buffers], "mean",
-                                         tag=f"fragment{p}/buffers", overlap=overlap)
+                                         tag=f"fragment{p}/buffers", overlap=overlap,
+                                         members=members)
             for k, mean in zip(buffers, means, strict=True):
                 self.global_buffers[k].copy_(mean)
         for k in self.int_buffers:
             self.global_buffers[k].copy_(nodes.buffers[k][0])
 
     @torch.no_grad()
-    def _merge(self, p: int) -> None:
-        """``theta_{m,p} <- alpha theta_{m,p} + (1 - alpha) theta_p`` on every node."""
+    def _merge(self, p: int, members: list[bool] | None = None) -> None:
+        """``theta_{m,p} <- alpha theta_{m,p} + (1 - alpha) theta_p`` on every node that took
+        part in the fragment's sync (``members``; None: all)."""
         pairs = [(self.nodes.params[k], self.global_params[k]) for k in self.fragment_params[p]]
         pairs += [(self.nodes.buffers[k], self.global_buffers[k]) for k in self.fragment_buffers[p]]
+        keep = None if members is None else self.comm.local_rows(members, self.nodes.device)
         for local, glob in pairs:
-            if self.alpha == 0.0:
+            if keep is not None:
+                merged = local * self.alpha + glob * (1.0 - self.alpha)
+                local.copy_(torch.where(keep.view(-1, *([1] * (local.dim() - 1))), merged, local))
+            elif self.alpha == 0.0:
                 local.copy_(glob.expand_as(local))
             else:
                 local.mul_(self.alpha).add_(glob, alpha=1.0 - self.alpha)
+
+    def recover(self, node: int, donor: int) -> None:
+        """A node back up gets every global fragment and their outer optimizers' momenta, and
+        the donor's inner optimizer state (``recovery="copy"``) or a fresh one."""
+        shared = [t for opt in self.outer_optimizers if opt is not None
+                  for t in optimizer_tensors(opt)]
+        self.recover_from_global(node, donor, self.global_params, self.global_buffers, shared)
 
     @property
     def overlap_steps(self) -> int | None:
