@@ -20,11 +20,11 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from resume_cases import Net, data  # noqa: E402
-from test_conformance import small  # noqa: E402
+from resume_cases import Net, data
+from test_conformance import small
 
-from exogym import Trainer  # noqa: E402
-from exogym.strategy import make, registry  # noqa: E402
+from exogym import Trainer
+from exogym.strategy import make, registry
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "trajectories.json"
 REGEN = os.environ.get("EXOGYM_REGEN_GOLDEN") == "1"
