@@ -34,6 +34,13 @@ parameters move), the defaults here when ``K_u`` / ``K_v`` are not given. ``K_x`
 that short runs synchronise (the paper's headline, 170x less traffic than DDP, corresponds to
 ``K_x`` around 256: ``(1 + 1/3 + 1/6) / K_x`` of DDP's bytes).
 
+A hazard of ``K_u < K_v`` (measured, not discussed in the paper): where a node's gradient has been
+exactly zero since the last ``v`` average (a ReLU unit dead on that node, an embedding row of a
+token it has not seen), its ``v`` is 0; a ``u`` average then brings it the other nodes' momentum,
+and its Adam step there is ``u / (0 + eps)``, ``1e4``-``1e5`` times ``lr``. On the MNIST CNN with 8
+nodes and the defaults, fc1's dead units blow the loss from 1.4 to 1.8e6 at the first ``u``
+average (``t = 12``); ``K_v = K_u`` (both averaged together) trains normally.
+
 The global model (evaluated, deployed) is the mean of the nodes' parameters and float buffers
 (what a final parameter sync would give; node 0's integer buffers): after a sync every node takes
 its own step, so no node holds it. Computing it is an evaluation-side view, not counted as traffic.
