@@ -166,11 +166,40 @@ def test_a_slow_node_is_cut_by_the_deadline_and_the_others_wait_less() -> None:
     world = "speed=1:1:1:0.25"  # node 3 takes 4 times as long per step
     waited = _fit(DiLoCo(H=3), world, steps=12)
     cut = _fit(DiLoCo(H=3, deadline="2x"), world, steps=12)
-    assert waited.world["stragglers_cut"] == 0 and cut.world["stragglers_cut"] == 4
-    assert [e["node"] for e in cut.events if e["event"] == "late"] == [3, 3, 3, 3]
-    # every sync waited for node 3 (3 x 0.2 s of its compute) without the deadline
-    assert cut.clock.node_idle_s[0] < waited.clock.node_idle_s[0]
-    assert cut.clock.total_s < waited.clock.total_s
+    assert waited.world["stragglers_cut"] == 0
+    # Without the deadline every sync waits for node 3: 12 steps x 0.2 s of its compute.
+    assert waited.clock.node_compute_s[3] == pytest.approx(2.4)
+    assert waited.clock.total_s > 2.4
+    # With it (c: a ring of the 3 fast nodes): steps 0-2, the fast nodes at 0.15 s, node 3 at
+    # 0.6 s > 2 x 0.15: cut at step 2, the others released at 0.15 + c. Node 3 sits out while
+    # its clock (0.6 s) is ahead of theirs: steps 3-8 (the syncs at steps 5 and 8 are among
+    # the 3 fast nodes); at step 9 they start at 0.45 + 3 c > 0.6 s and node 3 computes
+    # again, steps 9-11, until 1.2 s: late again at the sync of step 11 (1.2 - 0.69 > 0.3 s).
+    assert [(e["step"], e["node"]) for e in cut.events if e["event"] == "late"] == [(2, 3),
+                                                                                    (11, 3)]
+    assert cut.world["stragglers_cut"] == 2 and cut.world["late_steps"] == 6
+    assert [(r.step, r.members) for r in cut.comm_log] == [(2, 7), (5, 7), (8, 7), (11, 7)]
+    c = cut.clock.node_comm_s[0] / 4
+    assert cut.clock.node_compute_s == pytest.approx((0.6, 0.6, 0.6, 1.2))
+    assert cut.clock.node_comm_s[3] == 0.0
+    # step 8 starts at 0.15 + 0.25 + 2 c (before 0.6 s), step 9 at 0.15 + 0.3 + 3 c (after)
+    assert 0.4 + 2 * c < 0.6 < 0.45 + 3 * c
+    assert cut.clock.total_s == pytest.approx(1.2)  # node 3's clock; the others end earlier
+    assert 0.6 + 4 * c == pytest.approx(cut.clock.node_compute_s[0] + cut.clock.node_comm_s[0])
+
+
+def test_ddp_heals_a_cut_straggler_when_it_has_caught_up() -> None:
+    # Node 3 takes 0.2 s per step, the others 0.05 s plus a ring of ~0.06 s: cut at every step
+    # it computes, it sits out the next one (the others are still before its clock), and heals
+    # from node 0 when it computes again, from the state the others hold then.
+    cut = _fit(DDP(deadline="2x"), "speed=1:1:1:0.25", steps=12)
+    late = [e["step"] for e in cut.events if e["event"] == "late"]
+    healed = [(e["step"], e["donor"]) for e in cut.events if e["event"] == "recovery"]
+    assert late == [0, 2, 4, 6, 8, 10]
+    assert healed == [(2, 0), (4, 0), (6, 0), (8, 0), (10, 0)]
+    assert cut.world["late_steps"] == 6
+    assert cut.clock.node_compute_s == pytest.approx((0.6, 0.6, 0.6, 1.2))
+    assert {r.members for r in cut.comm_log if r.op == "all_reduce"} == {0b0111}
 
 
 # -- failures, rejoins, live recovery ----------------------------------------------------------
@@ -249,9 +278,14 @@ def test_a_perfect_world_is_no_world() -> None:
     assert perfect.world is None and perfect.events == []
 
 
-def test_a_run_in_a_world_resumes_exactly(tmp_path: Path) -> None:
-    world = "fail=1@3,rejoin=1@9,drop=0.2,speed=1:1:0.5:1,seed=2"
-    full = _fit(DiLoCo(H=3), world, steps=12, out_dir=tmp_path / "full", checkpoint_every=6)
+@pytest.mark.parametrize(("world", "deadline"), [
+    ("fail=1@3,rejoin=1@9,drop=0.2,speed=1:1:0.5:1,seed=2", None),
+    ("speed=1:1:1:0.25", "2x"),  # checkpointed at step 6 while node 3 sits out, late
+])
+def test_a_run_in_a_world_resumes_exactly(tmp_path: Path, world: str,
+                                          deadline: str | None) -> None:
+    full = _fit(DiLoCo(H=3, deadline=deadline), world, steps=12, out_dir=tmp_path / "full",
+                checkpoint_every=6)
     cut = tmp_path / "cut"
     import shutil
     shutil.copytree(tmp_path / "full", cut)

@@ -362,7 +362,10 @@ def world_line(world: dict[str, Any]) -> str:
                       f"{format_duration(c['recovery_time_s'])})")
     parts.append(recovered)
     parts.append(f"{c['messages_lost']} message{'s' * (c['messages_lost'] != 1)} lost")
-    parts.append(f"{c['stragglers_cut']} straggler{'s' * (c['stragglers_cut'] != 1)} cut")
+    cut = f"{c['stragglers_cut']} straggler{'s' * (c['stragglers_cut'] != 1)} cut"
+    if c.get("late_steps"):
+        cut += f" ({c['late_steps']} node-steps sat out)"
+    parts.append(cut)
     if c.get("quorum_wait_s"):
         parts.append(f"waited {format_duration(c['quorum_wait_s'])} for a quorum")
     return ", ".join(parts)

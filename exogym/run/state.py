@@ -183,15 +183,20 @@ class Run:
         # (the event log), and how many synchronisations drew message losses.
         self.world = s.world
         self.down = [False] * s.num_nodes
+        # Nodes a deadline cut at a synchronisation: still finishing the round they were cut
+        # from, they sit out steps until the others' clocks reach theirs (see _world_step).
+        self.late = [False] * s.num_nodes
         self.events: list[dict[str, Any]] = []
         self.counts = {"failures": 0, "rejoins": 0, "recoveries": 0, "recovery_bytes": 0.0,
                        "recovery_time_s": 0.0, "messages_lost": 0, "stragglers_cut": 0,
-                       "quorum_wait_s": 0.0}
+                       "late_steps": 0, "quorum_wait_s": 0.0}
         self._syncs = 0
-        if not s.world.perfect or getattr(strategy, "deadline", None) is not None:
+        # Whether nodes can be absent at a step (a world that is not perfect, or a deadline).
+        self._worldly = not s.world.perfect or getattr(strategy, "deadline", None) is not None
+        if self._worldly:
             self.comm.timeline = self
         # The clock's operations in order (re-costing replays them) when nodes can be absent.
-        self._ops: list[list[Any]] | None = None if s.world.perfect else []
+        self._ops: list[list[Any]] | None = [] if self._worldly else None
 
         self.writer: MetricsWriter | None = None
         self.sink = sink if self.lead else MultiSink(())  # rank 0 alone writes
@@ -255,7 +260,7 @@ class Run:
         self.comm.step = step
         if s.network is not None and self.clock is None:
             t0 += self._start_clock()  # measuring the step time is not training time
-        active = None if s.world.perfect else self._world_step()
+        active = self._world_step() if self._worldly else None
         self.comm.active = active
         local = None if active is None else [active[i] for i in self.comm.node_ids]
         batch = nodes.to_batch_device(self._next_batch(active))
@@ -371,7 +376,7 @@ class Run:
             network=s.network, clock=report, trace=trace,
             processes=1 if self.ranks is None else self.ranks.world_size,
             nonfinite=self.nonfinite,
-            world=(None if s.world.perfect else
+            world=(None if not self._worldly else
                    {"spec": s.world.spec(), "description": s.world.describe(),
                     **self.counts, "events": len(self.events)}),
             events=list(self.events),
@@ -439,9 +444,9 @@ class Run:
                         "loss_count": self.loss_count, "loss_nodes": self.loss_nodes,
                         "first_bad": self.first_bad, "nonfinite": _plain(self.nonfinite),
                         "train_time_s": self.train_time_s},
-            "world": {"down": list(self.down), "events": _plain(self.events),
-                      "counts": dict(self.counts), "syncs": self._syncs,
-                      "ops": _plain(self._ops)},
+            "world": {"down": list(self.down), "late": list(self.late),
+                      "events": _plain(self.events), "counts": dict(self.counts),
+                      "syncs": self._syncs, "ops": _plain(self._ops)},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -474,6 +479,7 @@ class Run:
             self.clock.load_state_dict(state["clock"])
         w = state["world"]
         self.down = [bool(d) for d in w["down"]]
+        self.late = [bool(d) for d in w["late"]]
         self.events = [dict(e) for e in w["events"]]
         self.counts = dict(w["counts"])
         self._syncs = int(w["syncs"])
@@ -565,13 +571,35 @@ class Run:
             self._rejoin()
         if waited:
             self.counts["quorum_wait_s"] += waited
-        pending = [i for i in self.strategy.pending_recovery if not self.down[i]]
+        active = [not d for d in self.down]
+        if any(self.late):
+            self._sit_out_late(active)
+        # Recovery when a node computes again: a late node heals once it has caught up, from
+        # the state the others hold then.
+        pending = [i for i in self.strategy.pending_recovery if active[i]]
         if pending:
             self._recover(pending)
         self.strategy.pending_recovery = [i for i in self.strategy.pending_recovery
-                                          if self.down[i]]
-        active = [not d for d in self.down]
+                                          if not active[i]]
         return None if all(active) else active
+
+    def _sit_out_late(self, active: list[bool]) -> None:
+        """Nodes a deadline cut are still busy with the round they were cut from: each sits out
+        (``active[i] = False``) while its clock is ahead of the most advanced of the other up
+        nodes (the time at which they start this step), and computes again from the step at
+        which they have caught up with it. Without this, a node too slow for the deadline
+        would still take every step of the lockstep loop and the run would wait for it."""
+        n = self.settings.num_nodes
+        now = max((self._time(j) for j in range(n) if active[j] and not self.late[j]),
+                  default=None)
+        for i in range(n):
+            if not (self.late[i] and active[i]):
+                continue
+            if now is None or self._time(i) <= now * (1 + 1e-12):
+                self.late[i] = False
+            else:
+                active[i] = False
+                self.counts["late_steps"] += 1
 
     def _rejoin(self) -> None:
         """Down nodes whose time to come back has come (the run's "now": the clock of its most
@@ -674,6 +702,7 @@ class Run:
             for i in range(n):
                 if heard[i] and not kept[i]:
                     self.counts["stragglers_cut"] += 1
+                    self.late[i] = True
                     self._event("late", i, deadline=deadline)
             heard = kept
         return None if all(heard) else heard

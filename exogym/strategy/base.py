@@ -78,7 +78,9 @@ class Strategy(abc.ABC):
         codec_seed: seed of randk's index generator, shared by all nodes.
         deadline: straggler deadline at every synchronisation: a multiple of the median time
             since the last one (``"2x"``), or a duration (``"30s"``); a node arriving later is
-            cut, as if its message was lost (needs a simulated network). None: wait for all.
+            cut, as if its message was lost (needs a simulated network), and sits out the
+            following steps until the others' clocks reach its own (it is still finishing the
+            round it was cut from; the run does not wait for it). None: wait for all.
         recovery: what a node that comes back gets of its inner optimizer state: ``"copy"``
             (the donor's, as torchft heals) or ``"restart"`` (fresh).
     """
