@@ -21,6 +21,7 @@ import torch
 from resume_cases import T, build, cases, fit_case
 
 from exogym.run import checkpoint as checkpoint_module
+from exogym.run import trainer as trainer_module
 from exogym.run.checkpoint import Checkpointer, CheckpointError, checkpoint_steps, load_checkpoint
 from exogym.run.state import RunInterrupted
 from exogym.strategy import make
@@ -242,6 +243,26 @@ def test_ctrl_c_checkpoints_and_says_how_to_resume(tmp_path: Path) -> None:
                                      log_interval=1)
     assert not isinstance(err.value, RunInterrupted)
     assert checkpoint_steps(tmp_path / "twice") == []
+
+
+def test_a_signal_before_the_loop_starts_stops_the_run_at_its_first_step(tmp_path: Path) -> None:
+    """A worker process defers signals from its start: one that arrives while it loads (its
+    peers already waiting in a collective) stops the run cleanly at the first step instead of
+    killing the worker."""
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        trainer_module.defer_stop_signals()
+        os.kill(os.getpid(), signal.SIGTERM)  # handled: noted, no exception
+        run = tmp_path / "run"
+        with pytest.raises(RunInterrupted, match="interrupted after step 1 of 8"):
+            build(cases()["diloco"]).fit(strategy=make("diloco", H=2), num_nodes=2, max_steps=8,
+                                         batch_size=8, out_dir=run, progress=False,
+                                         network=None, log_interval=1)
+        assert checkpoint_steps(run) == [1]
+        assert trainer_module._early_signals == []
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def test_csv_and_tensorboard_continue_without_duplicates(tmp_path: Path) -> None:

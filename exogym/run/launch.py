@@ -49,7 +49,7 @@ from exogym.run.dist import (
 )
 from exogym.run.result import FitResult
 from exogym.run.state import RunInterrupted
-from exogym.run.trainer import Trainer
+from exogym.run.trainer import Trainer, defer_stop_signals
 from exogym.sim.comm import CommRecord
 from exogym.sim.engine import EngineName, NodeStack
 from exogym.sim.sharding import DatasetFactory, NodeBatches
@@ -83,6 +83,7 @@ def _entry(
     rank: int, world_size: int, port: int, nodes_per_process: int, backend: str,
     timeout_s: float, threads: int, out_dir: str, fn: Callable[..., Any], args: tuple[Any, ...],
 ) -> None:
+    defer_stop_signals()  # a forwarded Ctrl-C during set-up stops the run at its first step
     torch.set_num_threads(threads)
     device = f"cuda:{rank}" if backend == "nccl" else "cpu"
     if backend == "nccl":

@@ -495,9 +495,27 @@ def _interval(value: float | str | None) -> float | None:
     return float(seconds)
 
 
+_early_signals: list[int] = []  # signals a worker process got before its training loop started
+
+
+def _note_early_signal(signum: int, frame: Any) -> None:
+    _early_signals.append(signum)
+
+
+def defer_stop_signals() -> None:
+    """In a worker process, before anything else: a SIGINT or SIGTERM that arrives before its
+    training loop starts (while it loads data or builds the model) is kept and honoured by the
+    loop at its first logged step, with every other rank, instead of killing this worker while
+    its peers wait for it in a collective."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _note_early_signal)
+
+
 class _StopRequest:
     """While a run trains (in the main thread): the first SIGINT or SIGTERM asks it to stop
-    cleanly after the current step; a second one aborts at once (KeyboardInterrupt)."""
+    cleanly after the current step; a second one aborts at once (KeyboardInterrupt). A signal
+    kept by :func:`defer_stop_signals` counts as the first."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled and threading.current_thread() is threading.main_thread()
@@ -508,6 +526,9 @@ class _StopRequest:
         if self.enabled:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._old[sig] = signal.signal(sig, self._handle)
+            if _early_signals:
+                self._handle(_early_signals.pop(0), None)
+                _early_signals.clear()
         return self
 
     def __exit__(self, *exc: object) -> None:
