@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 
 import pytest
 import torch
+
+# A test run started in the background of a shell inherits SIGINT ignored, and so would the
+# runs it starts: the Ctrl-C tests need Python's own handler.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
