@@ -69,6 +69,7 @@ class Case:
     norm: bool = False
     drop: bool = False
     partition: str = "iid"
+    world: str | None = None
 
 
 def cases() -> dict[str, Case]:
@@ -85,6 +86,10 @@ def cases() -> dict[str, Case]:
     out["ddp-dropout"] = Case("ddp", drop=True)
     out["diloco-dropout"] = Case("diloco", (("H", 2),), drop=True)
     out["fedavg-dirichlet"] = Case("fedavg", (("H", 2),), partition="dirichlet:0.5")
+    # per-node timelines: pushes in flight and nodes waiting for the server at a checkpoint
+    out["async-dn-dylu-speeds"] = Case("async_local_sgd", (("H", 2), ("outer", "delayed_nesterov"),
+                                                           ("dylu", True)), world="speed=1:0.5:0.3")
+    out["fedbuff-speeds"] = Case("fedbuff", (("H", 2),), world="speed=1:0.5:0.3")
     return out
 
 
@@ -100,6 +105,7 @@ def fit_case(name: str, engine: str, out_dir: Path) -> FitResult:
         strategy=make(case.strategy, **dict(case.overrides)), num_nodes=3, max_steps=2 * T,
         batch_size=8, log_interval=1, eval_interval=2, eval_samples=40, engine=engine,
         partition=case.partition, network="home-100mbps", step_time=0.01, seed=5,
+        world=case.world,
         out_dir=out_dir, checkpoint_every=T, keep_checkpoints=3, progress=False)
 
 

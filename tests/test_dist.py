@@ -40,7 +40,7 @@ from exogym.run.launch import (
 from exogym.sim.comm import InProcessCommunicator
 from exogym.sim.engine import NodeStack
 from exogym.sim.sharding import NodeBatches
-from exogym.strategy import make, registry
+from exogym.strategy import get, make, registry
 from exogym.strategy.base import Strategy
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -74,6 +74,8 @@ def strategies() -> dict[str, Strategy]:
     """Every registered strategy with a short sync period, plus codec and drop variants."""
     out: dict[str, Strategy] = {}
     for sid in registry():
+        if getattr(get(sid), "asynchronous", False):
+            continue  # simulation only: refused by the process engine (test below)
         overrides: dict[str, Any] = {"optim.lr": 0.05}
         fields = make(sid).hyperparameters()
         if "H" in fields:
@@ -268,6 +270,13 @@ class Explodes(nn.Module):
             raise FloatingPointError("boom at step 2")
         x, y = batch
         return F.cross_entropy(self.fc(x), y)
+
+
+@pytest.mark.parametrize("sid", [s for s in registry() if getattr(get(s), "asynchronous", False)])
+def test_asynchronous_strategies_are_refused_before_spawning(sid: str) -> None:
+    with pytest.raises(ValueError, match=rf"{sid} is asynchronous: .* one process"):
+        fit_processes(TinyBN(), dataset(), None, strategy=make(sid), num_nodes=2,
+                      max_steps=10, batch_size=BATCH, progress=False, backend="gloo")
 
 
 def test_a_raising_worker_ends_the_run_promptly_naming_its_rank(tmp_path: Path) -> None:

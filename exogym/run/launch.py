@@ -310,6 +310,10 @@ def fit_processes(
         raise ValueError(f"num_nodes must be an integer >= 1, got {num_nodes!r}")
     if strategy is None and fit_args.get("resume") is None:
         raise ValueError("strategy=None needs resume=RUN_DIR (the checkpoint's strategy)")
+    if getattr(strategy, "asynchronous", False):
+        raise ValueError(f"{strategy.id} is asynchronous: its parameter server and per-node "
+                         "timelines run in one process; allowed: the simulator (engine loop or "
+                         "vmap, not --engine process or torchrun)")
     if num_nodes % nodes_per_process:
         raise ValueError(f"num_nodes must be a multiple of nodes_per_process="
                          f"{nodes_per_process}, got {num_nodes}")

@@ -229,6 +229,10 @@ class FitResult:
         events: the world's event log, as in ``events.jsonl`` (``step``, ``time_s``, ``node``,
             ``event``: fail, rejoin, recovery (with ``bytes``, ``duration_s``, ``donor``), lost,
             late, quorum_wait).
+        asynchronous: an asynchronous strategy's per-node timelines: ``node_steps`` (steps each
+            node took), ``updates`` applied by the server, their staleness (``staleness_mean``,
+            ``staleness_max``, ``staleness_counts``: how many updates were ``k`` server
+            versions old) and the server's bytes; None for a synchronous strategy.
         network: the simulated network of the run's clock (None: no clock).
         clock: the simulated time on it (:class:`exogym.sim.clock.ClockReport`): total, compute,
             communication, idle, utilization.
@@ -257,6 +261,7 @@ class FitResult:
     nonfinite: dict[str, Any] | None = None
     world: dict[str, Any] | None = None
     events: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    asynchronous: dict[str, Any] | None = None
     comm_log: list[CommRecord] = field(default_factory=list, repr=False)
     network: Network | None = None
     clock: ClockReport | None = None
@@ -302,6 +307,7 @@ class FitResult:
             "eval_during_training": self.eval_during_training,
             "nonfinite": self.nonfinite,
             "world": self.world,
+            "asynchronous": self.asynchronous,
             **self._clock_dict(),
         }
 
@@ -340,6 +346,13 @@ class FitResult:
         )
         if self.world is not None:
             lines.append(f"world       {self.world['spec']}: {world_line(self.world)}")
+        if self.asynchronous is not None:
+            a = self.asynchronous
+            steps = a["node_steps"]
+            stale = ("" if a["staleness_mean"] is None else
+                     f", staleness mean {a['staleness_mean']:.2f} max {a['staleness_max']}")
+            lines.append(f"async       {a['updates']} updates applied{stale}; steps per node "
+                         f"{':'.join(map(str, steps))}")
         if self.clock is not None and self.network is not None:
             c = self.clock
             lines.append(f"sim clock   {self.network.name} ({self.network.describe()}): "

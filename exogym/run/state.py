@@ -51,6 +51,7 @@ from exogym.run.dist import (
     gather_global_state,
     local_batch,
 )
+from exogym.run.events import Timelines, same_or_before
 from exogym.run.result import FitResult, MetricsWriter, NonFiniteLossError
 from exogym.run.sinks import MultiSink
 from exogym.sim.clock import ClockTrace, SimClock, measure_step_time
@@ -191,8 +192,18 @@ class Run:
                        "recovery_time_s": 0.0, "messages_lost": 0, "stragglers_cut": 0,
                        "late_steps": 0, "quorum_wait_s": 0.0}
         self._syncs = 0
-        # Whether nodes can be absent at a step (a world that is not perfect, or a deadline).
-        self._worldly = not s.world.perfect or getattr(strategy, "deadline", None) is not None
+        # Asynchronous strategies: per-node timelines (the event loop's state, exogym.run.events).
+        self.timelines: Timelines | None = None
+        if getattr(strategy, "asynchronous", False):
+            self._check_asynchronous()
+            assert s.network is not None
+            self.timelines = Timelines(s.num_nodes)
+            strategy.set_speeds(  # type: ignore[attr-defined]
+                speeds_of(s.world, s.network.node_speeds(s.num_nodes)))
+        # Whether nodes can be absent at a step (a world that is not perfect, or a deadline);
+        # an asynchronous run's world gives speeds only, which its timelines follow.
+        self._worldly = self.timelines is None and (
+            not s.world.perfect or getattr(strategy, "deadline", None) is not None)
         if self._worldly:
             self.comm.timeline = self
         # The clock's operations in order (re-costing replays them) when nodes can be absent.
@@ -255,12 +266,32 @@ class Run:
     def train_step(self) -> None:
         """The world decides who computes; they compute one step; the strategy updates and
         communicates; the clock."""
-        s, step, nodes = self.settings, self.step, self.nodes
+        s, step = self.settings, self.step
         t0 = time.perf_counter()
         self.comm.step = step
         if s.network is not None and self.clock is None:
             t0 += self._start_clock()  # measuring the step time is not training time
-        active = self._world_step() if self._worldly else None
+        if self.timelines is not None:
+            self._asynchronous_step()
+            self.step = done = self.timelines.fastest
+        else:
+            self._compute(step, self._world_step() if self._worldly else None)
+            self.step = done = step + 1
+        self._log_now = (done % s.log_interval == 0 or done == s.total_steps
+                         or self._eval_due)
+        if self._log_now and self.device.type == "cuda":
+            # Only where the time is read: queued kernels of earlier steps finish here and count
+            # as training time; a sync every step would stall the launch queue.
+            torch.cuda.synchronize(self.device)
+        self.train_time_s += time.perf_counter() - t0
+        self._feed()
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def _compute(self, step: int, active: list[bool] | None) -> None:
+        """The ``active`` nodes (None: all) compute one step; the strategy updates and
+        communicates; the clock advances their time."""
+        s, nodes = self.settings, self.nodes
         self.comm.active = active
         local = None if active is None else [active[i] for i in self.comm.node_ids]
         batch = nodes.to_batch_device(self._next_batch(active))
@@ -276,17 +307,61 @@ class Run:
         self.loss_nodes += s.num_nodes if active is None else sum(active)
         if not s.allow_nonfinite or self.nonfinite is None:
             self.first_bad.masked_fill_((self.first_bad < 0) & ~torch.isfinite(losses), step)
-        self.step = done = step + 1
-        self._log_now = (done % s.log_interval == 0 or done == s.total_steps
-                         or self._eval_due)
-        if self._log_now and self.device.type == "cuda":
-            # Only where the time is read: queued kernels of earlier steps finish here and count
-            # as training time; a sync every step would stall the launch queue.
-            torch.cuda.synchronize(self.device)
-        self.train_time_s += time.perf_counter() - t0
-        self._feed()
-        if self._bar is not None:
-            self._bar.update(1)
+
+    def _asynchronous_step(self) -> None:
+        """Per-node timelines (:mod:`exogym.run.events`): events in simulated time order until
+        the fastest node has taken one more step; at the end of the run, the pushes in flight
+        are delivered."""
+        tl, clock, strategy = self.timelines, self.clock, self.strategy
+        assert tl is not None and clock is not None
+        n, target = self.settings.num_nodes, self.step + 1
+        while tl.fastest < target:
+            free = [i for i in range(n) if not tl.waiting[i]]
+            start = min((clock.t[i] for i in free), default=math.inf)
+            arrival = tl.next_arrival()
+            if arrival is not None and same_or_before(arrival[0], start):
+                self._deliver(*tl.pop_arrival())
+                continue
+            group = [not tl.waiting[i] and same_or_before(clock.t[i], start) for i in range(n)]
+            self._compute(self.step, None if all(group) else group)
+            for i in range(n):
+                tl.steps[i] += group[i]
+            pushed = strategy.outbox  # type: ignore[attr-defined]
+            if pushed:
+                sizes = [r.payload_bytes for r in self.comm.log[-len(pushed):]]
+                for node, size in zip(pushed, sizes, strict=True):
+                    tl.push(node, clock.push(node, size))
+                pushed.clear()
+        if target >= self.settings.total_steps:
+            while tl.in_flight:
+                self._deliver(*tl.pop_arrival())
+
+    def _deliver(self, arrival: float, seq: int, node: int) -> None:
+        """A push reaches the server: it applies the update and replies to the node."""
+        tl, clock = self.timelines, self.clock
+        assert tl is not None and clock is not None
+        staleness = self.strategy.deliver(node)  # type: ignore[attr-defined]
+        clock.reply(node, self.comm.log[-1].payload_bytes, arrival)
+        tl.waiting[node] = False
+        tl.window.append(staleness)
+        tl.all_staleness.append(staleness)
+
+    def _check_asynchronous(self) -> None:
+        """An asynchronous strategy runs in one process, on a simulated network, in a world
+        of node speeds (no failures or losses yet)."""
+        s, sid = self.settings, self.strategy.id
+        if self.ranks is not None:
+            raise ValueError(f"{sid} is asynchronous: its parameter server and per-node "
+                             "timelines run in one process; allowed: the simulator "
+                             "(engine loop or vmap, not --engine process or torchrun)")
+        if s.network is None:
+            raise ValueError(f"{sid} is asynchronous: when an update reaches the server is "
+                             "decided by a simulated network; give the run one (--network)")
+        w = s.world
+        if w.availability_varies or w.drop:
+            raise ValueError(f"{sid} is asynchronous: its world may give node speeds "
+                             f"(speed=..., speed_sigma=...), not failures, rejoins or message "
+                             f"loss; got world {w.spec()!r}")
 
     def log(self) -> None:
         """The metrics row of the step just taken, with an evaluation when one is due. A
@@ -306,6 +381,9 @@ class Run:
         }
         if self.clock is not None:
             row["sim_time_s"] = self.clock.now
+        if self.timelines is not None:
+            row["samples"] = sum(self.timelines.steps) * s.batch_size
+            row.update(self.timelines.row())
         self.loss_sum.zero_()
         self.loss_count = 0
         self.loss_nodes = 0
@@ -365,7 +443,8 @@ class Run:
             model=model, history=self.history, final=final, strategy=self.strategy.id,
             hyperparameters=self.strategy.hyperparameters(), num_nodes=s.num_nodes,
             steps=s.total_steps, batch_size=s.batch_size,
-            samples=s.total_steps * s.num_nodes * s.batch_size,
+            samples=(s.total_steps * s.num_nodes if self.timelines is None
+                     else sum(self.timelines.steps)) * s.batch_size,
             train_time_s=self.train_time_s, wall_time_s=time.perf_counter() - self.wall_start,
             bytes_sent=list(self.comm.bytes_sent), bytes_received=list(self.comm.bytes_received),
             engine=self.nodes.engine, device=str(self.device), seed=s.seed,
@@ -380,6 +459,10 @@ class Run:
                    {"spec": s.world.spec(), "description": s.world.describe(),
                     **self.counts, "events": len(self.events)}),
             events=list(self.events),
+            asynchronous=(None if self.timelines is None else
+                          {**self.timelines.summary(),
+                           "server_bytes_received": self.comm.server_bytes_received,
+                           "server_bytes_sent": self.comm.server_bytes_sent}),
         )
         self.close(result.to_dict())
         return result
@@ -447,6 +530,7 @@ class Run:
             "world": {"down": list(self.down), "late": list(self.late),
                       "events": _plain(self.events), "counts": dict(self.counts),
                       "syncs": self._syncs, "ops": _plain(self._ops)},
+            "timelines": self.timelines.state_dict() if self.timelines is not None else None,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -484,6 +568,8 @@ class Run:
         self.counts = dict(w["counts"])
         self._syncs = int(w["syncs"])
         self._ops = [list(op) for op in w["ops"]] if w["ops"] is not None else None
+        if self.timelines is not None:
+            self.timelines.load_state_dict(state["timelines"])
         m = state["metrics"]
         self.history = [dict(row) for row in m["history"]]
         self.loss_sum.copy_(m["loss_sum"])
@@ -540,6 +626,9 @@ class Run:
 
     def _not_recostable(self) -> str | None:
         """Why this run's clock cannot be replayed on another network, or None."""
+        if self.timelines is not None:
+            return (f"{self.strategy.id} is asynchronous: when each update arrives, and so "
+                    "which model each node trains from, is decided by the network")
         if self.world.time_dependent:
             return (f"its world ({self.world.spec()}) decides who is up by simulated time, "
                     "which another network would change")

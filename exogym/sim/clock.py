@@ -271,6 +271,9 @@ class SimClock:
         # with every node a member (no world) this is one value, the network's.
         self.link_free = [0.0] * num_nodes
         self.last_release = 0.0  # when the last blocking collective let its members go
+        # A parameter server's link (asynchronous strategies): when its downlink (pushes in)
+        # and uplink (models out) are next free; messages queue on it first come, first served.
+        self.server_free = [0.0, 0.0]
         self.pending: list[_Pending] = []
         self._times: dict[tuple[str, int, int], float] = {}
 
@@ -286,7 +289,7 @@ class SimClock:
         return {"t": list(self.t), "node_compute": list(self.node_compute),
                 "node_comm": list(self.node_comm), "node_idle": list(self.node_idle),
                 "node_down": list(self.node_down), "link_free": list(self.link_free),
-                "last_release": self.last_release,
+                "last_release": self.last_release, "server_free": list(self.server_free),
                 "pending": [(p.tag, p.end, p.deadline_step, p.members) for p in self.pending]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -296,6 +299,7 @@ class SimClock:
         for key in ("t", "node_compute", "node_comm", "node_idle", "node_down", "link_free"):
             setattr(self, key, [float(v) for v in state[key]])
         self.last_release = float(state["last_release"])
+        self.server_free = [float(v) for v in state.get("server_free", (0.0, 0.0))]
         self.pending = [_Pending(tag, float(end), deadline,
                                  tuple(members) if members is not None else None)
                         for tag, end, deadline, members in state["pending"]]
@@ -364,6 +368,8 @@ class SimClock:
         if rec.op == "send":
             self._send(rec)
             return
+        if rec.op in ("push", "pull"):
+            return  # timed by the run's event loop as it happens (push, reply)
         members = rec.member_ids(self.num_nodes)
         for p in [p for p in self.pending if p.tag == rec.tag]:
             self._await(p)  # its result is applied before the next one with this tag is sent
@@ -396,6 +402,34 @@ class SimClock:
         self.node_idle[dst] += start - self.t[dst]
         self.node_comm[dst] += end - start
         self.t[dst] = end
+
+    def push(self, node: int, payload_bytes: float) -> float:
+        """Node ``node`` sends ``payload_bytes`` to the parameter server, from its own time;
+        when the message has arrived. The server's downlink carries one message at a time,
+        first come, first served (a push that finds it busy queues): the transfer takes
+        ``8S / (eff * min(up_node, down_server))`` (the server's link has the network's base
+        bandwidths), then one latency. The node's clock does not move (it waits for the reply,
+        :meth:`reply`)."""
+        up, _ = self.network.node_bandwidths(self.num_nodes)
+        server_down = self.network.down_bps or self.network.up_bps
+        start = max(self.t[node], self.link_free[node], self.server_free[0])
+        done = start + 8 * payload_bytes / (_efficiency(self.network) * min(up[node], server_down))
+        self.link_free[node] = self.server_free[0] = done
+        return done + _latency(self.network)
+
+    def reply(self, node: int, payload_bytes: float, at: float) -> None:
+        """The server sends ``payload_bytes`` (the model) to ``node`` from time ``at``, through
+        its uplink (one message at a time, first come, first served); the node, waiting since
+        its push, continues when it has arrived (its wait counts as communication)."""
+        _, down = self.network.node_bandwidths(self.num_nodes)
+        server_up = self.network.up_bps
+        start = max(at, self.server_free[1], self.link_free[node])
+        done = start + 8 * payload_bytes / (_efficiency(self.network) * min(server_up, down[node]))
+        self.link_free[node] = self.server_free[1] = done
+        end = done + _latency(self.network)
+        if end > self.t[node]:
+            self.node_comm[node] += end - self.t[node]
+            self.t[node] = end
 
     def _await(self, p: _Pending) -> None:
         for i in (range(self.num_nodes) if p.members is None else p.members):
@@ -461,6 +495,14 @@ def send_time(network: Network, num_nodes: int, payload_bytes: float, src: int,
     eff = getattr(network, "efficiency", 1.0)
     latency = network.latency_s + getattr(network, "hop_latency_s", 0.0)
     return 8 * payload_bytes / (eff * min(up[src], down[dst])) + latency
+
+
+def _efficiency(network: Network) -> float:
+    return float(getattr(network, "efficiency", 1.0))
+
+
+def _latency(network: Network) -> float:
+    return network.latency_s + getattr(network, "hop_latency_s", 0.0)
 
 
 def _sub_network(network: Network, num_nodes: int, members: Sequence[int],

@@ -94,7 +94,8 @@ class CommRecord:
     """One collective as the network sees it.
 
     Attributes:
-        op: ``"all_reduce"``, ``"all_gather"`` or ``"broadcast"``.
+        op: ``"all_reduce"``, ``"all_gather"``, ``"broadcast"``, ``"send"`` (point to point), or
+            ``"push"`` / ``"pull"`` (a node to / from the parameter server).
         payload_bytes: ``S``, the bytes one node contributes (summed over the tensors of a call).
         step: the training step during which it ran (``-1`` outside the loop).
         tag: a free label set by the strategy (``"grads"``, ``"pseudo_grads"``, ...).
@@ -171,6 +172,9 @@ class Communicator(abc.ABC):
         self.node_ids = list(node_ids)
         self.bytes_sent = [0.0] * num_nodes
         self.bytes_received = [0.0] * num_nodes
+        # A parameter server's traffic (asynchronous strategies: push/pull), not a node's.
+        self.server_bytes_sent = 0.0
+        self.server_bytes_received = 0.0
         self.log: list[CommRecord] = []
         self.step = -1
         # The world's view, set by the trainer each step: the nodes that computed it (None:
@@ -196,6 +200,7 @@ class Communicator(abc.ABC):
     def state_dict(self) -> dict[str, Any]:
         """The counters and the log (records as tuples of their fields), for a checkpoint."""
         return {"bytes_sent": list(self.bytes_sent), "bytes_received": list(self.bytes_received),
+                "server": [self.server_bytes_sent, self.server_bytes_received],
                 "log": [astuple(r) for r in self.log], "step": self.step}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -204,6 +209,8 @@ class Communicator(abc.ABC):
                              f"this run has {self.num_nodes}")
         self.bytes_sent = [float(v) for v in state["bytes_sent"]]
         self.bytes_received = [float(v) for v in state["bytes_received"]]
+        self.server_bytes_sent, self.server_bytes_received = (
+            float(v) for v in state.get("server", (0.0, 0.0)))
         self.log = [CommRecord(*r) for r in state["log"]]
         self.step = int(state["step"])
 
@@ -337,6 +344,36 @@ class Communicator(abc.ABC):
                       src=src, dst=dst)
         out = self._broadcast(tensors, src)
         return out if isinstance(x, (list, tuple)) else out[0]
+
+    def push(self, x: Tensor | Sequence[Tensor], node: int, *, tag: str = "") -> None:
+        """Node ``node`` sends its row of ``x`` to the parameter server (asynchronous
+        strategies, in one process: the strategy reads the row itself). Bytes: ``S`` sent by
+        the node, received by the server; logged as ``op="push"`` with ``src=node``. Its time
+        is the run's event loop's (:meth:`exogym.sim.clock.SimClock.push`), not a
+        collective's."""
+        self._point_to_server("push", x, node, tag)
+
+    def pull(self, x: Tensor | Sequence[Tensor], node: int, *, tag: str = "") -> None:
+        """The parameter server sends node ``node`` a model of the shape of a row of ``x``.
+        Bytes: ``S`` sent by the server, received by the node; ``op="pull"``, ``dst=node``."""
+        self._point_to_server("pull", x, node, tag)
+
+    def _point_to_server(self, op: str, x: Tensor | Sequence[Tensor], node: int,
+                         tag: str) -> None:
+        if not 0 <= node < self.num_nodes:
+            raise ValueError(f"node must be a node id in [0, {self.num_nodes}), got {node}")
+        tensors = self._check(x)
+        s = float(_payload(tensors))
+        one = [s if i == node else 0.0 for i in range(self.num_nodes)]
+        none = [0.0] * self.num_nodes
+        if op == "push":
+            self.server_bytes_received += s
+            self._account(op, tensors, tag, False, sent=one, received=none,
+                          members=[i == node for i in range(self.num_nodes)], src=node)
+        else:
+            self.server_bytes_sent += s
+            self._account(op, tensors, tag, False, sent=none, received=one,
+                          members=[i == node for i in range(self.num_nodes)], dst=node)
 
     def local_rows(self, mask: Sequence[bool] | Tensor, device: torch.device) -> Tensor:
         """A global ``[N]`` mask as this process's ``[n_local]`` bool tensor on ``device``."""

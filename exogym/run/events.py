@@ -1,0 +1,104 @@
+"""Per-node timelines: which node computes next, and when a pushed update reaches the server.
+
+The state of the run's event loop for asynchronous strategies (shared/DESIGN.md section 7, "Own
+progress per node"; :mod:`exogym.strategy.server`). The loop in :meth:`exogym.run.state.Run.
+train_step` repeats, in simulated time order:
+
+1. the next event is the earliest of (a) the clocks of the nodes that are free (not waiting for
+   the server's reply) and (b) the arrival times of the pushes in flight;
+2. an arrival due no later than every free node's clock is applied first (the server applies
+   it and replies; the node is free again when the reply has reached it). Only then can a
+   step that starts later see its result; a push that is not yet in flight comes from a step
+   that starts no earlier than the free nodes' clocks and arrives later still, so applying
+   arrivals in this order needs no foresight of completion times (the error FedScale PR #197
+   fixed);
+3. otherwise the free nodes whose clocks equal the earliest (to a relative ``1e-9``) compute one
+   step together (one masked step of the node-stacked engine); those that finish their round
+   push, and each push becomes an arrival at the time the simulated network delivers it
+   (:meth:`exogym.sim.clock.SimClock.push`). Ties between arrivals go in push order.
+
+With equal speeds every node is due at the same instant at every step: the loop is the
+lockstep loop. The run's ``step`` is the fastest node's count (``--steps`` is its budget);
+one :meth:`Run.train_step` runs the loop until that count grows by one.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["SAME_INSTANT", "Timelines"]
+
+SAME_INSTANT = 1e-9  # relative: two simulated times this close are the same instant
+
+
+def same_or_before(a: float, b: float) -> bool:
+    """``a <= b`` up to :data:`SAME_INSTANT` (relative to the larger, at least 1 s)."""
+    return a <= b + SAME_INSTANT * max(1.0, abs(a), abs(b))
+
+
+@dataclass
+class Timelines:
+    """Each node's step count, who waits for the server, the pushes in flight, and the
+    staleness of the updates applied since the last metrics row."""
+
+    num_nodes: int
+    steps: list[int] = field(default_factory=list)
+    waiting: list[bool] = field(default_factory=list)
+    # (arrival time, push sequence number, node), sorted: the pushes in flight.
+    in_flight: list[tuple[float, int, int]] = field(default_factory=list)
+    pushes: int = 0
+    window: list[int] = field(default_factory=list)  # staleness since the last row
+    all_staleness: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.steps:
+            self.steps = [0] * self.num_nodes
+        if not self.waiting:
+            self.waiting = [False] * self.num_nodes
+
+    @property
+    def fastest(self) -> int:
+        return max(self.steps)
+
+    def push(self, node: int, arrival: float) -> None:
+        """Node ``node`` pushed; its update arrives at ``arrival``. It waits for the reply."""
+        bisect.insort(self.in_flight, (arrival, self.pushes, node))
+        self.pushes += 1
+        self.waiting[node] = True
+
+    def next_arrival(self) -> tuple[float, int, int] | None:
+        return self.in_flight[0] if self.in_flight else None
+
+    def pop_arrival(self) -> tuple[float, int, int]:
+        return self.in_flight.pop(0)
+
+    def row(self) -> dict[str, Any]:
+        """The metrics row's asynchronous entries (the window then starts afresh)."""
+        w = self.window
+        out: dict[str, Any] = {"updates": len(self.all_staleness),
+                               "staleness": sum(w) / len(w) if w else None,
+                               "staleness_max": max(w) if w else None}
+        self.window = []
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        s = self.all_staleness
+        return {"node_steps": list(self.steps), "updates": len(s),
+                "staleness_mean": sum(s) / len(s) if s else None,
+                "staleness_max": max(s) if s else None,
+                "staleness_counts": {str(k): s.count(k) for k in sorted(set(s))}}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": list(self.steps), "waiting": list(self.waiting),
+                "in_flight": [list(a) for a in self.in_flight], "pushes": self.pushes,
+                "window": list(self.window), "all_staleness": list(self.all_staleness)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps = [int(v) for v in state["steps"]]
+        self.waiting = [bool(v) for v in state["waiting"]]
+        self.in_flight = [(float(t), int(k), int(i)) for t, k, i in state["in_flight"]]
+        self.pushes = int(state["pushes"])
+        self.window = [int(v) for v in state["window"]]
+        self.all_staleness = [int(v) for v in state["all_staleness"]]

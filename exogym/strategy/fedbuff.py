@@ -1,0 +1,91 @@
+"""FedBuff: buffered asynchronous aggregation with staleness weighting.
+
+Nguyen, Malik, Zhan, Yousefpour, Rabbat, Malek, Huba, "Federated Learning with Buffered
+Asynchronous Aggregation", AISTATS 2022, arXiv:2106.06639, Algorithm 1. The reference
+implementation is FLSim (facebookresearch/FLSim: its ``FedBuff`` aggregator, buffer of size
+``K`` and polynomial staleness weight); read for its choices, not copied.
+
+Every node (a client that is always available) downloads the server model, takes ``H`` local
+steps and uploads ``Delta_i = theta_base - theta_i``; the server adds it, weighted by its
+staleness ``s(tau) = (1 + tau)^(-a)`` with ``tau`` the server *steps* taken since the client's
+download, to a buffer; after ``K`` updates it steps ``theta <- theta - eta_g * buffer / K`` and
+empties the buffer (Algorithm 1 lines 10-13; ``a = 1/2`` is the paper's ``1/sqrt(1 + tau)``).
+The client does not wait for the server step: it receives the current model at once and starts
+again (the paper's clients run concurrently; a finished client is replaced by a new one, here
+the same node).
+
+Choices (shared/METHODS-NOTES.md): the buffer is divided by ``K`` (Algorithm 1, not by the sum of
+the weights); ``server_momentum`` (``beta``) = 0 gives the paper's plain server SGD, and FLSim's
+server optimizer may add momentum; a partial buffer at the end of the run is not applied (the
+server steps only on ``K`` updates, as in Algorithm 1); the client optimizer state is kept
+between a node's rounds (the paper's clients use plain SGD, whose state is empty).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from exogym.strategy.base import in_range, positive_int
+from exogym.strategy.server import ServerStrategy
+from exogym.utils.validation import check_number
+
+__all__ = ["FedBuff"]
+
+
+@dataclass(kw_only=True)
+class FedBuff(ServerStrategy):
+    """Buffered asynchronous aggregation (Nguyen et al. 2022).
+
+    Attributes:
+        H: local steps per client round.
+        K: updates buffered per server step.
+        eta_g: the server learning rate.
+        server_momentum: ``beta`` of the server's SGD (0: the paper's plain SGD).
+        a: the staleness exponent, ``s(tau) = (1 + tau)^(-a)`` (0: no weighting).
+    """
+
+    id: ClassVar[str] = "fedbuff"
+
+    K: int = 2
+    eta_g: float = 1.0
+    server_momentum: float = 0.0
+    a: float = 0.5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        positive_int("K", self.K)
+        check_number("eta_g", self.eta_g, lo=0.0, lo_open=True)
+        in_range("server_momentum", self.server_momentum, 0.0, 1.0)
+        check_number("a", self.a, lo=0.0)
+
+    def init_state(self) -> None:
+        super().init_state()
+        self.server_opt = torch.optim.SGD(list(self.global_params.values()), lr=self.eta_g,
+                                          momentum=self.server_momentum)
+        self.buffer = {k: torch.zeros_like(p) for k, p in self.global_params.items()}
+        self.buffered = 0
+
+    def weight(self, staleness: int) -> float:
+        """``s(tau) = (1 + tau)^(-a)``."""
+        return float((1 + staleness) ** -self.a)
+
+    @torch.no_grad()
+    def apply(self, node: int, delta: dict[str, Tensor], staleness: int) -> None:
+        w = self.weight(staleness)
+        for k, b in self.buffer.items():
+            b.add_(delta[k], alpha=w)
+        self.buffered += 1
+        if self.buffered < self.K:
+            return
+        for k, p in self.global_params.items():
+            p.grad = self.buffer[k] / self.K
+        self.server_opt.step()
+        self.server_opt.zero_grad(set_to_none=True)
+        for b in self.buffer.values():
+            b.zero_()
+        self.buffered = 0
+        self.version += 1

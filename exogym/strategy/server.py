@@ -1,0 +1,169 @@
+"""Asynchronous methods with a parameter server: nodes at their own pace, updates that arrive late.
+
+The base of :mod:`~exogym.strategy.async_local_sgd` and :mod:`~exogym.strategy.fedbuff`
+(shared/DESIGN.md section 7, "Own progress per node" and "Point to point"). Each node trains on
+its own timeline: it starts from the server's model (version ``v``), takes its ``H_i`` local
+steps, pushes its pseudo-gradient ``Delta_i = theta_base_i - theta_i`` to the server and waits
+for the server's reply; the server applies it when it *arrives* (by the simulated network,
+in arrival order), computed from the model the node started from, and sends the node its
+current model, from which the node starts again. The update's *staleness* is the number of
+server versions applied since the node's base model: ``tau = version - base_version_i``.
+
+Who computes when is the run's event loop (:mod:`exogym.run.events`): the nodes due at the
+earliest simulated time compute a step together (so equal speeds are a lockstep loop), a push
+becomes an arrival event at the time the network delivers it, and arrivals are applied in time
+order before any step that starts later. A strategy here defines:
+
+- :meth:`ServerStrategy.local_steps` (``H_i``; DyLU scales it by speed);
+- :meth:`ServerStrategy.apply`: the server's update from one arrived pseudo-gradient.
+
+Choices common to every server method here (each method's docstring adds its own):
+
+- the node's inner optimizer state is kept from one round to the next (a node is a
+  persistent worker: HALoS's ``worker.py`` keeps it, utnslab/halos commit 4b5bf73);
+- float buffers (BatchNorm statistics) travel with the model: the server takes the arriving
+  node's buffers (the freshest statistics) and sends them back with its model;
+- the learning-rate schedule: the inner optimizer's lr is constant (a warm-up/cosine schedule is
+  per node on per-node timelines, and this base refuses one rather than step it by the fastest
+  node's count);
+- the run ends when the fastest node has taken ``--steps`` steps; updates already pushed are
+  still delivered and applied (the network carries them), a node's unfinished local round is
+  not sent;
+- simulation only: one process holds the server and every node (``--engine process`` is
+  refused: the server's model would have to live on one rank).
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from exogym.strategy.base import Strategy, positive_int
+
+__all__ = ["ServerStrategy"]
+
+
+@dataclass(kw_only=True)
+class ServerStrategy(Strategy):
+    """A parameter server and nodes on their own timelines (module docstring).
+
+    Attributes:
+        H: local steps between two pushes of a node (its ``H_i`` unless
+            :meth:`local_steps` says otherwise).
+    """
+
+    asynchronous: ClassVar[bool] = True
+    supports_codec: ClassVar[bool] = False
+
+    H: int = 50
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        positive_int("H", self.H)
+        if self.schedule.active:
+            raise ValueError(
+                f"{type(self).__name__}: schedule={self.schedule!r}: an asynchronous method's "
+                "nodes each have their own step count, and a learning-rate schedule over the "
+                "fastest node's steps would be wrong for the others; allowed: the constant "
+                "schedule (warmup=0, cosine=False)")
+        if self.deadline is not None:
+            raise ValueError(f"{type(self).__name__}: deadline={self.deadline!r}: an "
+                             "asynchronous method never waits for a straggler; allowed: None")
+
+    # -- state -----------------------------------------------------------------------------
+    def init_state(self) -> None:
+        n = self.nodes.num_nodes
+        self.global_params, self.global_buffers = self.snapshot()
+        # The server model each node started its round from, node-stacked, and its version.
+        self.base = {k: p.detach().clone() for k, p in self.nodes.params.items()}
+        self.base_version = [0] * n
+        self.version = 0  # server model versions so far (updates applied, or server steps)
+        self.local = [0] * n  # local steps of each node in its current round
+        self.outbox: list[int] = []  # nodes that finished a round at this step (to push)
+        self.speeds: list[float] = [1.0] * n  # the nodes' relative speeds (set by the run)
+        self.staleness: list[int] = []  # of every update applied (the run reads and clears)
+        self.updates = 0  # pseudo-gradients applied
+
+    def set_speeds(self, speeds: Sequence[float]) -> None:
+        """The nodes' relative compute speeds (the run's world and network), for methods whose
+        ``H_i`` depends on them (DyLU)."""
+        if len(speeds) != self.nodes.num_nodes:
+            raise ValueError(f"speeds lists {len(speeds)} nodes, the run has "
+                             f"{self.nodes.num_nodes}")
+        self.speeds = [float(v) for v in speeds]
+
+    def local_steps(self, node: int) -> int:
+        """``H_i``: the local steps of node ``node``'s rounds."""
+        return self.H
+
+    # -- the hooks the event loop calls ---------------------------------------------------------
+    @torch.no_grad()
+    def step(self, step: int) -> None:
+        """The nodes that computed (``comm.active``; None: all) take their inner step; those
+        that completed their round push their pseudo-gradient (listed in :attr:`outbox`)."""
+        self.inner_step()
+        mask = self.comm.active
+        for i in range(self.nodes.num_nodes):
+            if mask is not None and not mask[i]:
+                continue
+            self.local[i] += 1
+            if self.local[i] >= self.local_steps(i):
+                self.outbox.append(i)
+                self.comm.push(list(self.nodes.params.values()), i, tag="pseudo_grads")
+
+    @torch.no_grad()
+    def deliver(self, node: int) -> int:
+        """Node ``node``'s push arrives at the server: the server applies it (:meth:`apply`)
+        and replies with its current model, from which the node starts its next round. Returns
+        the update's staleness."""
+        staleness = self.version - self.base_version[node]
+        delta = {k: self.base[k][node] - p[node] for k, p in self.nodes.params.items()}
+        self.apply(node, delta, staleness)
+        self.updates += 1
+        self.staleness.append(staleness)
+        for k, b in self.nodes.float_buffers.items():
+            self.global_buffers[k].copy_(b[node])
+        self.copy_counters(self.global_buffers)
+        for k, p in self.nodes.params.items():
+            p[node].copy_(self.global_params[k])
+            self.base[k][node].copy_(self.global_params[k])
+        for k, b in self.nodes.float_buffers.items():
+            b[node].copy_(self.global_buffers[k])
+        self.base_version[node] = self.version
+        self.local[node] = 0
+        self.comm.pull(list(self.nodes.params.values()) + list(self.nodes.float_buffers.values()),
+                       node, tag="model")
+        return staleness
+
+    @abc.abstractmethod
+    def apply(self, node: int, delta: dict[str, Tensor], staleness: int) -> None:
+        """The server's update of :attr:`global_params` from node ``node``'s pseudo-gradient
+        ``delta`` (``theta_base - theta_node``, keyed like the parameters), ``staleness`` server
+        versions old; advance :attr:`version` when the server model changes."""
+
+    def recover(self, node: int, donor: int) -> None:
+        raise NotImplementedError(  # the run refuses a world with failures for these methods
+            f"{type(self).__name__} runs on per-node timelines without failures")
+
+    def global_state(self) -> dict[str, Tensor]:
+        out = {k: v.clone() for k, v in self.global_params.items()}
+        out.update({k: v.clone() for k, v in self.global_buffers.items()})
+        return out
+
+    @property
+    def sync_period(self) -> int | None:
+        """``H``: the fastest node's round (the run's steps are its steps)."""
+        return self.H
+
+
+def dylu_steps(H: int, speeds: Sequence[float], node: int) -> int:
+    """Dynamic Local Updates (Liu et al. 2024, section 4.2): ``H_i = max(1, ceil(H * v_i /
+    max_j v_j))``, so that every node's round takes about the fastest node's time (HALoS's
+    ``--rescale_num_local_steps``, ``simulation/common.py``)."""
+    return max(1, math.ceil(H * speeds[node] / max(speeds) - 1e-9))

@@ -1,0 +1,185 @@
+"""Asynchronous methods on per-node timelines (exogym.run.events, exogym.strategy.server):
+hand-computed traces of which update reaches the server when, from which model version, and the
+parameters that result; the reductions the papers state; the server's link and bytes.
+
+The traces use a model whose gradient is 1 whatever the data (``loss = w * mean(x)``, ``x = 1``),
+SGD with lr 1/8, and a network with no latency and all but infinite bandwidth: every round of
+``H = 2`` steps moves a node by ``Delta = 2/8 = 1/4`` exactly, so every number below is a dyadic
+fraction and compared for equality.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import Tensor, nn
+from torch.utils.data import TensorDataset
+
+from exogym import Trainer
+from exogym.sim.clock import SimClock
+from exogym.sim.network import parse_network
+from exogym.strategy import make
+from exogym.strategy.optim import OptimSpec
+
+FAST = "bw=1000000Gbps,latency=0s,efficiency=1,hop_latency=0s"
+
+
+class Slope(nn.Module):
+    """``loss = w . mean(x)``: the gradient is ``mean(x)`` (1 with the data below)."""
+
+    def __init__(self, w: float = 1.0) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.tensor([w]))
+
+    def forward(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        x, _ = batch
+        return (self.w * x.mean()).sum()
+
+
+def ones() -> TensorDataset:
+    return TensorDataset(torch.ones(64, 1), torch.zeros(64))
+
+
+def fit(strategy, *, nodes: int = 2, steps: int = 4, speeds: str = "1:0.5", network: str = FAST,
+        model: nn.Module | None = None, **extra):
+    return Trainer(model or Slope(), ones(), ones()).fit(
+        strategy=strategy, num_nodes=nodes, max_steps=steps, batch_size=2, network=network,
+        world=f"speed={speeds}" if speeds else None, step_time=1.0, progress=False,
+        log_interval=1, eval_interval=steps, **extra)
+
+
+def sgd(lr: float = 0.125) -> OptimSpec:
+    return OptimSpec(name="sgd", lr=lr)
+
+
+def test_delayed_nesterov_trace_with_speeds_1_and_half() -> None:
+    """Node 0 takes 1 s per step, node 1 2 s; H = 2. By hand:
+
+    - t=0: both compute; t=1: node 0 its 2nd step and pushes (Delta 1/4, base version 0);
+    - t=2: node 0's push arrives first (staleness 0). DN, N_b = 2, t=0 (no boundary):
+      theta -= eta * g / N_b = 1/8 -> 7/8, version 1; node 0 restarts from 7/8; then both
+      compute: node 1 its 2nd step (pushes at t=4, base version 0), node 0 its 1st of round 2;
+    - t=3: node 0's 2nd step (the run's 4th and last), pushes at t=4 (base version 1);
+    - the end: the two pushes in flight are delivered in push order: node 1's (staleness 1),
+      DN t=1 is a boundary: buffer 1/4 + 1/4 = 1/2, m = beta * 0 + 1/2 / 2 = 1/4, theta -=
+      eta (beta m + g / 2) = 1/2 * 1/4 + 1/8 = 1/4 -> 5/8 (version 2); then node 0's
+      (staleness 2 - 1 = 1), t=2, no boundary: theta -= 1/8 -> 1/2 (version 3).
+    """
+    s = make("async_local_sgd", H=2, outer="delayed_nesterov", outer_lr=1.0,
+             outer_momentum=0.5, optim=sgd())
+    r = fit(s)
+    assert r.model.w.item() == 0.5
+    assert r.asynchronous["node_steps"] == [4, 2]
+    assert r.asynchronous["updates"] == 3
+    assert s.staleness == [0, 1, 1]
+    assert [rec.op for rec in r.comm_log] == ["push", "pull", "push", "push", "pull", "pull"]
+    assert [rec.src for rec in r.comm_log if rec.op == "push"] == [0, 1, 0]
+    assert [rec.dst for rec in r.comm_log if rec.op == "pull"] == [0, 1, 0]
+    # The rows per step: the fastest node's count, its updates and their staleness so far.
+    assert [row["step"] for row in r.history if "train_loss" in row] == [1, 2, 3, 4]
+    assert [row["updates"] for row in r.history if "updates" in row] == [0, 0, 1, 3]
+    # DN's state after the run: m = 1/4, the buffer holds node 0's last 1/4, t = 3.
+    assert s.m["w"].item() == 0.25 and s.buffer["w"].item() == 0.25 and s.t == 3
+
+
+def test_plain_nesterov_applies_each_arrival_with_momentum() -> None:
+    """The same trace with outer="nesterov" (torch SGD, Nesterov, on g / N): arrivals
+    g = 1/4 each, so g / N = 1/8; beta = 1/2, eta = 1.
+    1st: buf = 1/8, step g + beta buf = 1/8 + 1/16 = 3/16 -> 13/16;
+    2nd: buf = 1/2 * 1/8 + 1/8 = 3/16, step 1/8 + 3/32 = 7/32 -> 19/32;
+    3rd: buf = 3/32 + 1/8 = 7/32, step 1/8 + 7/64 = 15/64 -> 23/64."""
+    s = make("async_local_sgd", H=2, outer="nesterov", outer_lr=1.0, outer_momentum=0.5,
+             optim=sgd())
+    r = fit(s)
+    assert r.model.w.item() == 23 / 64
+    assert s.staleness == [0, 1, 1]
+
+
+def test_fedbuff_trace_buffers_k_updates_weighted_by_staleness() -> None:
+    """FedBuff, K = 2, eta_g = 1, a = 1/2, the same timelines. A node does not wait for the
+    server step, so its staleness counts server steps:
+    - node 0's push (t=2): tau 0, weight 1, buffer 1/4, no step (1 < K); node 0 restarts from
+      the unchanged model (version 0);
+    - the end: node 1's (base 0, tau 0): buffer 1/2, K reached: theta -= 1/2 / 2 -> 3/4,
+      version 1; node 0's (base 0, tau 1): weight 1/sqrt(2), buffered, never applied (K = 2
+      is not reached again: a partial buffer is not applied)."""
+    s = make("fedbuff", H=2, K=2, eta_g=1.0, optim=sgd())
+    r = fit(s)
+    assert r.model.w.item() == 0.75
+    assert s.staleness == [0, 0, 1]
+    assert s.buffered == 1
+    assert s.buffer["w"].item() == pytest.approx(0.25 / math.sqrt(2), abs=1e-7)
+
+
+def test_dylu_scales_local_steps_by_speed_and_equal_speeds_keep_h() -> None:
+    s = make("async_local_sgd", H=10, dylu=True)
+    fit(s, nodes=4, steps=10, speeds="1:1:0.5:0.25", model=Slope())
+    assert [s.local_steps(i) for i in range(4)] == [10, 10, 5, 3]  # ceil(10 * 0.25) = 3
+    plain = make("async_local_sgd", H=10, dylu=False, optim=sgd())
+    dylu = make("async_local_sgd", H=10, dylu=True, optim=sgd())
+    a = fit(plain, nodes=2, steps=20, speeds="")
+    b = fit(dylu, nodes=2, steps=20, speeds="")
+    assert a.model.w.item() == b.model.w.item()
+    assert a.history == [dict(row, wall_s=r["wall_s"]) for row, r in zip(b.history, a.history,
+                                                                           strict=True)]
+
+
+def test_equal_speeds_are_lockstep_rounds() -> None:
+    """Equal speeds: every node is due at the same instants, all push after their H-th step, and
+    the server applies the N arrivals of a round in node order (their push order). Round 1 is
+    computed from version 0: staleness 0, 1, .., N - 1; node i then restarts from version
+    i + 1, and the N - 1 others' updates land before its next one: staleness N - 1 after."""
+    s = make("async_local_sgd", H=2, optim=sgd())
+    r = fit(s, nodes=3, steps=6, speeds="")
+    assert r.asynchronous["node_steps"] == [6, 6, 6]
+    assert s.staleness == [0, 1, 2] + [2] * 6
+
+
+def test_the_server_link_queues_pushes_first_come_first_served() -> None:
+    """Two 1 MB pushes at t = 0 over 8 Mbit/s links (1 s each), latency 0.1 s: the second
+    waits for the first to be through the server's downlink; replies likewise."""
+    clock = SimClock(parse_network("bw=8Mbps,latency=0.1s,efficiency=1,hop_latency=0s"), 2, 1.0)
+    assert clock.push(0, 1e6) == pytest.approx(1.1)
+    assert clock.push(1, 1e6) == pytest.approx(2.1)
+    clock.reply(0, 1e6, at=1.1)
+    clock.reply(1, 1e6, at=2.1)
+    assert clock.t == pytest.approx([2.2, 3.2])
+    assert clock.node_comm == pytest.approx([2.2, 3.2])
+
+
+def test_bytes_per_node_and_for_the_server() -> None:
+    s = make("async_local_sgd", H=2, optim=sgd())
+    r = fit(s, nodes=2, steps=4, speeds="")
+    # w is 4 bytes: each node pushed twice and pulled twice
+    assert r.bytes_sent == [8.0, 8.0] and r.bytes_received == [8.0, 8.0]
+    assert r.asynchronous["server_bytes_received"] == 16.0
+    assert r.asynchronous["server_bytes_sent"] == 16.0
+
+
+def test_asynchronous_runs_are_deterministic() -> None:
+    runs = [fit(make("fedbuff", H=3, K=2), nodes=3, steps=12, speeds="1:0.5:0.3",
+                model=Slope(0.3)) for _ in range(2)]
+    a, b = ([{k: v for k, v in row.items() if k != "wall_s"} for row in r.history]
+            for r in runs)
+    assert a == b
+    assert runs[0].model.w.item() == runs[1].model.w.item()
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"network": None}, "needs? a simulated network|give the run one"),
+    ({"world": "speed=1:1,fail=1@2"}, "not failures"),
+])
+def test_asynchronous_needs_a_network_and_no_failures(kwargs, match) -> None:
+    args = {"strategy": make("async_local_sgd", H=2), "num_nodes": 2, "max_steps": 4,
+            "batch_size": 2, "network": FAST, "step_time": 1.0, "progress": False, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        Trainer(Slope(), ones(), ones()).fit(**args)
+
+
+def test_a_schedule_or_a_deadline_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="schedule"):
+        make("async_local_sgd", **{"schedule.warmup": 10})
+    with pytest.raises(ValueError, match="deadline"):
+        make("fedbuff", deadline="2x")
