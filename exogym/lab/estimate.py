@@ -21,8 +21,10 @@ in two modes, side by side:
   500 * 21 = 10,500 min; DiLoCo with H = 500 syncs once: 500 + 18.67 = 518.7 min (~519), or
   exactly 520 with the 20-minute sync;
 - **all-reduce**: ``sync_time`` is the network's all-reduce of ``S`` bytes over ``N`` nodes
-  (:meth:`exogym.sim.network.Network.collective_time`; ring: ``2(N-1)/N * 8S/B + 2(N-1) L``), or an
-  all-gather for a sparse codec (top-k), exactly as a run's clock costs it.
+  (:meth:`exogym.sim.network.Network.collective_time`; ring: ``2(N-1)/N * 8S/B + 2(N-1) L``
+  with the calibrated ``B = efficiency * bits/s`` and ``L = latency + hop_latency``, see
+  ``docs/network.md``; ``--network ...,efficiency=1,hop_latency=0s`` gives the bare formula), or
+  an all-gather for a sparse codec (top-k), exactly as a run's clock costs it.
 
 Bytes sent per node: send once ``syncs * S``; all-reduce ``syncs * 2(N-1)/N * S`` (``(N-1) S``
 for a sparse codec), the communicator's formulas. Distributing pays off when ``total`` is below
