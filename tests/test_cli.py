@@ -65,7 +65,8 @@ def test_strategies_lists_registry(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--strategy", "dilocoo"), "unknown strategy 'dilocoo'; available: async_local_sgd, ddp, "),
+        (("--strategy", "dilocoo"),
+         "unknown strategy 'dilocoo'; available: async_local_sgd, ddp, "),
         (("--set", "Hh=5"), "did you mean 'H'?"),
         (("--set", "H=zero"), "H takes an integer"),
         (("--set", "H=0"), "H must be an integer >= 1"),
