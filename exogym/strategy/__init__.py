@@ -68,6 +68,7 @@ def __getattr__(name: str) -> Any:
 register("ddp", "exogym.strategy.ddp:DDP")
 register("fedavg", "exogym.strategy.fedavg:FedAvg")
 register("diloco", "exogym.strategy.diloco:DiLoCo")
+register("diloco_eager", "exogym.strategy.diloco_eager:DiLoCoEager")
 register("demo", "exogym.strategy.demo:DeMo")
 register("fedadam", "exogym.strategy.fedadam:FedAdam")
 register("fedyogi", "exogym.strategy.fedyogi:FedYogi")
