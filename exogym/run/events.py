@@ -40,8 +40,9 @@ def same_or_before(a: float, b: float) -> bool:
 
 @dataclass
 class Timelines:
-    """Each node's step count, who waits for the server, the pushes in flight, and the
-    staleness of the updates applied since the last metrics row."""
+    """Each node's step count, who waits for the server, the pushes in flight, and how many
+    of the server's updates the metrics rows have reported (the staleness of every update is
+    the strategy's ``staleness`` list)."""
 
     num_nodes: int
     steps: list[int] = field(default_factory=list)
@@ -49,8 +50,7 @@ class Timelines:
     # (arrival time, push sequence number, node), sorted: the pushes in flight.
     in_flight: list[tuple[float, int, int]] = field(default_factory=list)
     pushes: int = 0
-    window: list[int] = field(default_factory=list)  # staleness since the last row
-    all_staleness: list[int] = field(default_factory=list)
+    reported: int = 0  # updates covered by the metrics rows so far
 
     def __post_init__(self) -> None:
         if not self.steps:
@@ -74,17 +74,16 @@ class Timelines:
     def pop_arrival(self) -> tuple[float, int, int]:
         return self.in_flight.pop(0)
 
-    def row(self) -> dict[str, Any]:
-        """The metrics row's asynchronous entries (the window then starts afresh)."""
-        w = self.window
-        out: dict[str, Any] = {"updates": len(self.all_staleness),
-                               "staleness": sum(w) / len(w) if w else None,
-                               "staleness_max": max(w) if w else None}
-        self.window = []
-        return out
+    def row(self, staleness: list[int]) -> dict[str, Any]:
+        """The metrics row's asynchronous entries: the updates applied so far (``staleness``:
+        of each, in order) and the staleness of those since the last row."""
+        w = staleness[self.reported:]
+        self.reported = len(staleness)
+        return {"updates": len(staleness), "staleness": sum(w) / len(w) if w else None,
+                "staleness_max": max(w) if w else None}
 
-    def summary(self) -> dict[str, Any]:
-        s = self.all_staleness
+    def summary(self, staleness: list[int]) -> dict[str, Any]:
+        s = staleness
         return {"node_steps": list(self.steps), "updates": len(s),
                 "staleness_mean": sum(s) / len(s) if s else None,
                 "staleness_max": max(s) if s else None,
@@ -93,12 +92,11 @@ class Timelines:
     def state_dict(self) -> dict[str, Any]:
         return {"steps": list(self.steps), "waiting": list(self.waiting),
                 "in_flight": [list(a) for a in self.in_flight], "pushes": self.pushes,
-                "window": list(self.window), "all_staleness": list(self.all_staleness)}
+                "reported": self.reported}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.steps = [int(v) for v in state["steps"]]
         self.waiting = [bool(v) for v in state["waiting"]]
         self.in_flight = [(float(t), int(k), int(i)) for t, k, i in state["in_flight"]]
         self.pushes = int(state["pushes"])
-        self.window = [int(v) for v in state["window"]]
-        self.all_staleness = [int(v) for v in state["all_staleness"]]
+        self.reported = int(state["reported"])

@@ -340,11 +340,9 @@ class Run:
         """A push reaches the server: it applies the update and replies to the node."""
         tl, clock = self.timelines, self.clock
         assert tl is not None and clock is not None
-        staleness = self.strategy.deliver(node)  # type: ignore[attr-defined]
+        self.strategy.deliver(node)  # type: ignore[attr-defined]
         clock.reply(node, self.comm.log[-1].payload_bytes, arrival)
         tl.waiting[node] = False
-        tl.window.append(staleness)
-        tl.all_staleness.append(staleness)
 
     def _check_asynchronous(self) -> None:
         """An asynchronous strategy runs in one process, on a simulated network, in a world
@@ -383,7 +381,7 @@ class Run:
             row["sim_time_s"] = self.clock.now
         if self.timelines is not None:
             row["samples"] = sum(self.timelines.steps) * s.batch_size
-            row.update(self.timelines.row())
+            row.update(self.timelines.row(self.strategy.staleness))  # type: ignore[attr-defined]
         self.loss_sum.zero_()
         self.loss_count = 0
         self.loss_nodes = 0
@@ -460,7 +458,7 @@ class Run:
                     **self.counts, "events": len(self.events)}),
             events=list(self.events),
             asynchronous=(None if self.timelines is None else
-                          {**self.timelines.summary(),
+                          {**self.timelines.summary(self.strategy.staleness),  # type: ignore[attr-defined]
                            "server_bytes_received": self.comm.server_bytes_received,
                            "server_bytes_sent": self.comm.server_bytes_sent}),
         )

@@ -87,8 +87,7 @@ class ServerStrategy(Strategy):
         self.local = [0] * n  # local steps of each node in its current round
         self.outbox: list[int] = []  # nodes that finished a round at this step (to push)
         self.speeds: list[float] = [1.0] * n  # the nodes' relative speeds (set by the run)
-        self.staleness: list[int] = []  # of every update applied (the run reads and clears)
-        self.updates = 0  # pseudo-gradients applied
+        self.staleness: list[int] = []  # of every update applied, in order
 
     def set_speeds(self, speeds: Sequence[float]) -> None:
         """The nodes' relative compute speeds (the run's world and network), for methods whose
@@ -125,16 +124,13 @@ class ServerStrategy(Strategy):
         staleness = self.version - self.base_version[node]
         delta = {k: self.base[k][node] - p[node] for k, p in self.nodes.params.items()}
         self.apply(node, delta, staleness)
-        self.updates += 1
         self.staleness.append(staleness)
-        for k, b in self.nodes.float_buffers.items():
-            self.global_buffers[k].copy_(b[node])
+        for k, b in self.nodes.float_buffers.items():  # the node keeps its own: they are the
+            self.global_buffers[k].copy_(b[node])       # server's now
         self.copy_counters(self.global_buffers)
         for k, p in self.nodes.params.items():
             p[node].copy_(self.global_params[k])
             self.base[k][node].copy_(self.global_params[k])
-        for k, b in self.nodes.float_buffers.items():
-            b[node].copy_(self.global_buffers[k])
         self.base_version[node] = self.version
         self.local[node] = 0
         self.comm.pull(list(self.nodes.params.values()) + list(self.nodes.float_buffers.values()),
