@@ -27,7 +27,6 @@ import signal
 import socket
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +53,7 @@ from exogym.sim.comm import CommRecord
 from exogym.sim.engine import EngineName, NodeStack
 from exogym.sim.sharding import DatasetFactory, NodeBatches
 from exogym.strategy.base import Strategy
+from exogym.utils.signals import StopSignals
 
 __all__ = [
     "RankContext", "WorkerError", "WorkerResult", "fit_processes", "fit_worker", "free_port",
@@ -171,36 +171,28 @@ class _Terminated(KeyboardInterrupt):
     """The second signal to the parent: the workers are stopped at once."""
 
 
-class _WorkerSignals:
+class _WorkerSignals(StopSignals):
     """While the workers run (main thread only): the first SIGINT (Ctrl-C) or SIGTERM to this
     process is forwarded as SIGINT to every worker, so that a worker running
     :meth:`exogym.Trainer.fit` stops cleanly after its next logged step (every rank at the same
     one) and writes a checkpoint; a second signal stops them at once (:meth:`stop`)."""
 
     def __init__(self, processes: Sequence[Any]) -> None:
+        super().__init__()
         self.processes = processes
         self.forwarded = False
-        self._old: dict[int, Any] = {}
 
     def __enter__(self) -> _WorkerSignals:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handle)
+        super().__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-        self._old.clear()
-
-    def _handle(self, signum: int, frame: Any) -> None:
+    def handle(self, sig: signal.Signals) -> None:
         if self.forwarded:
             raise _Terminated()
         self.forwarded = True
         alive = [p for p in self.processes if p.is_alive()]
-        print(f"exogym: {signal.Signals(signum).name}: asking the {len(alive)} worker "
-              "process(es) to stop after their next logged step (again to stop them at once)",
-              file=sys.stderr, flush=True)
+        print(f"exogym: {sig.name}: asking the {len(alive)} worker process(es) to stop after "
+              "their next logged step (again to stop them at once)", file=sys.stderr, flush=True)
         for p in alive:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p.pid, signal.SIGINT)

@@ -48,6 +48,7 @@ from exogym.sim.world import World, parse_world, speeds_of
 from exogym.strategy import Strategy, make
 from exogym.strategy import get as get_strategy
 from exogym.utils.config import apply_overrides
+from exogym.utils.signals import STOP_SIGNALS, StopSignals
 
 __all__ = ["Trainer"]
 
@@ -508,40 +509,32 @@ def defer_stop_signals() -> None:
     loop at its first logged step, with every other rank, instead of killing this worker while
     its peers wait for it in a collective."""
     if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, _note_early_signal)
 
 
-class _StopRequest:
+class _StopRequest(StopSignals):
     """While a run trains (in the main thread): the first SIGINT or SIGTERM asks it to stop
     cleanly after the current step; a second one aborts at once (KeyboardInterrupt). A signal
     kept by :func:`defer_stop_signals` counts as the first."""
 
     def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled and threading.current_thread() is threading.main_thread()
+        super().__init__(enabled)
         self.requested = False
-        self._old: dict[int, Any] = {}
 
     def __enter__(self) -> _StopRequest:
-        if self.enabled:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handle)
-            if _early_signals:
-                self._handle(_early_signals.pop(0), None)
-                _early_signals.clear()
+        super().__enter__()
+        if self.enabled and _early_signals:
+            self.handle(signal.Signals(_early_signals[0]))
+            _early_signals.clear()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-        self._old.clear()
-
-    def _handle(self, signum: int, frame: Any) -> None:
+    def handle(self, sig: signal.Signals) -> None:
         if self.requested:
             raise KeyboardInterrupt  # the second signal: abort now
         self.requested = True
-        print(f"exogym: {signal.Signals(signum).name}: stopping after this step (again to abort "
-              "at once)", file=sys.stderr, flush=True)
+        print(f"exogym: {sig.name}: stopping after this step (again to abort at once)",
+              file=sys.stderr, flush=True)
 
 
 def _drive(run: Run, resumed_step: int | None, ck: _Checkpointing,
