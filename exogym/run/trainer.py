@@ -547,10 +547,12 @@ def _drive(run: Run, resumed_step: int | None, ck: _Checkpointing,
                                     rank=0 if run.ranks is None else run.ranks.rank,
                                     world_size=world)
     distributed = run.ranks is not None and run.ranks.world_size > 1
-    run.open(resumed=resumed_step is not None)
     last_save = time.monotonic()
     try:
+        # The handler is in place before the run folder's files appear: a Ctrl-C while the run
+        # starts (sinks, initial evaluation) stops it cleanly too.
         with _StopRequest(handle_signals) as stop:
+            run.open(resumed=resumed_step is not None)
             if resumed_step is None:
                 run.evaluate_initial()
             while not run.done:
