@@ -262,6 +262,7 @@ class SimClock:
         if len(speeds) != num_nodes:
             raise ValueError(f"speeds lists {len(speeds)} nodes, the clock has {num_nodes}")
         self.node_step_s = [step_time_s / s for s in speeds]
+        self.up_bps, self.down_bps = self.network.node_bandwidths(num_nodes)
         self.t = [0.0] * num_nodes
         self.node_compute = [0.0] * num_nodes
         self.node_comm = [0.0] * num_nodes
@@ -397,7 +398,9 @@ class SimClock:
         receiver waits for it (comm), the sender goes on computing."""
         src, dst = rec.src, rec.dst
         start = max(self.t[src], self.t[dst], self.link_free[src], self.link_free[dst])
-        end = start + send_time(self.network, self.num_nodes, rec.payload_bytes, src, dst)
+        net = self.network
+        end = start + (net.transfer_s(rec.payload_bytes, self.up_bps[src], self.down_bps[dst])
+                       + net.message_latency_s)
         self.link_free[src] = self.link_free[dst] = end
         self.node_idle[dst] += start - self.t[dst]
         self.node_comm[dst] += end - start
@@ -410,23 +413,22 @@ class SimClock:
         ``8S / (eff * min(up_node, down_server))`` (the server's link has the network's base
         bandwidths), then one latency. The node's clock does not move (it waits for the reply,
         :meth:`reply`)."""
-        up, _ = self.network.node_bandwidths(self.num_nodes)
-        server_down = self.network.down_bps or self.network.up_bps
+        net = self.network
         start = max(self.t[node], self.link_free[node], self.server_free[0])
-        done = start + 8 * payload_bytes / (_efficiency(self.network) * min(up[node], server_down))
+        done = start + net.transfer_s(payload_bytes, self.up_bps[node],
+                                      net.down_bps or net.up_bps)
         self.link_free[node] = self.server_free[0] = done
-        return done + _latency(self.network)
+        return done + net.message_latency_s
 
     def reply(self, node: int, payload_bytes: float, at: float) -> None:
         """The server sends ``payload_bytes`` (the model) to ``node`` from time ``at``, through
         its uplink (one message at a time, first come, first served); the node, waiting since
         its push, continues when it has arrived (its wait counts as communication)."""
-        _, down = self.network.node_bandwidths(self.num_nodes)
-        server_up = self.network.up_bps
+        net = self.network
         start = max(at, self.server_free[1], self.link_free[node])
-        done = start + 8 * payload_bytes / (_efficiency(self.network) * min(server_up, down[node]))
+        done = start + net.transfer_s(payload_bytes, net.up_bps, self.down_bps[node])
         self.link_free[node] = self.server_free[1] = done
-        end = done + _latency(self.network)
+        end = done + net.message_latency_s
         if end > self.t[node]:
             self.node_comm[node] += end - self.t[node]
             self.t[node] = end
@@ -484,25 +486,6 @@ def parse_deadline(text: str) -> tuple[str, float]:
         return "s", seconds
     raise ValueError(f"deadline {text!r}: give a multiple of the median arrival (e.g. 2x) or a "
                      "duration after the last synchronisation (e.g. 30s)")
-
-
-def send_time(network: Network, num_nodes: int, payload_bytes: float, src: int,
-              dst: int) -> float:
-    """Seconds for ``src`` to send ``payload_bytes`` to ``dst``: one message over the slower of
-    ``src``'s uplink and ``dst``'s downlink at the network's payload efficiency, plus one
-    latency (``8S / (eff * min(up_src, down_dst)) + L``)."""
-    up, down = network.node_bandwidths(num_nodes)
-    eff = getattr(network, "efficiency", 1.0)
-    latency = network.latency_s + getattr(network, "hop_latency_s", 0.0)
-    return 8 * payload_bytes / (eff * min(up[src], down[dst])) + latency
-
-
-def _efficiency(network: Network) -> float:
-    return float(getattr(network, "efficiency", 1.0))
-
-
-def _latency(network: Network) -> float:
-    return network.latency_s + getattr(network, "hop_latency_s", 0.0)
 
 
 def _sub_network(network: Network, num_nodes: int, members: Sequence[int],

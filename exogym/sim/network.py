@@ -415,6 +415,17 @@ class Network:
         return values
 
     # -- time ----------------------------------------------------------------------------------
+    @property
+    def message_latency_s(self) -> float:
+        """``L``: the latency of one message, ``latency_s + hop_latency_s``."""
+        return self.latency_s + self.hop_latency_s
+
+    def transfer_s(self, payload_bytes: float, up_bps: float, down_bps: float) -> float:
+        """Seconds for one message of ``payload_bytes`` to pass a sender's uplink ``up_bps`` and
+        a receiver's downlink ``down_bps``: ``8S / (efficiency * min(up, down))`` (the link is
+        busy that long; the receiver has it ``L`` later)."""
+        return 8 * payload_bytes / (self.efficiency * min(up_bps, down_bps))
+
     def collective_time(self, op: str, payload_bytes: float, num_nodes: int, *,
                         src: int = 0) -> float:
         """Seconds for one collective of ``payload_bytes`` per node over ``num_nodes`` nodes,
@@ -430,7 +441,7 @@ class Network:
         up = tuple(u * self.efficiency for u in up)  # payload bits/s
         down = tuple(d * self.efficiency for d in down)
         bps = min(min(up), min(down))
-        lat = self.latency_s + self.hop_latency_s
+        lat = self.message_latency_s
         algo = getattr(self, op)
         if op == "all_reduce":
             if algo == "ring":
