@@ -51,22 +51,28 @@ def masked_step(optimizer: torch.optim.Optimizer, active: Tensor, counts: Tensor
         counts += active.cpu().long()
         return
     counts += active.cpu().long()
+    t_max = float(counts.max())  # on the CPU: no device sync per parameter
+    on_device: dict[torch.device, tuple[Tensor, Tensor]] = {}  # the mask and counts, moved once
     for group in optimizer.param_groups:
         for p in group["params"]:
             if p.grad is None:
                 continue
-            keep = active.to(p.device).view(-1, *([1] * (p.dim() - 1)))
-            t = counts.to(device=p.device, dtype=torch.float64).view_as(keep)
+            if p.device not in on_device:
+                on_device[p.device] = (active.to(p.device),
+                                       counts.to(device=p.device, dtype=torch.float64))
+            rows, steps = on_device[p.device]
+            keep = rows.view(-1, *([1] * (p.dim() - 1)))
+            t = steps.view_as(keep)
             if isinstance(optimizer, torch.optim.SGD):
                 _sgd(optimizer, group, p, keep, t)
             else:
-                _adam(optimizer, group, p, keep, t)
+                _adam(optimizer, group, p, keep, t, t_max)
 
 
 def _adam(optimizer: torch.optim.Optimizer, group: dict, p: Tensor, keep: Tensor,
-          t: Tensor) -> None:
+          t: Tensor, t_max: float) -> None:
     """Adam / AdamW (torch's single-tensor formulas) for the rows ``keep``; ``t`` the rows'
-    step counts after this step (float64, ``[n, 1, ...]``)."""
+    step counts after this step (float64, ``[n, 1, ...]``), ``t_max`` the largest."""
     if group.get("amsgrad") or group.get("maximize"):
         raise TypeError("masked steps support Adam/AdamW without amsgrad and maximize")
     lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
@@ -97,7 +103,7 @@ def _adam(optimizer: torch.optim.Optimizer, group: dict, p: Tensor, keep: Tensor
     param.copy_(torch.where(keep, new_p, param))
     # torch's scalar count stays the largest row's, so that its own step() after the rows agree
     # again (the fast path of the caller) continues from the right number
-    state["step"].fill_(float(t.max()))
+    state["step"].fill_(t_max)
 
 
 def _sgd(optimizer: torch.optim.Optimizer, group: dict, p: Tensor, keep: Tensor,
