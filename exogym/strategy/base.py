@@ -159,6 +159,15 @@ class Strategy(abc.ABC):
         """
         return {k: v.clone() for k, v in self.nodes.node_state(0).items()}
 
+    @torch.no_grad()
+    def node_mean_state(self) -> dict[str, Tensor]:
+        """The node mean of the parameters and float buffers, node 0's integer buffers: the
+        global model of a method whose nodes never hold one model (SPARTA, DES-LOC)."""
+        out = {k: p.detach().mean(0) for k, p in self.nodes.params.items()}
+        for k, b in self.nodes.buffers.items():
+            out[k] = b.mean(0) if b.is_floating_point() else b[0].clone()
+        return out
+
     # -- state ---------------------------------------------------------------------------------
     def _state_names(self) -> list[str]:
         """The attributes that are state: set at run time, neither a hyperparameter, nor the

@@ -315,7 +315,4 @@ class DiLoCoEager(DiLoCo):
     def global_state(self) -> dict[str, Tensor]:
         if not self.per_node:
             return super().global_state()
-        out = {k: p.detach().mean(0) for k, p in self.nodes.params.items()}
-        for k, b in self.nodes.buffers.items():
-            out[k] = b.mean(0) if b.is_floating_point() else b[0].clone()
-        return out
+        return self.node_mean_state()

@@ -239,7 +239,4 @@ class SPARTA(Strategy):
     @torch.no_grad()
     def global_state(self) -> dict[str, Tensor]:
         """The node mean of the parameters and float buffers; node 0's integer buffers."""
-        out = {k: p.detach().mean(0) for k, p in self.nodes.params.items()}
-        for k, b in self.nodes.buffers.items():
-            out[k] = b.mean(0) if b.is_floating_point() else b[0].clone()
-        return out
+        return self.node_mean_state()
