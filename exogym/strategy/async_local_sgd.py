@@ -97,9 +97,12 @@ class AsyncLocalSGD(ServerStrategy):
         if self.outer == "nesterov":
             self.outer_opt = torch.optim.SGD(params, lr=self.outer_lr,
                                              momentum=self.outer_momentum, nesterov=True)
-        # Delayed Nesterov's momentum m and buffer Delta, and its update counter t.
-        self.m = {k: torch.zeros_like(p) for k, p in self.global_params.items()}
-        self.buffer = {k: torch.zeros_like(p) for k, p in self.global_params.items()}
+        # Delayed Nesterov's momentum m and buffer Delta (empty for "nesterov", whose momentum
+        # is the SGD optimizer's), and its update counter t.
+        dn = self.outer == "delayed_nesterov"
+        self.m = {k: torch.zeros_like(p) for k, p in self.global_params.items()} if dn else {}
+        self.buffer = ({k: torch.zeros_like(p) for k, p in self.global_params.items()} if dn
+                       else {})
         self.t = 0
 
     def local_steps(self, node: int) -> int:
