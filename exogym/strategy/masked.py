@@ -9,7 +9,7 @@ steps must keep its own count: its bias correction ``1 - beta ** t`` uses its ow
 :func:`masked_step` does that for :class:`torch.optim.AdamW`, :class:`torch.optim.Adam` and
 :class:`torch.optim.SGD` (momentum and Nesterov included) with the formulas of
 ``torch/optim/adamw.py``, ``adam.py`` and ``sgd.py`` (PyTorch 2.x, their defaults: no amsgrad,
-no maximize, dampening 0), computed for every row and written back only into the active rows:
+no maximize, dampening 0), computed with foreach operations on the active rows' views only:
 the optimizer's own state tensors (``exp_avg``, ``exp_avg_sq``, ``momentum_buffer``) are updated
 in place, so the two paths share one state. The per-node counts are kept by the caller (the
 strategy's ``node_steps``, ``[n_local]`` int64). An optimizer with its own masked step (exogym's
@@ -50,79 +50,98 @@ def masked_step(optimizer: torch.optim.Optimizer, active: Tensor, counts: Tensor
         optimizer.step(active=active)  # type: ignore[call-arg]
         counts += active.cpu().long()
         return
+    rows = [i for i, a in enumerate(active.tolist()) if a]  # one host read per step
     counts += active.cpu().long()
-    t_max = float(counts.max())  # on the CPU: no device sync per parameter
-    on_device: dict[torch.device, tuple[Tensor, Tensor]] = {}  # the mask and counts, moved once
+    t = counts.to(torch.float64)  # the rows' counts after this step, on the CPU
     for group in optimizer.param_groups:
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            if p.device not in on_device:
-                on_device[p.device] = (active.to(p.device),
-                                       counts.to(device=p.device, dtype=torch.float64))
-            rows, steps = on_device[p.device]
-            keep = rows.view(-1, *([1] * (p.dim() - 1)))
-            t = steps.view_as(keep)
-            if isinstance(optimizer, torch.optim.SGD):
-                _sgd(optimizer, group, p, keep, t)
-            else:
-                _adam(optimizer, group, p, keep, t, t_max)
+        params = [p for p in group["params"] if p.grad is not None]
+        if isinstance(optimizer, torch.optim.SGD):
+            _sgd(optimizer, group, params, rows, t)
+        else:
+            _adam(optimizer, group, params, rows, t)
 
 
-def _adam(optimizer: torch.optim.Optimizer, group: dict, p: Tensor, keep: Tensor,
-          t: Tensor, t_max: float) -> None:
-    """Adam / AdamW (torch's single-tensor formulas) for the rows ``keep``; ``t`` the rows'
-    step counts after this step (float64, ``[n, 1, ...]``), ``t_max`` the largest."""
+def _adam(optimizer: torch.optim.Optimizer, group: dict, params: list[Tensor], rows: list[int],
+          t: Tensor) -> None:
+    """Adam / AdamW (torch's single-tensor formulas) on the ``rows`` of ``params``, as foreach
+    operations over the rows' views, in place; ``t``: every row's step count after this step
+    (float64, on the CPU)."""
     if group.get("amsgrad") or group.get("maximize"):
         raise TypeError("masked steps support Adam/AdamW without amsgrad and maximize")
     lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
     beta1, beta2 = group["betas"]
-    state = optimizer.state[p]
-    if not state:  # the first step of any row: torch's own initial state
-        state["step"] = torch.tensor(0.0)
-        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-    m, v = state["exp_avg"], state["exp_avg_sq"]
-    grad = p.grad
-    param = p.detach()
-    if isinstance(optimizer, torch.optim.AdamW):
-        decayed = param * (1 - lr * wd)
-    else:
-        decayed = param
-        if wd != 0:
-            grad = grad.add(param, alpha=wd)
-    new_m = m.lerp(grad, 1 - beta1)
-    new_v = v.mul(beta2).addcmul_(grad, grad, value=1 - beta2)
-    bc1 = 1 - torch.pow(beta1, t)
+    ps: list[Tensor] = []
+    grads: list[Tensor] = []
+    ms: list[Tensor] = []
+    vs: list[Tensor] = []
+    sizes: list[float] = []  # lr / (1 - beta1^t), in the parameter's dtype, per view
+    bc2: list[float] = []  # sqrt(1 - beta2^t), in the parameter's dtype, per view
+    step_size = lr / (1 - torch.pow(beta1, t))
     bc2_sqrt = torch.sqrt(1 - torch.pow(beta2, t))
-    step_size = (lr / bc1).to(p.dtype)
-    denom = (new_v.sqrt() / bc2_sqrt.to(p.dtype)).add_(eps)
-    new_p = decayed - step_size * (new_m / denom)
-    m.copy_(torch.where(keep, new_m, m))
-    v.copy_(torch.where(keep, new_v, v))
-    param.copy_(torch.where(keep, new_p, param))
-    # torch's scalar count stays the largest row's, so that its own step() after the rows agree
-    # again (the fast path of the caller) continues from the right number
-    state["step"].fill_(t_max)
+    t_max = float(t.max())
+    for p in params:
+        state = optimizer.state[p]
+        if not state:  # the first step of any row: torch's own initial state
+            state["step"] = torch.tensor(0.0)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        # torch's scalar count stays the largest row's, so that its own step() after the rows
+        # agree again (the fast path of the caller) continues from the right number
+        state["step"].fill_(t_max)
+        sz, b2 = step_size.to(p.dtype).tolist(), bc2_sqrt.to(p.dtype).tolist()
+        for i in rows:
+            ps.append(p.detach()[i])
+            grads.append(p.grad[i])
+            ms.append(state["exp_avg"][i])
+            vs.append(state["exp_avg_sq"][i])
+            sizes.append(sz[i])
+            bc2.append(b2[i])
+    if not ps:
+        return
+    if isinstance(optimizer, torch.optim.AdamW):
+        decayed = torch._foreach_mul(ps, 1 - lr * wd)
+    else:
+        decayed = ps
+        if wd != 0:
+            grads = torch._foreach_add(grads, ps, alpha=wd)
+    torch._foreach_lerp_(ms, grads, 1 - beta1)
+    torch._foreach_mul_(vs, beta2)
+    torch._foreach_addcmul_(vs, grads, grads, value=1 - beta2)
+    denom = torch._foreach_sqrt(vs)
+    torch._foreach_div_(denom, bc2)
+    torch._foreach_add_(denom, eps)
+    update = torch._foreach_div(ms, denom)
+    torch._foreach_mul_(update, sizes)
+    new = torch._foreach_sub(decayed, update)
+    torch._foreach_copy_(ps, new)
 
 
-def _sgd(optimizer: torch.optim.Optimizer, group: dict, p: Tensor, keep: Tensor,
+def _sgd(optimizer: torch.optim.Optimizer, group: dict, params: list[Tensor], rows: list[int],
          t: Tensor) -> None:
-    """SGD with momentum, dampening and Nesterov as torch computes them, for the rows
-    ``keep``; a row's first step (``t == 1``) starts its momentum buffer at its gradient."""
+    """SGD with momentum, dampening and Nesterov as torch computes them, on the ``rows`` of
+    ``params`` (foreach over the rows' views, in place); a row's first step (``t == 1``) starts
+    its momentum buffer at its gradient."""
     if group.get("maximize"):
         raise TypeError("masked steps support SGD without maximize")
     lr, wd, momentum = group["lr"], group["weight_decay"], group["momentum"]
     dampening, nesterov = group["dampening"], group["nesterov"]
-    param = p.detach()
-    grad = p.grad if wd == 0 else p.grad.add(param, alpha=wd)
+    ps = [p.detach()[i] for p in params for i in rows]
+    if not ps:
+        return
+    grads = [p.grad[i] for p in params for i in rows]
+    if wd != 0:
+        grads = torch._foreach_add(grads, ps, alpha=wd)
     if momentum != 0:
-        state = optimizer.state[p]
-        buf = state.get("momentum_buffer")
-        if buf is None:
-            buf = state["momentum_buffer"] = torch.zeros_like(param)
-        first = (t == 1).to(p.device)
-        new_buf = torch.where(first, grad, buf * momentum + grad * (1 - dampening))
-        buf.copy_(torch.where(keep, new_buf, buf))
-        grad = grad.add(new_buf, alpha=momentum) if nesterov else new_buf
-    param.copy_(torch.where(keep, param - lr * grad, param))
+        bufs = []
+        for p in params:
+            state = optimizer.state[p]
+            if state.get("momentum_buffer") is None:
+                state["momentum_buffer"] = torch.zeros_like(p.detach())
+            bufs += [state["momentum_buffer"][i] for i in rows]
+        first = [float(t[i]) == 1.0 for _ in params for i in rows]
+        new_bufs = torch._foreach_mul(bufs, momentum)
+        torch._foreach_add_(new_bufs, torch._foreach_mul(grads, 1 - dampening))
+        new_bufs = [g if f else b for g, b, f in zip(grads, new_bufs, first, strict=True)]
+        torch._foreach_copy_(bufs, new_bufs)
+        grads = torch._foreach_add(grads, bufs, alpha=momentum) if nesterov else bufs
+    torch._foreach_sub_(ps, torch._foreach_mul(grads, lr))
