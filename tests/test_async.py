@@ -183,3 +183,24 @@ def test_a_schedule_or_a_deadline_is_refused_by_name() -> None:
         make("async_local_sgd", **{"schedule.warmup": 10})
     with pytest.raises(ValueError, match="deadline"):
         make("fedbuff", deadline="2x")
+
+
+class SlopeBN(Slope):
+    """:class:`Slope` with a BatchNorm of one feature: 2 more parameters, 2 float buffers and an
+    integer counter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm1d(1)
+
+    def forward(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        x, _ = batch
+        return (self.w * self.bn(x).mean() + self.w * x.mean()).sum()
+
+
+def test_a_push_carries_the_buffers_the_server_adopts() -> None:
+    # each way, twice per node: w, bn.weight, bn.bias (12 bytes) + running_mean, running_var
+    # (8 bytes); before, a push carried the parameters only (24 bytes sent, 40 received)
+    r = fit(make("async_local_sgd", H=2, optim=sgd()), nodes=2, steps=4, speeds="",
+            model=SlopeBN())
+    assert r.bytes_sent == [40.0, 40.0] and r.bytes_received == [40.0, 40.0]

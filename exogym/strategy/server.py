@@ -114,7 +114,9 @@ class ServerStrategy(Strategy):
             self.local[i] += 1
             if self.local[i] >= self.local_steps(i):
                 self.outbox.append(i)
-                self.comm.push(list(self.nodes.params.values()), i, tag="pseudo_grads")
+                # the pseudo-gradient and the float buffers the server adopts (deliver)
+                self.comm.push(list(self.nodes.params.values())
+                               + list(self.nodes.float_buffers.values()), i, tag="pseudo_grads")
 
     @torch.no_grad()
     def deliver(self, node: int) -> int:
