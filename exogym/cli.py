@@ -37,7 +37,7 @@ from exogym.sim.network import PROFILES, Network, parse_duration, parse_network
 from exogym.sim.partition import parse_partition
 from exogym.sim.world import parse_world
 from exogym.tasks.data.download import ChecksumError, DatasetNotFoundError
-from exogym.tasks.registry import TASKS, get_task
+from exogym.tasks.registry import TASKS, get_task, plugin_tasks
 from exogym.utils.config import ConfigError, config_fields
 
 __all__ = ["main"]
@@ -166,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="train a task with a strategy on N simulated nodes")
     run.add_argument("--strategy", default="diloco",
-                     help=f"strategy id ({', '.join(strategies.registry())})")
+                     help=f"strategy id ({', '.join(strategies.registry())}), or your own: "
+                          "path/to/file.py:Class or package.module:Class")
     _add_training_options(run)
     run.add_argument("--seed", type=_argtype(_seed), default=0, help="seed (an integer >= 0)")
     length = run.add_mutually_exclusive_group()
@@ -227,7 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
                      default=["ddp", "fedavg", "diloco", "sparta", "demo"],
                      metavar="LABEL,LABEL,...",
                      help="comma-separated labels: ID or ID-NAME to list a strategy twice, e.g. "
-                          "ddp,diloco,diloco-h10 (default ddp,fedavg,diloco,sparta,demo)")
+                          "ddp,diloco,diloco-h10; your own as path/file.py:Class[-NAME] or "
+                          "module:Class[-NAME], labelled by its id (the class name) "
+                          "(default ddp,fedavg,diloco,sparta,demo)")
     _add_training_options(cmp)
     cmp.add_argument("--seed", type=_argtype(_seed), default=0,
                      help="the first seed, an integer >= 0 (default 0)")
@@ -317,7 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_training_options(p: argparse.ArgumentParser) -> None:
     """The options of how every run trains, shared by ``run`` and ``compare``."""
-    p.add_argument("--task", default="mnist", help=f"task id ({', '.join(TASKS)})")
+    p.add_argument("--task", default="mnist",
+                   help=f"task id ({', '.join(TASKS)}), or your own: path/to/file.py:NAME or "
+                        "package.module:NAME, a Task or a function returning one")
     p.add_argument("--nodes", type=_positive_int, default=4, help="simulated nodes N (default 4)")
     p.add_argument("--batch-size", type=_positive_int,
                    help="batch size per node (default: the task's)")
@@ -484,7 +489,7 @@ def _resume_run(args: argparse.Namespace) -> int:
     if not task_id:
         raise ConfigError(f"{args.resume / 'config.json'} records no task; resume a Python-API "
                           "run from Python: Trainer(model, data).fit(resume=RUN_DIR)")
-    task = get_task(task_id)
+    task = get_task(config.get("task_source") or task_id)
     sinks = [make_sink(spec) for spec in config.get("sinks", [])]
     train, test = task.load_data(args.data_dir, not args.no_download)
     torch.manual_seed(int(config["seed"]))
@@ -699,6 +704,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 def cmd_tasks() -> int:
     for task in TASKS.values():
         print(f"{task.id}: {task.description} (batch {task.batch_size}/node, lr {task.lr})")
+    for name, entry in plugin_tasks().items():  # installed packages' (entry points)
+        task = get_task(name)
+        print(f"{name}: {task.description} (batch {task.batch_size}/node, lr {task.lr}; "
+              f"installed, {entry})")
     return 0
 
 

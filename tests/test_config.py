@@ -153,7 +153,8 @@ def test_config_error_is_a_value_error():
 
 def test_unknown_strategy_lists_available_ids():
     listed = re.escape(", ".join(registry()))
-    with pytest.raises(ConfigError, match=rf"unknown strategy 'dilloco'; available: {listed}$"):
+    with pytest.raises(ConfigError, match=rf"unknown strategy 'dilloco'; available: {listed} "
+                                          r"\(or path/to/file.py:Class, package.module:Class\)$"):
         make("dilloco")
     with pytest.raises(ConfigError, match="available"):
         get("nope")

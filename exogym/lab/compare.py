@@ -65,6 +65,7 @@ from exogym.sim.world import World, parse_world
 from exogym.strategy import Strategy
 from exogym.tasks.registry import get_task
 from exogym.utils.config import ConfigError, config_fields
+from exogym.utils.plugins import is_spec
 
 __all__ = [
     "PLOT_FILES",
@@ -97,6 +98,17 @@ def _strategy_of(label: str) -> str:
     return max(matches, key=len)
 
 
+def _label_of_spec(label: str) -> str:
+    """``path/file.py:Class[-NAME]`` or ``module:Class[-NAME]`` -> ``ID[-NAME]``, the class
+    loaded and registered under its id (its class name unless it sets ``id``); other labels
+    unchanged."""
+    if not is_spec(label):
+        return label
+    source, _, tail = label.rpartition(":")
+    name, dash, suffix = tail.partition("-")
+    return strategies.get(f"{source}:{name}").id + dash + suffix
+
+
 def _canonical(cls: type[Strategy], key: str) -> str | None:
     """``key`` as the full config key of ``cls`` (``lr`` -> ``optim.lr``); None if unknown."""
     keys = list(config_fields(cls))
@@ -125,7 +137,9 @@ def resolve_strategies(
     """Build every labelled strategy with its settings; ``{label: strategy}`` in order.
 
     Args:
-        labels: ``ID`` or ``ID-NAME`` (``diloco-h10``), each once.
+        labels: ``ID`` or ``ID-NAME`` (``diloco-h10``), each once; a strategy from user code
+            as ``path/file.py:Class[-NAME]`` or ``module:Class[-NAME]``, labelled ``ID[-NAME]``
+            with its id (the class name unless the class sets ``id``).
         overrides: ``KEY=VALUE`` settings as a mapping or pairs; ``LABEL.KEY`` for one strategy,
             a bare ``KEY`` for every one. String values are parsed as on the command line.
         lr: the inner learning rate (``optim.lr``) where no setting gives one (the task's).
@@ -136,6 +150,7 @@ def resolve_strategies(
     """
     if isinstance(labels, str) or not labels:
         raise ConfigError(f"strategies must be a non-empty list of labels, got {labels!r}")
+    labels = [_label_of_spec(label) for label in labels]
     ids: dict[str, str] = {}
     for label in labels:
         sid = _strategy_of(label)
@@ -296,7 +311,7 @@ def compare(
     if isinstance(strategies, str):
         raise ConfigError(f"strategies must be a list of labels, got the string {strategies!r} "
                           f"(e.g. {strategies.split(',')!r})")
-    labels = list(strategies)
+    labels = [_label_of_spec(label) for label in strategies]
     spec = get_task(task)
     _check_int("num_nodes", num_nodes, 1)
     _check_int("max_steps", max_steps, 1)
@@ -411,7 +426,7 @@ def _aggregate(label: str, strategy: Strategy, runs: list[RunOutcome],
     if any([p.step for p in o.curve] != steps for o in runs):
         raise RuntimeError("runs of one strategy evaluated at different steps")
     by_step = list(zip(*(o.curve for o in runs), strict=True))  # per step, one point per run
-    defaults = {k: d for k, (_t, d, _h) in strategies.describe(strategy.id).items()}
+    defaults = {k: d for k, (_t, d, _h) in config_fields(type(strategy)).items()}
     params = strategy.hyperparameters()
     changed = {k: v for k, v in params.items() if k in defaults and v != defaults[k]}
     return ComparisonRow(

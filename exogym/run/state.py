@@ -62,6 +62,7 @@ from exogym.sim.partition import Partition
 from exogym.sim.sharding import DatasetFactory, FixedSubset, NodeBatches, iterate_batches
 from exogym.sim.world import PERFECT, World, speeds_of
 from exogym.strategy.base import Strategy
+from exogym.utils.plugins import source_of
 
 __all__ = ["RUN_CONFIG_KEYS", "STATE_FORMAT", "Run", "RunInterrupted", "RunSettings"]
 
@@ -848,7 +849,7 @@ class Run:
         s, strategy = self.settings, self.strategy
         config = {
             "strategy": strategy.id,
-            "strategy_class": f"{type(strategy).__module__}:{type(strategy).__qualname__}",
+            "strategy_class": source_of(type(strategy)),
             "hyperparameters": strategy.hyperparameters(),
             "num_nodes": s.num_nodes, "steps": s.total_steps, "batch_size_per_node": s.batch_size,
             "steps_per_epoch": self.batches.steps_per_epoch, "eval_interval": s.eval_interval,

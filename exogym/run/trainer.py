@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import json
 import math
 import signal
@@ -594,14 +593,8 @@ def _interrupted_message(run: Run, checkpointer: Checkpointer | None) -> str:
 
 def _strategy_from_config(config: dict[str, Any]) -> Strategy:
     """The strategy a run recorded: its class and every hyperparameter."""
-    entry = config.get("strategy_class") or ""
-    module, _, name = entry.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module), name) if module and name else None
-    except (ImportError, AttributeError):
-        cls = None
-    if cls is None:
-        cls = get_strategy(config["strategy"])
+    entry = config.get("strategy_class")
+    cls = get_strategy(entry if entry else config["strategy"])
     return apply_overrides(cls, dict(config["hyperparameters"]))
 
 

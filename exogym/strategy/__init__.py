@@ -6,15 +6,24 @@ point, so adding one is one file plus one :func:`register` line::
     from exogym.strategy import make, registry
     make("diloco", H=50)                    # == DiLoCo(H=50)
     make("diloco", **{"optim.lr": "3e-4"})  # strings are parsed as on the CLI
+
+A strategy outside exogym is named where an id is accepted by ``path/to/file.py:Class`` or
+``package.module:Class`` (:mod:`exogym.utils.plugins`), registered under an id from Python with
+:func:`register`, or declared by an installed package in the entry point group
+``exogym.strategies`` (``topk_diloco = "my_pkg.methods:TopKDiLoCo"`` in its ``pyproject.toml``
+under ``[project.entry-points."exogym.strategies"]``), found on first use.
 """
 
 from __future__ import annotations
 
-import importlib
+import importlib.metadata
+import inspect
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from exogym.strategy.base import Strategy
 from exogym.utils.config import ConfigError, apply_overrides, config_fields
+from exogym.utils.plugins import is_spec, load_object, source_of
 
 if TYPE_CHECKING:
     from exogym.strategy.ddp import DDP
@@ -25,32 +34,87 @@ __all__ = ["DDP", "DiLoCo", "FedAvg", "Strategy", "get", "make", "register", "re
 
 _ENTRY_POINTS: dict[str, str] = {}
 _EXPORTS = {"DDP": "ddp", "DiLoCo": "diloco", "FedAvg": "fedavg"}
+ENTRY_POINT_GROUP = "exogym.strategies"
+_plugins_read = False
 
 
 def register(strategy_id: str, entry_point: str) -> None:
-    """Register ``"package.module:ClassName"`` under ``strategy_id`` (imported on first use)."""
-    if ":" not in entry_point:
-        raise ValueError(f"entry_point must look like 'package.module:Class', got {entry_point!r}")
+    """Register ``"package.module:Class"`` (or ``"path/to/file.py:Class"``) under
+    ``strategy_id``; it is imported on first use.
+
+    Raises:
+        ValueError: a malformed id or entry point, or an id already registered to another class.
+    """
+    if not isinstance(strategy_id, str) or not strategy_id.isidentifier():
+        raise ValueError(f"strategy_id must be an identifier (letters, digits, '_'), got "
+                         f"{strategy_id!r}")
+    if not is_spec(entry_point):
+        raise ValueError(f"entry_point must look like 'package.module:Class' or "
+                         f"'path/to/file.py:Class', got {entry_point!r}")
     if strategy_id in _ENTRY_POINTS and _ENTRY_POINTS[strategy_id] != entry_point:
-        raise ValueError(f"strategy id {strategy_id!r} is already registered")
+        raise ValueError(f"strategy id {strategy_id!r} is already registered to "
+                         f"{_ENTRY_POINTS[strategy_id]}")
     _ENTRY_POINTS[strategy_id] = entry_point
 
 
+def _read_plugins() -> None:
+    """Register the entry points of installed packages (group ``exogym.strategies``), once; one
+    whose id is taken is skipped with a warning naming its package."""
+    global _plugins_read
+    if _plugins_read:
+        return
+    _plugins_read = True
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            register(ep.name, ep.value)
+        except ValueError as err:
+            package = ep.dist.name if ep.dist is not None else "an installed package"
+            warnings.warn(f"{package}'s entry point {ENTRY_POINT_GROUP} {ep.name} = {ep.value} "
+                          f"is not used: {err}", RuntimeWarning, stacklevel=3)
+
+
 def registry() -> list[str]:
-    """Every registered id, sorted."""
+    """Every registered id, sorted: exogym's, :func:`register`'s, installed plugins' and those
+    of the ``SOURCE:Class`` specs loaded so far."""
+    _read_plugins()
     return sorted(_ENTRY_POINTS)
 
 
+def _strategy_class(obj: Any, spec: str) -> type[Strategy]:
+    if not (isinstance(obj, type) and issubclass(obj, Strategy)):
+        kind = f"class {obj.__name__}" if isinstance(obj, type) else type(obj).__name__
+        raise ConfigError(f"strategy {spec!r} is a {kind}, not a subclass of "
+                          "exogym.strategy.Strategy")
+    if inspect.isabstract(obj):
+        missing = ", ".join(sorted(obj.__abstractmethods__))
+        raise ConfigError(f"strategy {spec!r} is abstract: it does not define {missing}")
+    return obj
+
+
 def get(strategy_id: str) -> type[Strategy]:
-    """The class registered under ``strategy_id``."""
-    if strategy_id not in _ENTRY_POINTS:
-        raise ConfigError(f"unknown strategy {strategy_id!r}; available: {', '.join(registry())}")
-    module, cls = _ENTRY_POINTS[strategy_id].split(":")
-    return getattr(importlib.import_module(module), cls)
+    """The class registered under ``strategy_id``, or named by a ``SOURCE:Class`` spec.
+
+    A class loaded from a spec is registered under its :attr:`Strategy.id` (its class name unless
+    it sets ``id``), so that ``--set ID.KEY=VALUE`` and later look-ups find it.
+    """
+    if is_spec(strategy_id):
+        cls = _strategy_class(load_object(strategy_id, "strategy"), strategy_id)
+        entry = source_of(cls)
+        known = _ENTRY_POINTS.get(cls.id)
+        if known is not None and known != entry and known != strategy_id:
+            raise ConfigError(f"strategy {strategy_id!r} has id {cls.id!r}, which is already "
+                              f"{known}'s; give the class another id (class attribute id = ...)")
+        _ENTRY_POINTS.setdefault(cls.id, entry)
+        return cls
+    if strategy_id not in registry():
+        raise ConfigError(f"unknown strategy {strategy_id!r}; available: {', '.join(registry())} "
+                          "(or path/to/file.py:Class, package.module:Class)")
+    return _strategy_class(load_object(_ENTRY_POINTS[strategy_id], "strategy"), strategy_id)
 
 
 def make(strategy_id: str, **overrides: Any) -> Strategy:
-    """Build a registered strategy; ``overrides`` use the keys of ``exogym strategies``."""
+    """Build a registered (or ``SOURCE:Class``) strategy; ``overrides`` use the keys of
+    ``exogym strategies``."""
     return apply_overrides(get(strategy_id), overrides)
 
 

@@ -68,6 +68,8 @@ class Strategy(abc.ABC):
     """Base class of every strategy.
 
     Attributes:
+        id: (class attribute) the id a run records and ``compare`` labels it by; a subclass that
+            does not set it is named by its class name.
         optim: the inner (per-node) optimizer; every node keeps its own state.
         schedule: warm-up and cosine decay of the inner learning rate.
         max_grad_norm: clip each node's gradient to this L2 norm before the inner step (None: off).
@@ -98,6 +100,11 @@ class Strategy(abc.ABC):
     codec_seed: int = 0
     deadline: str | None = None
     recovery: Literal["copy", "restart"] = "copy"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "id" not in cls.__dict__:  # a class of its own is not its parent's strategy
+            cls.id = cls.__name__
 
     def __post_init__(self) -> None:
         if not isinstance(self.optim, OptimSpec):

@@ -14,7 +14,9 @@ data or defaults that changes its numbers gets a new version instead of silently
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import importlib.metadata
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +27,7 @@ from torch.utils.data import Dataset
 
 from exogym.tasks.gpt import GPT, GPTConfig
 from exogym.utils.config import ConfigError
+from exogym.utils.plugins import canonical, is_spec, load_object
 
 __all__ = ["ALIASES", "TASKS", "CifarCNN", "Task", "get_task"]
 
@@ -46,6 +49,9 @@ class Task:
         describe_data: ``train -> {key: value}``, more entries for a run's ``config.json`` that
             using the trained model needs (the GPT tasks record their character vocabulary, so
             that ``exogym sample`` needs no corpus); None: nothing more.
+        source: where a task from outside the registry was loaded from (``/path/file.py:name``
+            or ``module:name``, set by :func:`get_task`), recorded so that ``--resume`` finds it
+            again; None for registered tasks.
     """
 
     id: str
@@ -56,11 +62,15 @@ class Task:
     lr: float = 1e-3
     eval_interval: int = 100
     describe_data: Callable[[Dataset], dict[str, Any]] | None = None
+    source: str | None = None
 
     def run_info(self, train: Dataset) -> dict[str, Any]:
         """What a run of this task records in ``config.json`` besides the run's own keys:
-        ``{"task": id}`` and the task's :attr:`describe_data`."""
-        return {"task": self.id, **(self.describe_data(train) if self.describe_data else {})}
+        ``{"task": id}``, ``task_source`` for a task loaded from a spec, and the task's
+        :attr:`describe_data`."""
+        where = {"task_source": self.source} if self.source else {}
+        return {"task": self.id, **where,
+                **(self.describe_data(train) if self.describe_data else {})}
 
 
 class CifarCNN(nn.Module):
@@ -184,16 +194,41 @@ TASKS: dict[str, Task] = {
 }
 """The registered tasks by canonical id."""
 
+TASK_ENTRY_POINTS = "exogym.tasks"
+"""The entry point group in which installed packages declare tasks (``id = "module:NAME"``)."""
+
 ALIASES: dict[str, str] = {"mnist": "mnist-cnn-v0"}
 """Short names accepted by :func:`get_task`, mapped to canonical ids."""
 
 
 def get_task(task_id: str) -> Task:
-    """The task registered under ``task_id`` (or an alias); an unknown id lists the known ones."""
+    """The task registered under ``task_id`` (or an alias), or named by a spec:
+    ``path/to/file.py:NAME`` or ``package.module:NAME``, where ``NAME`` is a :class:`Task` or a
+    function of no arguments that returns one. An unknown id lists the known ones."""
+    if is_spec(task_id):
+        obj = load_object(task_id, "task")
+        task = obj() if callable(obj) and not isinstance(obj, Task) else obj
+        if not isinstance(task, Task):
+            got = type(task).__name__
+            raise ConfigError(f"task {task_id!r} must be an exogym.tasks.Task or a function "
+                              f"returning one; got {got}" + (" (from calling it)" if obj is not
+                                                            task else ""))
+        return dataclasses.replace(task, source=canonical(task_id))
     task_id = ALIASES.get(task_id, task_id)
     if task_id not in TASKS:
-        close = difflib.get_close_matches(task_id, [*ALIASES, *TASKS], n=1)
+        plugins = plugin_tasks()
+        if task_id in plugins:
+            return get_task(plugins[task_id])
+        close = difflib.get_close_matches(task_id, [*ALIASES, *TASKS, *plugins], n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        known = ", ".join([*TASKS, *(f"{a} (= {t})" for a, t in ALIASES.items())])
-        raise ConfigError(f"unknown task {task_id!r}{hint}; available: {known}")
+        known = ", ".join([*TASKS, *(f"{a} (= {t})" for a, t in ALIASES.items()), *plugins])
+        raise ConfigError(f"unknown task {task_id!r}{hint}; available: {known} (or "
+                          "path/to/file.py:NAME, package.module:NAME)")
     return TASKS[task_id]
+
+
+def plugin_tasks() -> dict[str, str]:
+    """``{id: "package.module:NAME"}``: the tasks installed packages declare in the entry point
+    group ``exogym.tasks`` (an id exogym already has is not replaced)."""
+    return {ep.name: ep.value for ep in importlib.metadata.entry_points(group=TASK_ENTRY_POINTS)
+            if ep.name not in TASKS and ep.name not in ALIASES}
