@@ -1,0 +1,96 @@
+"""The scripts of ``examples/``: the custom strategy of the tutorial is a correct strategy, and
+every example runs on a tiny budget."""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from exogym import Trainer
+from exogym.strategy import make
+from exogym.tasks.models import Classifier
+from exogym.utils.config import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+SHARED_DATA = Path(os.environ.get("EXOGYM_DATA_DIR") or ROOT.parent / "shared" / "data")
+SPEC = f"{EXAMPLES}/custom_strategy.py:GrowingLocalSGD"
+
+
+def _data() -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(512, 6, generator=g)
+    return TensorDataset(x, (x[:, 0] + x[:, 1] > 0).long())
+
+
+def _fit(strategy, steps: int = 20):
+    torch.manual_seed(0)
+    return Trainer(Classifier(nn.Linear(6, 2)), _data(), None).fit(
+        strategy=strategy, num_nodes=3, max_steps=steps, batch_size=4, progress=False)
+
+
+def test_rounds_grow_by_rho_up_to_H_max():
+    # H=2, rho=2, H_max=5: rounds of 2, 4, 5, 5 steps end after steps 2, 6, 11, 16
+    result = _fit(make(SPEC, H=2, rho=2.0, H_max=5), steps=20)
+    assert [r.step for r in result.comm_log] == [1, 5, 10, 15]  # 0-based step of each all-reduce
+    assert all(r.tag == "params" for r in result.comm_log)
+
+
+def test_rho_1_is_fedavg_bit_for_bit():
+    a = _fit(make(SPEC, H=3, rho=1.0), steps=21)
+    b = _fit(make("fedavg", H=3), steps=21)
+    for (k, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values(),
+                         strict=True):
+        assert torch.equal(x, y), k
+    assert a.bytes_sent == b.bytes_sent
+
+
+def test_hyperparameters_are_validated():
+    with pytest.raises(ConfigError, match=r"rho must be a finite number >= 1, got 0\.5"):
+        make(SPEC, rho="0.5")
+    with pytest.raises(ConfigError, match="H_max must be >= H=10, got 4"):
+        make(SPEC, H_max="4")
+
+
+def test_the_custom_strategy_script_trains_against_fedavg(capsys, monkeypatch):
+    _run_script("custom_strategy.py", ["--steps", "20"], monkeypatch)
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0].strip() for line in out] == ["fedavg", "growing_local_sgd"]
+    assert all("accuracy" in line for line in out)
+
+
+def _run_script(name: str, args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "argv", [name, *args, "--data-dir", str(SHARED_DATA),
+                                      "--eval-samples", "64"])
+    runpy.run_path(str(EXAMPLES / name), run_name="__main__")
+
+
+def test_the_mnist_example_trains_the_five_strategies(capsys, monkeypatch):
+    _run_script("mnist.py", ["--steps", "10", "--nodes", "2"], monkeypatch)
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0].strip() for line in out] == [
+        "ddp", "sparta", "diloco", "fedavg", "demo"]
+    assert all("home-100mbps" in line and "accuracy" in line for line in out)
+
+
+def test_the_cifar_example_trains_one_node_against_two(capsys, monkeypatch):
+    _run_script("cifar.py", ["--steps", "6", "--H", "3"], monkeypatch)
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0].strip() for line in out] == ["1 node, AdamW",
+                                                            "2 nodes, DiLoCo H=3"]
+
+
+def test_the_nanogpt_example_trains_and_samples(capsys, monkeypatch, tmp_path):
+    _run_script("nanogpt.py", ["--steps", "4", "--H", "2", "--nodes", "2", "--out",
+                               str(tmp_path / "runs")], monkeypatch)
+    out = capsys.readouterr().out
+    assert "adamw, 1 node: val loss" in out and "diloco H=2, 2 nodes: val loss" in out
+    assert "ROMEO:" in out
+    assert (tmp_path / "runs" / "run1" / "model.pt").is_file()
