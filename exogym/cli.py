@@ -278,6 +278,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("tasks", help="list benchmark tasks")
     sub.add_parser("networks", help="list the named network profiles")
 
+    chk = sub.add_parser("check", help="conformance checks of a strategy (yours: FILE.py:Class), "
+                                       "a pass/fail table; exit 1 on a failure")
+    chk.add_argument("strategies", nargs="+", metavar="STRATEGY",
+                     help="registry ids, path/to/file.py:Class or package.module:Class")
+    chk.add_argument("--set", dest="overrides", type=_key_value, action="append", default=None,
+                     metavar="KEY=VALUE",
+                     help="a hyperparameter for the checks' 6-step runs (default: H=2 where the "
+                          "strategy has an H, so that it synchronises)")
+    chk.add_argument("--no-processes", action="store_true",
+                     help="skip the check against 2 real processes (the slowest)")
+
     recost = sub.add_parser("recost", help="simulated time of a finished run on other networks")
     recost.add_argument("run_dir", type=_path, metavar="RUN_DIR", help="a run folder")
     recost.add_argument("--network", action="append", type=_argtype(parse_network),
@@ -701,6 +712,19 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    """``exogym check``: every check against each strategy; 1 if any failed."""
+    from exogym.lab.check import check_strategy, render
+
+    failed = False
+    for spec in args.strategies:
+        overrides = dict(args.overrides) if args.overrides is not None else None
+        results = check_strategy(spec, overrides, processes=not args.no_processes)
+        print(render(spec, results), flush=True)
+        failed |= any(r.passed is False for r in results)
+    return 1 if failed else 0
+
+
 def cmd_tasks() -> int:
     for task in TASKS.values():
         print(f"{task.id}: {task.description} (batch {task.batch_size}/node, lr {task.lr})")
@@ -761,6 +785,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_estimate(args)
         if args.command == "compare":
             return cmd_compare(args)
+        if args.command == "check":
+            return cmd_check(args)
         return cmd_tasks()
     except NonFiniteLossError as err:  # training ran and diverged: a failed run, not bad usage
         print(f"exogym: error: {err}", file=sys.stderr)

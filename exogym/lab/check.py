@@ -1,0 +1,399 @@
+"""``exogym check``: the registry's conformance tests, run against any strategy in seconds.
+
+Gymnasium's ``check_env`` for strategies. Each check trains a tiny classifier (6 -> 8 -> 3, 96
+samples) on 3 nodes for 6 steps on the CPU and says pass, fail (with the reason) or skipped (with
+why). What each one checks:
+
+- ``builds``: the strategy builds from its defaults plus the given settings.
+- ``runs``: 6 steps run; every logged training loss and the final evaluation are finite.
+- ``communicates``: it ran at least one collective in 6 steps (a method that never synchronises
+  is no distributed method; give a shorter period with ``--set``), and each node's bytes sent
+  equal what its logged collectives imply (ring all-reduce ``2(M-1)/M * S`` per member, all-gather
+  ``(M-1) * S``, a broadcast's source ``(M-1) * S``, a send's or push's ``S``).
+- ``deterministic``: the same seed gives the same metrics rows (but the wall clock), bytes and
+  final parameters, bit for bit.
+- ``seeds differ``: another seed gives other training losses.
+- ``engines``: the loop and vmap engines agree to 1e-6 in float64, with the same bytes.
+- ``exact resume``: 3 steps, a checkpoint, a fresh trainer resuming to 6 steps gives the metrics
+  rows and final parameters of 6 straight steps, bit for bit.
+- ``processes``: 2 nodes as 2 real processes (gloo) give the in-process parameters to 1e-6
+  (``processes=False`` skips it; asynchronous strategies run in one process by design).
+- ``absent nodes``: node 1 fails at step 2 and rejoins at step 4 (a world, on home-100mbps): the
+  run finishes with finite numbers and the node is recovered from a live peer (asynchronous
+  strategies refuse failures by design: skipped).
+- ``hyperparameters``: every field is documented (an ``Attributes:`` entry of the class
+  docstring) and a misspelled key is an error.
+- ``no host sync``: ``step`` reads no floating-point tensor on the host (``item``, ``tolist``,
+  ``numpy``, ``bool``, ``cpu``, ``to("cpu")``), recorded by a torch function mode around every
+  ``step`` call. On a GPU each such read stalls the device; on this CPU-only check it is a
+  heuristic: integer and boolean tensors are allowed, and so are reads made by torch's own code
+  (its optimizers keep their step counts on the CPU), by the simulator and run loop, and by the
+  masked optimizer step (its per-node step counts live on the CPU); reads in the strategy's own
+  code count.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+import tempfile
+import traceback
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils.data import TensorDataset
+
+from exogym import strategy as strategies
+from exogym.sim.comm import CommRecord, all_gather_bytes, all_reduce_bytes
+from exogym.strategy.base import Strategy
+from exogym.utils.config import ConfigError, config_fields
+
+__all__ = ["CHECKS", "CheckResult", "check_strategy", "implied_bytes_sent", "render"]
+
+CHECKS = ("builds", "runs", "communicates", "deterministic", "seeds differ", "engines",
+          "exact resume", "processes", "absent nodes", "hyperparameters", "no host sync")
+NODES, STEPS = 3, 6
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check's outcome: ``passed`` True, False, or None when skipped; ``detail`` says why."""
+
+    name: str
+    passed: bool | None
+    detail: str = ""
+
+
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+
+    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.cross_entropy(self.body(x), y)
+
+
+def _data(dtype: torch.dtype) -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(96, 6, generator=g, dtype=dtype)
+    return TensorDataset(x, x[:, :3].argmax(1))
+
+
+def implied_bytes_sent(log: Sequence[CommRecord], num_nodes: int) -> list[float]:
+    """Each node's bytes sent as the ring formulas give them from a communicator's log."""
+    sent = [0.0] * num_nodes
+    for r in log:
+        ids = r.member_ids(num_nodes)
+        m = len(ids)
+        if r.op == "all_reduce":
+            for i in ids:
+                sent[i] += all_reduce_bytes(r.payload_bytes, m)
+        elif r.op == "all_gather":
+            for i in ids:
+                sent[i] += all_gather_bytes(r.payload_bytes, m)
+        elif r.op == "broadcast":
+            sent[r.src] += float((m - 1) * r.payload_bytes)
+        elif r.op in ("send", "push"):
+            sent[r.src] += float(r.payload_bytes)
+        elif r.op != "pull":  # the server sends a pull
+            raise ValueError(f"unknown collective {r.op!r} in the log")
+    return sent
+
+
+class _HostReads(TorchFunctionMode):
+    """Records reads of floating-point tensors on the host."""
+
+    READS = frozenset({torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.numpy,
+                       torch.Tensor.__bool__, torch.Tensor.cpu, torch.Tensor.__float__})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        target = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if target is not None and target.is_floating_point():
+            to_cpu = func is torch.Tensor.to and any(
+                str(a) == "cpu" for a in (*args[1:], kwargs.get("device")) if a is not None)
+            if (func in self.READS or to_cpu) and not _trusted():
+                name = getattr(func, "__name__", str(func))
+                self.seen.append(f"{name} of a {tuple(target.shape)} {target.dtype} tensor")
+        return func(*args, **kwargs)
+
+
+_EXOGYM = Path(__file__).resolve().parents[1]
+# Code whose host reads are of CPU-resident bookkeeping by design: torch's (its optimizers keep
+# their step counts on the CPU), exogym's machinery (the simulator, the run loop) and the masked
+# optimizer step (per-node step counts on the CPU).
+_TRUSTED = (str(Path(torch.__file__).resolve().parent), str(_EXOGYM / "sim"),
+            str(_EXOGYM / "run"), str(_EXOGYM / "strategy" / "masked.py"))
+
+
+def _trusted() -> bool:
+    """Whether the read was made by trusted code (:data:`_TRUSTED`); reads by a strategy's own
+    code (a user's, or exogym's strategy modules) count."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame = frame.f_back
+    return frame is not None and frame.f_code.co_filename.startswith(_TRUSTED)
+
+
+def check_strategy(
+    spec: str,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    processes: bool = True,
+) -> list[CheckResult]:
+    """Run every check of :data:`CHECKS` against the strategy ``spec`` (a registry id,
+    ``path/file.py:Class`` or ``module:Class``) with ``overrides`` (``--set`` keys); never
+    raises for a failing strategy: each failure is a :class:`CheckResult` with its reason.
+    ``overrides`` default to a period of 2 steps (``H=2``) where the strategy has an ``H``.
+
+    Raises:
+        ConfigError: an unknown strategy, a file that does not exist, an unknown setting.
+    """
+    results: list[CheckResult] = []
+    cls = strategies.get(spec)  # an unknown id or a missing file is the caller's error
+    settings = dict(overrides) if overrides is not None else _short_period(cls)
+    keys = config_fields(cls)
+    unknown = [k for k in settings if k not in keys]
+    if unknown:
+        raise ConfigError(f"{spec}: unknown setting(s) {', '.join(unknown)}; its keys: "
+                          f"{', '.join(keys)}")
+    try:
+        strategies.make(spec, **settings)
+    except Exception as err:  # a broken class: report, do not crash the report
+        results.append(CheckResult("builds", False, str(err) if isinstance(err, ConfigError)
+                                   else _reason(err)))
+        return results + [CheckResult(n, None, "it does not build") for n in CHECKS[1:]]
+    results.append(CheckResult("builds", True, _settings_text(settings)))
+    asynchronous = bool(getattr(cls, "asynchronous", False))
+
+    def fit(seed: int = 0, engine: str = "loop", dtype: torch.dtype = torch.float32,
+            nodes: int = NODES, **kw: Any) -> Any:
+        torch.manual_seed(1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from exogym import Trainer
+
+            args: dict[str, Any] = dict(num_nodes=nodes, max_steps=STEPS, batch_size=8,
+                                        eval_interval=3, log_interval=1, engine=engine,
+                                        seed=seed, progress=False)
+            args.update(kw)
+            return Trainer(_Net().to(dtype), _data(dtype), _data(dtype)).fit(
+                strategy=strategies.make(spec, **settings), **args)
+
+    base = _attempt(results, "runs", lambda: fit())
+    if base is None:
+        return results + [CheckResult(n, None, "it does not run") for n in CHECKS[2:]]
+    losses = [r["train_loss"] for r in base.history if "train_loss" in r]
+    finals = list(base.final.values())
+    if not all(math.isfinite(x) for x in losses + finals):
+        results[-1] = CheckResult("runs", False, f"non-finite numbers: losses {losses}, final "
+                                                 f"{base.final}")
+    else:
+        results[-1] = CheckResult("runs", True, f"final eval loss {base.final['eval_loss']:.4f}")
+
+    implied = implied_bytes_sent(base.comm_log, NODES)
+    if not base.comm_log:
+        results.append(CheckResult("communicates", False, f"no collective in {STEPS} steps; "
+                                   "give it a shorter period (--set KEY=VALUE)"))
+    elif [round(x, 6) for x in implied] != [round(x, 6) for x in base.bytes_sent]:
+        results.append(CheckResult("communicates", False, f"bytes sent per node "
+                                   f"{base.bytes_sent} differ from what the logged collectives "
+                                   f"imply, {implied}"))
+    else:
+        results.append(CheckResult("communicates", True, f"{len(base.comm_log)} collectives, "
+                                   f"{max(base.bytes_sent):,.0f} bytes sent by the busiest node"))
+
+    def same(a: Any, b: Any, exact: bool = True) -> str:
+        rows = [_rows(a), _rows(b)]
+        if exact and rows[0] != rows[1]:
+            return "metrics rows differ"
+        for (k, p), q in zip(a.model.state_dict().items(), b.model.state_dict().values(),
+                             strict=True):
+            if exact and not torch.equal(p, q):
+                return f"parameter {k} differs"
+            if not exact and not torch.allclose(p.double(), q.double(), rtol=0, atol=1e-6):
+                return f"parameter {k} differs by {(p.double() - q.double()).abs().max():.2e}"
+        if exact and a.bytes_sent != b.bytes_sent:
+            return f"bytes differ: {a.bytes_sent} vs {b.bytes_sent}"
+        return ""
+
+    _compare(results, "deterministic", lambda: same(base, fit()), "seed 0 twice: equal")
+    other = _attempt(results, "seeds differ", lambda: fit(seed=1))
+    if other is not None:
+        differ = [r["train_loss"] for r in other.history] != [r["train_loss"] for r in base.history]
+        results[-1] = CheckResult("seeds differ", differ, "seeds 0 and 1 give other losses"
+                                  if differ else "seeds 0 and 1 give the same losses")
+
+    def engines() -> str:
+        a, b = fit(engine="loop", dtype=torch.float64), fit(engine="vmap", dtype=torch.float64)
+        return same(a, b, exact=False) or (
+            "" if a.bytes_sent == b.bytes_sent else "bytes differ between engines")
+
+    _compare(results, "engines", engines, "loop == vmap to 1e-6 (float64)")
+
+    def resume() -> str:
+        with tempfile.TemporaryDirectory(prefix="exogym-check-") as tmp:
+            full, cut = Path(tmp) / "full", Path(tmp) / "cut"
+            fit(out_dir=full, checkpoint_every=3)
+            # the folder a run killed after its step-3 checkpoint leaves
+            shutil.copytree(full, cut)
+            shutil.rmtree(cut / "checkpoints" / f"step-{STEPS:08d}")
+            (cut / "summary.json").unlink()
+            from exogym import Trainer
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                Trainer(_Net(), _data(torch.float32), _data(torch.float32)).fit(
+                    resume=cut, progress=False)
+            if _file_rows(cut) != _file_rows(full):
+                return "metrics rows differ from the uninterrupted run's"
+            a = torch.load(full / "model.pt", weights_only=True)
+            b = torch.load(cut / "model.pt", weights_only=True)
+            differ = [k for k in a if not torch.equal(a[k], b[k])]
+            return f"final parameters differ: {', '.join(differ)}" if differ else ""
+
+    _compare(results, "exact resume", resume, "3 + 3 steps == 6 steps, bit for bit")
+
+    if asynchronous:
+        results.append(CheckResult("processes", None, "asynchronous: one process by design"))
+    elif not processes:
+        results.append(CheckResult("processes", None, "not asked for"))
+    else:
+        def procs() -> str:
+            from exogym.run.launch import fit_processes
+
+            torch.manual_seed(1)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                real = fit_processes(
+                    _Net(), _data(torch.float32), _data(torch.float32),
+                    strategy=strategies.make(spec, **settings), num_nodes=2, max_steps=STEPS,
+                    batch_size=8, eval_interval=3, progress=False, threads=1)
+            return same(real, fit(nodes=2), exact=False)
+
+        _compare(results, "processes", procs, "2 processes == in-process to 1e-6")
+
+    if asynchronous:
+        results.append(CheckResult("absent nodes", None, "asynchronous: failures are refused"))
+    else:
+        def absent() -> str:
+            r = fit(network="home-100mbps", step_time=0.05, world="fail=1@2,rejoin=1@4")
+            events = [e["event"] for e in r.events]
+            if not all(math.isfinite(x) for x in r.final.values()):
+                return f"non-finite final metrics {r.final}"
+            if "recovery" not in events:
+                return f"node 1 was not recovered after it rejoined (events: {events})"
+            return ""
+
+        _compare(results, "absent nodes", absent, "node 1 down at steps 2-3, recovered")
+
+    def hyper() -> str:
+        undocumented = [k for k, (_t, _d, doc) in config_fields(cls).items() if not doc]
+        if undocumented:
+            return (f"fields without an Attributes: entry in the class docstring: "
+                    f"{', '.join(undocumented)}")
+        try:
+            strategies.make(spec, **{**settings, "optim.lrr": "0.1"})
+        except ConfigError:
+            return ""
+        return "a misspelled key (optim.lrr) was accepted"
+
+    _compare(results, "hyperparameters", hyper, "all documented; a typo is an error")
+
+    def host() -> str:
+        reads = _HostReads()
+        original = cls.step
+
+        def watched(self: Strategy, step: int) -> None:
+            with reads:
+                original(self, step)
+
+        cls.step = watched  # type: ignore[method-assign]
+        try:
+            fit()
+        finally:
+            cls.step = original  # type: ignore[method-assign]
+        if reads.seen:
+            first = sorted(set(reads.seen))
+            return f"step reads {len(reads.seen)} tensors on the host: {'; '.join(first[:3])}"
+        return ""
+
+    _compare(results, "no host sync", host, "no floating-point tensor read on the host")
+    return results
+
+
+def _short_period(cls: type[Strategy]) -> dict[str, Any]:
+    fields = config_fields(cls)
+    out: dict[str, Any] = {}
+    if "H" in fields:
+        out["H"] = 2
+    if "P" in fields:  # Streaming DiLoCo: P fragments, each synced every H steps, tau overlap
+        out["H"], out["P"], out["tau"] = 4, 2, 1
+    if "p" in fields:  # SPARTA's fraction: large enough to touch the tiny model
+        out["p"] = 0.25
+    return out
+
+
+def _settings_text(settings: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in settings.items()) or "defaults"
+
+
+def _rows(result: Any) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if k != "wall_s"} for r in result.history]
+
+
+def _file_rows(run_dir: Path) -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]
+
+
+def _reason(err: BaseException) -> str:
+    frame = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ else None
+    where = f" ({Path(frame.filename).name}:{frame.lineno})" if frame else ""
+    return f"{type(err).__name__}: {err}{where}"
+
+
+def _attempt(results: list[CheckResult], name: str, fn: Callable[[], Any]) -> Any:
+    try:
+        value = fn()
+    except Exception as err:
+        results.append(CheckResult(name, False, _reason(err)))
+        return None
+    results.append(CheckResult(name, True))
+    return value
+
+
+def _compare(results: list[CheckResult], name: str, fn: Callable[[], str], ok: str) -> None:
+    try:
+        problem = fn()
+    except Exception as err:
+        results.append(CheckResult(name, False, _reason(err)))
+        return
+    results.append(CheckResult(name, not problem, problem or ok))
+
+
+def render(spec: str, results: Sequence[CheckResult]) -> str:
+    """The report ``exogym check`` prints: one line per check, then a verdict."""
+    width = max(len(r.name) for r in results)
+    mark = {True: "pass", False: "FAIL", None: "skip"}
+    lines = [f"exogym check {spec}"]
+    lines += [f"  {mark[r.passed]:<4}  {r.name:<{width}}  {r.detail}" for r in results]
+    failed = [r.name for r in results if r.passed is False]
+    lines.append(f"{len(failed)} of {len(results)} checks failed: {', '.join(failed)}"
+                 if failed else f"all {sum(r.passed is True for r in results)} checks passed"
+                 + (f", {sum(r.passed is None for r in results)} skipped"
+                    if any(r.passed is None for r in results) else ""))
+    return "\n".join(lines)
