@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from exogym.lab.report import Comparison
+    from exogym.lab.sweep import SweepResult
 
-__all__ = ["MISSING_MATPLOTLIB", "PLOT_FILES", "plot_comparison", "require_matplotlib"]
+__all__ = ["MISSING_MATPLOTLIB", "PLOT_FILES", "plot_comparison", "plot_sweep",
+           "require_matplotlib"]
 
 MISSING_MATPLOTLIB = ('plots need matplotlib, an exogym dependency that is missing here: '
                       'pip install "matplotlib>=3.7"')
@@ -123,3 +125,56 @@ def _plain_formatter(minor: bool, linear: float = 0.0) -> Any:
 
     return Plain()
 
+
+
+def plot_sweep(result: SweepResult, path: str | Path) -> Path:
+    """A sweep's score (mean final eval loss): against the axis's values for one axis (a line,
+    one point per value in grid order), else one heatmap per pair of axes, each cell the score
+    averaged over the other axes; the best point's cell outlined."""
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from exogym.lab.sweep import score_table
+
+    axes = list(result.axes)
+    pairs = [(a, b) for i, a in enumerate(axes) for b in axes[i + 1:]]
+    if not pairs:
+        (a,) = axes
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        table = score_table(result, a, None)
+        xs = result.axes[a]
+        ax.plot(range(len(xs)), [table[(x,)] for x in xs], marker="o")
+        ax.set_xticks(range(len(xs)), xs)
+        ax.set_xlabel(a)
+        ax.set_ylabel("final eval loss (mean)")
+    else:
+        fig, grid = plt.subplots(1, len(pairs), figsize=(4.5 * len(pairs), 4), squeeze=False)
+        for ax, (a, b) in zip(grid[0], pairs, strict=True):
+            table = score_table(result, a, b)
+            ys, xs = result.axes[a], result.axes[b]
+            cells = [[table[(y, x)] for x in xs] for y in ys]
+            image = ax.imshow(cells, cmap="viridis_r", aspect="auto")
+            for r, y in enumerate(ys):
+                for c, x in enumerate(xs):
+                    light = image.norm(table[(y, x)]) < 0.5  # viridis_r: low = yellow
+                    ax.text(c, r, f"{table[(y, x)]:.3g}", ha="center", va="center",
+                            color="black" if light else "white", fontsize=8)
+            if result.best is not None:
+                best = result.best.settings
+                r, c = ys.index(best[a]), xs.index(best[b])
+                ax.add_patch(plt.Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, lw=2,
+                                           edgecolor="red"))
+            ax.set_xticks(range(len(xs)), xs)
+            ax.set_yticks(range(len(ys)), ys)
+            ax.set_xlabel(b)
+            ax.set_ylabel(a)
+            fig.colorbar(image, ax=ax, label="final eval loss (mean)")
+    fig.suptitle(f"{result.strategy} on {result.task}: sweep")
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

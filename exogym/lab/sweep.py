@@ -1,0 +1,340 @@
+"""``exogym sweep``: one strategy over a grid of settings, with repeats, resumable.
+
+>>> result = sweep("mnist", "diloco", {"H": ["10", "50"], "outer_lr": ["0.3", "0.7"]},
+...                num_nodes=4, max_steps=500, repeats=2, out_dir="runs/sweep")
+>>> result.best.settings
+{'H': '50', 'outer_lr': '0.7'}
+
+An axis is a strategy hyperparameter (any key of ``exogym strategies ID``; values parsed as
+``--set`` parses them), or one of the run's own axes: ``nodes`` (N) and ``network`` (profile
+names). The points are every combination, in the order the axes and values are given; each point
+is trained with seeds ``seed, ..., seed + repeats - 1`` exactly as ``exogym run`` trains it, into
+``OUT/runs/pNNN-seedS`` (``OUT/sweep.json`` says which settings ``pNNN`` holds).
+
+The score of a point is the mean over its repeats of the final evaluation loss (the whole test
+set); the best point has the lowest. ``OUT/results.md`` / ``results.json`` hold every point's
+mean ± sample standard deviation of the final metrics, bytes sent per node and simulated time,
+and the best; ``OUT/sweep.png`` a line plot (one axis) or one heatmap per pair of axes (the
+score averaged over the other axes).
+
+A sweep is resumable: run the same command again with the same ``--out`` and the finished runs
+(those with a ``summary.json``) are read, not retrained; an unfinished run's folder is cleared
+and the run trained again from its start. A folder holding another sweep (a different task,
+strategy, grid or setting) is an error listing what differs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import shutil
+import statistics
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from exogym import strategy as strategies
+from exogym.lab.compare import default_eval_interval
+from exogym.lab.report import CurvePoint, RunOutcome, Stat
+from exogym.run.result import check_out_dir, read_json
+from exogym.sim.network import Network, parse_network
+from exogym.tasks.registry import get_task
+from exogym.utils.config import ConfigError, config_fields
+
+__all__ = ["RUN_AXES", "SweepPoint", "SweepResult", "parse_grid", "sweep"]
+
+RUN_AXES = ("nodes", "network")
+"""Axes that are settings of the run, not of the strategy."""
+
+FORMAT = "exogym-sweep-v1"
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One combination of the grid and its runs.
+
+    Attributes:
+        index: its position in the grid (the ``pNNN`` of its run folders).
+        settings: ``{axis: value}`` as given (strings).
+        runs: one per seed.
+        metrics: ``eval_*`` final metrics, ``bytes_sent_per_node`` and ``sim_time_s`` over the
+            runs (``score`` is ``metrics["eval_loss"].mean``).
+    """
+
+    index: int
+    settings: dict[str, str]
+    runs: tuple[RunOutcome, ...]
+    metrics: dict[str, Stat]
+
+    @property
+    def score(self) -> float:
+        return self.metrics["eval_loss"].mean
+
+    @property
+    def name(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.settings.items())
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """What :func:`sweep` ran and wrote: ``points`` in grid order, the ``best`` (lowest score;
+    None when every point diverged), the results folder and its files."""
+
+    task: str
+    strategy: str
+    axes: dict[str, list[str]]
+    seeds: tuple[int, ...]
+    points: tuple[SweepPoint, ...]
+    best: SweepPoint | None
+    out_dir: Path
+    trained: int
+    reused: int
+    plot: Path | None
+
+
+def parse_grid(items: Sequence[str]) -> dict[str, list[str]]:
+    """``["H=10,50", "outer_lr=0.3,0.7"]`` -> ``{"H": ["10", "50"], "outer_lr": [...]}``.
+
+    Raises:
+        ConfigError: an item that is not ``KEY=V1,V2,...``, an empty value, an axis given twice,
+            a value repeated within an axis.
+    """
+    grid: dict[str, list[str]] = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        key = key.strip()
+        parts = [v.strip() for v in values.split(",")]
+        if not sep or not key or not all(parts):
+            raise ConfigError(f"bad grid axis {item!r}: give KEY=V1,V2,... (e.g. H=10,50,100)")
+        if key in grid:
+            raise ConfigError(f"grid axis {key!r} is given twice; give all its values once")
+        if len(set(parts)) != len(parts):
+            raise ConfigError(f"grid axis {key!r} repeats a value: {values}")
+        grid[key] = parts
+    if not grid:
+        raise ConfigError("a sweep needs at least one axis (--grid KEY=V1,V2,...)")
+    return grid
+
+
+def _outcome(label: str, run_dir: Path) -> RunOutcome:
+    """A finished run's outcome read back from its folder."""
+    summary = read_json(run_dir / "summary.json", "a run folder written by exogym")
+    rows = [json.loads(line) for line in
+            (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines() if line]
+    curve = tuple(CurvePoint(step=r["step"], eval_loss=float(r["eval_loss"]),
+                             bytes_sent=r["bytes_sent"], sim_time_s=r["sim_time_s"])
+                  for r in rows if "eval_loss" in r)
+    return RunOutcome(
+        label=label, strategy=summary["strategy"], seed=summary["seed"], out_dir=run_dir,
+        final={k: float(v) for k, v in summary["final"].items()},
+        bytes_sent_per_node=max(summary["bytes_sent_per_node"]),
+        sim_time_s=float(summary["sim_time_s"]), utilization=float(summary["utilization"]),
+        step_time_s=float(summary["step_time_s"]), compute_source=summary["compute_source"],
+        samples_per_s=float(summary["samples_per_s"]),
+        wall_time_s=float(summary["wall_time_s"]), curve=curve, world=summary.get("world"))
+
+
+def sweep(
+    task: str,
+    strategy: str,
+    grid: Mapping[str, Sequence[str]],
+    *,
+    out_dir: str | Path,
+    num_nodes: int = 4,
+    max_steps: int = 500,
+    repeats: int = 1,
+    seed: int = 0,
+    network: Network | str = "datacenter",
+    overrides: Mapping[str, Any] | None = None,
+    step_time: float | None = None,
+    eval_samples: int | None = 2000,
+    data_dir: str | Path | None = None,
+    download: bool = True,
+    progress: bool = False,
+) -> SweepResult:
+    """Train ``strategy`` at every point of ``grid`` (see the module docstring).
+
+    Args:
+        grid: ``{axis: [values]}``; axes are strategy keys or :data:`RUN_AXES`.
+        overrides: fixed strategy settings for every point (``--set``).
+        network, num_nodes: the run's, unless an axis sweeps them.
+
+    Raises:
+        ConfigError: an unknown axis or setting, a bad value (checked for every point before
+            anything trains), or ``out_dir`` holding another sweep.
+    """
+    from exogym.run.trainer import Trainer
+
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    spec = get_task(task)
+    cls = strategies.get(strategy)
+    keys = config_fields(cls)
+    axes = {k: [str(v) for v in vs] for k, vs in grid.items()}
+    for key in axes:
+        if key not in RUN_AXES and key not in keys:
+            raise ConfigError(f"grid axis {key!r} is neither a key of {strategy} nor one of "
+                              f"{', '.join(RUN_AXES)}; its keys: {', '.join(keys)}")
+    fixed = {k: str(v) for k, v in (overrides or {}).items()}
+    both = sorted(set(fixed) & set(axes))
+    if both:
+        raise ConfigError(f"{', '.join(both)} is both swept (--grid) and fixed (--set)")
+    base_net = parse_network(network)
+    points = [dict(zip(axes, values, strict=True))
+              for values in itertools.product(*axes.values())]
+    plans = []
+    for i, point in enumerate(points):  # every point must build before anything trains
+        settings = {"optim.lr": spec.lr, **fixed,
+                    **{k: v for k, v in point.items() if k not in RUN_AXES}}
+        try:
+            strategies.make(strategy, **settings)
+            nodes = int(point.get("nodes", num_nodes))
+            if nodes < 1:
+                raise ValueError(f"nodes must be >= 1, got {nodes}")
+            net = parse_network(point["network"]) if "network" in point else base_net
+            net.check_nodes(nodes)
+        except (ConfigError, ValueError) as err:
+            raise ConfigError(f"grid point p{i:03d} ({_name(point)}): {err}") from None
+        plans.append((settings, nodes, net))
+
+    out = Path(out_dir)
+    record = {"format": FORMAT, "task": spec.id, "strategy": strategy, "axes": axes,
+              "fixed": fixed, "num_nodes": num_nodes, "steps": max_steps, "repeats": repeats,
+              "seed": seed, "network": base_net.spec(), "step_time": step_time,
+              "eval_samples": eval_samples,
+              "points": [{"name": f"p{i:03d}", "settings": p} for i, p in enumerate(points)]}
+    if (out / "sweep.json").is_file():
+        saved = read_json(out / "sweep.json", "a sweep folder written by `exogym sweep`")
+        diff = [k for k in sorted(set(saved) | set(record))
+                if json.dumps(saved.get(k), default=str) != json.dumps(record.get(k), default=str)]
+        if diff:
+            raise ConfigError(f"{out} holds another sweep (different {', '.join(diff)}); "
+                              "choose another --out, or give the same settings to continue it")
+    else:
+        check_out_dir(out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "sweep.json").write_text(json.dumps(record, indent=2, default=str) + "\n",
+                                        encoding="utf-8")
+
+    seeds = tuple(range(seed, seed + repeats))
+    interval = default_eval_interval(spec.eval_interval, max_steps)
+    data: tuple[Any, Any] | None = None
+    trained = reused = 0
+    results: list[SweepPoint] = []
+    for i, (point, (settings, nodes, net)) in enumerate(zip(points, plans, strict=True)):
+        runs = []
+        for s in seeds:
+            run_dir = out / "runs" / f"p{i:03d}-seed{s}"
+            label = f"p{i:03d}"
+            if (run_dir / "summary.json").is_file():
+                runs.append(_outcome(label, run_dir))
+                reused += 1
+                continue
+            if run_dir.exists():  # interrupted: train it again from the start
+                shutil.rmtree(run_dir)
+            if progress:
+                print(f"[p{i:03d} seed {s}] {_name(point)} -> {run_dir}", flush=True)
+            if data is None:
+                data = spec.load_data(data_dir, download)
+            torch.manual_seed(s)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # e.g. "not a multiple of H": in results.json
+                result = Trainer(spec.build_model(), *data).fit(
+                    strategy=strategies.make(strategy, **settings), num_nodes=nodes,
+                    max_steps=max_steps, batch_size=spec.batch_size, eval_interval=interval,
+                    eval_samples=eval_samples, eval_at_start=True, seed=s, out_dir=run_dir,
+                    progress=progress, network=net, step_time=step_time,
+                    run_info=spec.run_info(data[0]))
+            runs.append(RunOutcome.from_fit(label, result))
+            trained += 1
+        results.append(_point(i, point, runs))
+    finite = [p for p in results if math.isfinite(p.score)]
+    best = min(finite, key=lambda p: p.score) if finite else None
+    result = SweepResult(task=spec.id, strategy=strategy, axes=axes, seeds=seeds,
+                         points=tuple(results), best=best, out_dir=out, trained=trained,
+                         reused=reused, plot=None)
+    (out / "results.md").write_text(format_markdown(result), encoding="utf-8")
+    (out / "results.json").write_text(format_json(result), encoding="utf-8")
+    try:
+        from exogym.lab.plots import plot_sweep
+
+        plot = plot_sweep(result, out / "sweep.png")
+    except ImportError as err:
+        warnings.warn(f"sweep.png not drawn: {err}", stacklevel=2)
+        plot = None
+    return replace(result, plot=plot)
+
+
+def _name(point: Mapping[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in point.items())
+
+
+def _point(index: int, settings: dict[str, str], runs: list[RunOutcome]) -> SweepPoint:
+    keys = [k for k in runs[0].final if all(k in r.final for r in runs)]
+    metrics = {k: Stat(tuple(r.final[k] for r in runs)) for k in keys}
+    metrics["bytes_sent_per_node"] = Stat(tuple(r.bytes_sent_per_node for r in runs))
+    metrics["sim_time_s"] = Stat(tuple(r.sim_time_s for r in runs))
+    return SweepPoint(index=index, settings=settings, runs=tuple(runs), metrics=metrics)
+
+
+def _cell(stat: Stat, fmt: str) -> str:
+    if stat.n == 1:
+        return format(stat.mean, fmt)
+    return f"{format(stat.mean, fmt)} ± {format(stat.std, fmt)}"
+
+
+def format_markdown(result: SweepResult) -> str:
+    """``results.md``: one row per point, the best in bold, then what each column is."""
+    evals = [k for k in result.points[0].metrics if k.startswith("eval_")]
+    head = ["point", *result.axes, *(k.replace("_", " ") for k in evals), "sent per node",
+            "sim time"]
+    lines = [f"# exogym sweep: {result.strategy} on {result.task}", "",
+             f"{len(result.points)} points x {len(result.seeds)} seed(s) "
+             f"({', '.join(map(str, result.seeds))}); score = mean final eval loss; best: "
+             + (f"p{result.best.index:03d} ({result.best.name})" if result.best else "none"),
+             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for p in result.points:
+        cells = [f"p{p.index:03d}", *p.settings.values(),
+                 *(_cell(p.metrics[k], ".4f") for k in evals),
+                 f"{p.metrics['bytes_sent_per_node'].mean / 1e6:,.2f} MB",
+                 f"{p.metrics['sim_time_s'].mean:,.1f} s"]
+        if p is result.best:
+            cells = [f"**{c}**" for c in cells]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Values are mean ± sample standard deviation over the seeds; evaluation on the "
+              "whole test set after the last step; each run's folder is runs/pNNN-seedS."]
+    return "\n".join(lines) + "\n"
+
+
+def format_json(result: SweepResult) -> str:
+    def stat(s: Stat) -> dict[str, Any]:
+        return {"mean": _finite(s.mean), "std": _finite(s.std) if s.n > 1 else None,
+                "values": [_finite(v) for v in s.values]}
+
+    return json.dumps({
+        "task": result.task, "strategy": result.strategy, "axes": result.axes,
+        "seeds": list(result.seeds),
+        "best": None if result.best is None else f"p{result.best.index:03d}",
+        "points": [{"name": f"p{p.index:03d}", "settings": p.settings,
+                    "score": _finite(p.score),
+                    "metrics": {k: stat(v) for k, v in p.metrics.items()},
+                    "runs": [str(r.out_dir) for r in p.runs]} for p in result.points],
+    }, indent=2) + "\n"
+
+
+def _finite(x: float) -> float | str:
+    return x if math.isfinite(x) else str(x)
+
+
+def score_table(result: SweepResult, a: str, b: str | None) -> dict[tuple[str, ...], float]:
+    """The score per value of axis ``a`` (and ``b``), averaged over the other axes' values."""
+    groups: dict[tuple[str, ...], list[float]] = {}
+    for p in result.points:
+        key = (p.settings[a],) if b is None else (p.settings[a], p.settings[b])
+        groups.setdefault(key, []).append(p.score)
+    return {k: statistics.fmean(v) for k, v in groups.items()}
