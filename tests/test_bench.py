@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import math
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from toy_task import toy_task_source
 
 from exogym.cli import main
 from exogym.lab import bench as bench_module
@@ -17,27 +19,7 @@ from exogym.lab.bench import SUITES, Suite, Track, bench, score_at_budget, time_
 from exogym.lab.report import CurvePoint
 from exogym.utils.config import ConfigError
 
-TASK = textwrap.dedent('''
-    import torch
-    from torch import nn
-    from torch.utils.data import TensorDataset
-
-    from exogym.tasks import Task
-    from exogym.tasks.models import Classifier
-
-
-    def _data(data_dir, download):
-        g = torch.Generator().manual_seed(0)
-        x = torch.randn(160, 4, generator=g)
-        y = (x[:, 0] > 0).long()
-        return TensorDataset(x[:128], y[:128]), TensorDataset(x[128:], y[128:])
-
-
-    def make_task():
-        return Task(id="bench-toy-v0", description="toy", load_data=_data,
-                    build_model=lambda: Classifier(nn.Linear(4, 2)), batch_size=8, lr=0.05,
-                    eval_interval=2)
-''')
+TASK = toy_task_source("bench-toy-v0")
 
 CURVE = [CurvePoint(0, 2.0, 0.0, 0.0), CurvePoint(10, 1.0, 5.0, 30.0),
          CurvePoint(20, 0.5, 10.0, 60.0), CurvePoint(30, 0.4, 15.0, 90.0)]

@@ -12,45 +12,21 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
-from torch.utils.data import TensorDataset
 
 from exogym import Trainer
-from exogym.strategy import describe, make, registry
+from exogym.lab.check import TinyNet, short_period, tiny_data
+from exogym.strategy import describe, get, make, registry
 from exogym.utils.config import ConfigError
 
 IDS = registry()
 
 
 def small(sid: str) -> dict[str, Any]:
-    """Overrides that make a strategy synchronise within a 6-step run."""
-    spec = describe(sid)
-    out: dict[str, Any] = {}
-    if "H" in spec:
-        out["H"] = 2
-    if "P" in spec:  # Streaming DiLoCo: P fragments, each synced every H steps, tau overlap
-        out["H"], out["P"], out["tau"] = 4, 2, 1
-    if "p" in spec:  # SPARTA's fraction: large enough to touch the tiny model
-        out["p"] = 0.25
-    return out
+    """Overrides that make a strategy synchronise within a 6-step run (``exogym check``'s)."""
+    return short_period(get(sid))
 
 
-class Net(nn.Module):
-    """A tiny classifier returning a scalar loss; no randomness, so engines must agree."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
-
-    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x, y = batch
-        return nn.functional.cross_entropy(self.body(x), y)
-
-
-def data(dtype: torch.dtype = torch.float32) -> TensorDataset:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(96, 6, generator=g, dtype=dtype)
-    return TensorDataset(x, (x[:, :3].argmax(1)))
+Net, data = TinyNet, tiny_data  # exogym check's model and data
 
 
 def fit(sid: str, *, seed: int = 0, engine: str = "loop", dtype: torch.dtype = torch.float32):

@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from toy_task import toy_task_source
+
 from exogym import strategy as strategies
 from exogym.cli import main
 from exogym.lab.compare import compare, resolve_strategies
@@ -51,28 +54,8 @@ METHOD = textwrap.dedent('''
         return 1
 ''')
 
-TASK = textwrap.dedent('''
-    import torch
-    from torch import nn
-    from torch.utils.data import TensorDataset
-
-    from exogym.tasks import Task
-    from exogym.tasks.models import Classifier
-
-
-    def _data(data_dir, download):
-        g = torch.Generator().manual_seed(0)
-        x = torch.randn(256, 8, generator=g)
-        y = (x[:, 0] > 0).long()
-        return TensorDataset(x[:192], y[:192]), TensorDataset(x[192:], y[192:])
-
-
-    def make_task():
-        return Task(id="tiny-linear-v0", description="a linear classifier on 8 features",
-                    build_model=lambda: Classifier(nn.Linear(8, 2)), load_data=_data,
-                    batch_size=8, lr=0.05, eval_interval=2)
-
-
+TASK = toy_task_source("tiny-linear-v0", "a linear classifier on 8 features", features=8,
+                       samples=256, train=192) + textwrap.dedent('''
     TINY = make_task()
 
     def not_a_task():

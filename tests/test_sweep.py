@@ -6,37 +6,19 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from toy_task import toy_task_source
 
 from exogym.cli import main
 from exogym.lab.report import Stat
 from exogym.lab.sweep import SweepPoint, SweepResult, parse_grid, score_table, sweep
 from exogym.utils.config import ConfigError
 
-TASK = textwrap.dedent('''
-    import torch
-    from torch import nn
-    from torch.utils.data import TensorDataset
-
-    from exogym.tasks import Task
-    from exogym.tasks.models import Classifier
-
-
-    def _data(data_dir, download):
-        g = torch.Generator().manual_seed(0)
-        x = torch.randn(160, 4, generator=g)
-        y = (x[:, 0] > 0).long()
-        return TensorDataset(x[:128], y[:128]), TensorDataset(x[128:], y[128:])
-
-
-    def make_task():
-        return Task(id="sweep-toy-v0", description="toy", load_data=_data,
-                    build_model=lambda: Classifier(nn.Linear(4, 2)), batch_size=8, lr=0.05,
-                    eval_interval=2)
-''')
+TASK = toy_task_source("sweep-toy-v0")
 
 
 @pytest.fixture

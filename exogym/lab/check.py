@@ -56,7 +56,16 @@ from exogym.sim.comm import CommRecord, all_gather_bytes, all_reduce_bytes
 from exogym.strategy.base import Strategy
 from exogym.utils.config import ConfigError, config_fields
 
-__all__ = ["CHECKS", "CheckResult", "check_strategy", "implied_bytes_sent", "render"]
+__all__ = [
+    "CHECKS",
+    "CheckResult",
+    "TinyNet",
+    "check_strategy",
+    "implied_bytes_sent",
+    "render",
+    "short_period",
+    "tiny_data",
+]
 
 CHECKS = ("builds", "runs", "communicates", "deterministic", "seeds differ", "engines",
           "exact resume", "processes", "absent nodes", "hyperparameters", "no host sync")
@@ -72,7 +81,10 @@ class CheckResult:
     detail: str = ""
 
 
-class _Net(nn.Module):
+class TinyNet(nn.Module):
+    """The checks' model: a tiny classifier returning a scalar loss; no randomness, so engines
+    must agree."""
+
     def __init__(self) -> None:
         super().__init__()
         self.body = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
@@ -82,7 +94,8 @@ class _Net(nn.Module):
         return nn.functional.cross_entropy(self.body(x), y)
 
 
-def _data(dtype: torch.dtype) -> TensorDataset:
+def tiny_data(dtype: torch.dtype = torch.float32) -> TensorDataset:
+    """The checks' data: 96 seeded points of 6 features, 3 classes."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(96, 6, generator=g, dtype=dtype)
     return TensorDataset(x, x[:, :3].argmax(1))
@@ -164,7 +177,7 @@ def check_strategy(
     """
     results: list[CheckResult] = []
     cls = strategies.get(spec)  # an unknown id or a missing file is the caller's error
-    settings = dict(overrides) if overrides is not None else _short_period(cls)
+    settings = dict(overrides) if overrides is not None else short_period(cls)
     keys = config_fields(cls)
     unknown = [k for k in settings if k not in keys]
     if unknown:
@@ -190,7 +203,7 @@ def check_strategy(
                                         eval_interval=3, log_interval=1, engine=engine,
                                         seed=seed, progress=False)
             args.update(kw)
-            return Trainer(_Net().to(dtype), _data(dtype), _data(dtype)).fit(
+            return Trainer(TinyNet().to(dtype), tiny_data(dtype), tiny_data(dtype)).fit(
                 strategy=strategies.make(spec, **settings), **args)
 
     base = _attempt(results, "runs", lambda: fit())
@@ -256,7 +269,7 @@ def check_strategy(
 
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                Trainer(_Net(), _data(torch.float32), _data(torch.float32)).fit(
+                Trainer(TinyNet(), tiny_data(torch.float32), tiny_data(torch.float32)).fit(
                     resume=cut, progress=False)
             if _file_rows(cut) != _file_rows(full):
                 return "metrics rows differ from the uninterrupted run's"
@@ -279,7 +292,7 @@ def check_strategy(
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 real = fit_processes(
-                    _Net(), _data(torch.float32), _data(torch.float32),
+                    TinyNet(), tiny_data(torch.float32), tiny_data(torch.float32),
                     strategy=strategies.make(spec, **settings), num_nodes=2, max_steps=STEPS,
                     batch_size=8, eval_interval=3, progress=False, threads=1)
             return same(real, fit(nodes=2), exact=False)
@@ -335,7 +348,9 @@ def check_strategy(
     return results
 
 
-def _short_period(cls: type[Strategy]) -> dict[str, Any]:
+def short_period(cls: type[Strategy]) -> dict[str, Any]:
+    """Settings that make a built-in strategy synchronise within a 6-step run: ``H=2``;
+    Streaming DiLoCo's ``H=4, P=2, tau=1``; SPARTA's fraction ``p=0.25`` (the tiny model)."""
     fields = config_fields(cls)
     out: dict[str, Any] = {}
     if "H" in fields:
