@@ -1,4 +1,4 @@
-"""Shared fixtures of the equivalence and determinism tests (opt-in, nothing autouse)."""
+"""Shared fixtures: the registry is restored after every test (autouse); the rest are opt-in."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+
+from exogym import strategy as strategies
 
 # A test run started in the background of a shell inherits SIGINT ignored, and so would the
 # runs it starts: the Ctrl-C tests need Python's own handler.
@@ -24,3 +26,14 @@ def single_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def registry_restored() -> Iterator[None]:
+    """A test that loads a ``SOURCE:Class`` spec or calls ``register`` adds an id to the strategy
+    registry; later tests (and the fresh processes some start) see exogym's own ids only."""
+    strategies.registry()  # installed plugins are read once, before the first save
+    saved = dict(strategies._ENTRY_POINTS)
+    yield
+    strategies._ENTRY_POINTS.clear()
+    strategies._ENTRY_POINTS.update(saved)

@@ -100,6 +100,9 @@ def _entry(
             raise WorkerError(f"exogym worker rank {rank} of {world_size} failed: "
                               f"{type(err).__name__}: {err}") from err
         torch.save(value, Path(out_dir) / f"rank{rank}.pt")
+        # no rank closes its connections while a peer is still reading its last message (gloo
+        # aborts that peer: "terminate called without an active exception")
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
