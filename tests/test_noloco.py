@@ -160,6 +160,32 @@ def test_a_down_node_takes_no_step_and_its_partner_steps_alone():
     assert comm.bytes_sent[partner] == 0.0
 
 
+class _Loses:
+    """A timeline whose synchronisations lose the messages of the given nodes."""
+
+    def __init__(self, lost: set[int]) -> None:
+        self.lost = lost
+
+    def arrivals(self, active, deadline):
+        return [i not in self.lost for i in range(2)]
+
+
+def test_a_lost_message_is_heard_by_one_side_only():
+    # Prepare: N = 2, node 1's message is lost: node 1 hears node 0, node 0 hears nobody
+    s = NoLoCo(H=1, alpha=0.5, beta=1.0, optim=sgd(1.0))
+    nodes, comm = build(s, (0.0, 0.0))
+    comm.timeline = _Loses({1})
+
+    # Execute: theta_i = -g_i, Delta_i = g_i
+    step_with(s, nodes, [[2.0, 0.0], [0.0, 4.0]], 0)
+
+    # Assert: node 0 steps alone by -g_0 = [-2, 0]; node 1 by -mean(g) = [-1, -2] (equal phi:
+    # no pull); only node 0's message travelled
+    assert torch.allclose(s.slow["w"], t([[-2.0, 0.0], [-1.0, -2.0]]), **TOL)
+    assert [(r.src, r.dst) for r in comm.log] == [(0, 1)]
+    assert comm.bytes_sent == [32.0, 0.0] and comm.bytes_received == [0.0, 32.0]
+
+
 def test_a_group_of_all_nodes_is_diloco_with_the_heavy_ball_outer_step():
     # Prepare: N = 4, n = 4: every phi stays equal, the pull vanishes; DiLoCo with outer SGD
     # (heavy ball) lr beta, momentum alpha; the same inner AdamW
