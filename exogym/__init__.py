@@ -16,6 +16,7 @@ import exogym._aliases  # noqa: F401  (old module paths: exogym.trainer, exogym.
 from exogym.compat import DilocoSimulator
 from exogym.run.result import FitResult
 from exogym.run.trainer import Trainer
+from exogym.strategy import register
 from exogym.strategy.optim import LRSchedule, OptimSpec
 from exogym.tasks.models import Classifier, MnistCNN
 
@@ -29,4 +30,5 @@ __all__ = [
     "OptimSpec",
     "Trainer",
     "__version__",
+    "register",
 ]

@@ -138,7 +138,10 @@ def test_a_class_whose_id_is_taken_is_refused(user_code):
 
 
 def test_register_names_a_class_of_a_file_or_module(user_code):
-    strategies.register("half_outer", f"{user_code}/halfouter_method.py:HalfOuter")
+    import exogym
+
+    exogym.register("half_outer", f"{user_code}/halfouter_method.py:HalfOuter")  # the same
+    assert exogym.register is strategies.register
     assert strategies.make("half_outer", scale="0.5").scale == 0.5
     with pytest.raises(ValueError, match=r"already registered to exogym\.strategy\.ddp:DDP"):
         strategies.register("ddp", f"{user_code}/halfouter_method.py:HalfOuter")
