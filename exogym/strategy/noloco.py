@@ -78,6 +78,7 @@ import torch
 from torch import Tensor
 
 from exogym.strategy.base import Strategy, in_range, positive_int
+from exogym.utils.validation import check_int
 
 __all__ = ["NoLoCo"]
 
@@ -108,15 +109,12 @@ class NoLoCo(Strategy):
     def __post_init__(self) -> None:
         super().__post_init__()
         positive_int("H", self.H)
-        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 2:
-            raise ValueError(f"n (the local group size) must be an integer >= 2, got {self.n!r}")
+        check_int("n (the local group size)", self.n, 2)
         in_range("alpha", self.alpha, 0.0, 1.0, hi_open=True)
         in_range("beta", self.beta, 0.0, float("inf"), lo_open=True)
         if self.gamma is not None:
             in_range("gamma (or None: tied to beta)", self.gamma, 0.0, float("inf"))
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) \
-                or not 0 <= self.seed < 2**31:
-            raise ValueError(f"seed must be an integer in [0, 2^31), got {self.seed!r}")
+        check_int("seed", self.seed, 0, 2**31 - 1)
 
     @property
     def pull(self) -> float:
@@ -126,7 +124,6 @@ class NoLoCo(Strategy):
     def init_state(self) -> None:
         self.slow = {k: p.detach().clone() for k, p in self.nodes.params.items()}  # phi
         self.momentum = {k: torch.zeros_like(p) for k, p in self.nodes.params.items()}
-        self.outer_steps = 0
 
     def node_state(self) -> dict[str, Tensor]:
         """The slow weights and the outer momentum (a recovering node copies its donor's)."""
@@ -151,14 +148,12 @@ class NoLoCo(Strategy):
     def step(self, step: int) -> None:
         self.inner_step()
         if (step + 1) % self.H == 0:
-            self.outer_step()
+            self.outer_step((step + 1) // self.H - 1)
 
     @torch.no_grad()
-    def outer_step(self) -> None:
-        """Exchange slow weights and pseudo-gradients inside each group, then every active
-        node's modified Nesterov step."""
-        t = self.outer_steps
-        self.outer_steps += 1
+    def outer_step(self, t: int) -> None:
+        """Outer step ``t`` (0-based): exchange slow weights and pseudo-gradients inside each
+        group, then every active node's modified Nesterov step."""
         active = self.comm.active
         heard = self.arrivals()  # whose messages arrive (None: everyone's)
         names = list(self.nodes.params)
