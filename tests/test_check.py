@@ -166,10 +166,7 @@ REASONS = {
 def broken(tmp_path_factory: pytest.TempPathFactory):
     folder = tmp_path_factory.mktemp("broken")
     (folder / "broken_strategies.py").write_text(BROKEN)
-    saved = dict(strategies._ENTRY_POINTS)
-    yield folder / "broken_strategies.py"
-    strategies._ENTRY_POINTS.clear()
-    strategies._ENTRY_POINTS.update(saved)
+    yield folder / "broken_strategies.py"  # the ids it registers: conftest's registry_restored
     sys.modules.pop("broken_strategies", None)
 
 

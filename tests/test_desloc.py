@@ -13,8 +13,6 @@ from test_sparseloco import check_checkpoint_resume
 from torch import nn
 
 from exogym import MnistCNN
-from exogym.sim.comm import InProcessCommunicator
-from exogym.sim.engine import NodeStack
 from exogym.strategy import make
 from exogym.strategy.desloc import DESLOC
 from exogym.strategy.optim import OptimSpec
@@ -100,9 +98,7 @@ def test_mnist_cnn_bytes_equal_the_documented_formula():
     # K_v = 24, inner AdamW
     s = make("desloc")
     assert (s.K_x, s.K_u, s.K_v) == (4, 12, 24)
-    nodes = NodeStack(Classifier(MnistCNN()), 4, engine="loop")
-    comm = InProcessCommunicator(4)
-    s.setup(nodes, comm, 24)
+    _, comm = stack(s, Classifier(MnistCNN()), 4, 24)
 
     # Execute: 24 steps on zero gradients (the bytes do not depend on the values)
     for step in range(24):

@@ -9,11 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from by_hand import F64, TOL, build, sgd, step_with, t
+from by_hand import F64, TOL, build, sgd, stack, step_with, t
 from test_sparseloco import check_checkpoint_resume
 
 from exogym import MnistCNN
-from exogym.sim.comm import InProcessCommunicator
 from exogym.sim.engine import NodeStack
 from exogym.strategy import make
 from exogym.strategy.diloco import DiLoCo
@@ -209,9 +208,7 @@ def test_a_group_of_all_nodes_is_diloco_with_the_heavy_ball_outer_step():
 def test_mnist_cnn_bytes_per_pair():
     # Prepare: MNIST CNN (P = 861,480 bytes, no buffers), N = 4, pairs, H = 2
     s = make("noloco", H=2)
-    nodes = NodeStack(Classifier(MnistCNN()), 4, engine="loop")
-    comm = InProcessCommunicator(4)
-    s.setup(nodes, comm, 4)
+    _, comm = stack(s, Classifier(MnistCNN()), 4, 4)
 
     # Execute: 4 steps on zero gradients (2 outer steps)
     for step in range(4):

@@ -72,7 +72,6 @@ def user_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (folder / "halfouter_method.py").write_text(METHOD)
     (folder / "tiny_task.py").write_text(TASK)
     monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.setattr(strategies, "_ENTRY_POINTS", dict(strategies._ENTRY_POINTS))
     yield folder
     for name, module in list(sys.modules.items()):
         if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):

@@ -199,9 +199,7 @@ def test_sent_plus_kept_equals_accumulated_and_sent_is_what_the_step_used(bits: 
 def test_mnist_cnn_bytes_equal_the_documented_formula():
     # Prepare: the MNIST CNN on N = 4 nodes, defaults (s = 64, k = 64, 2 bits), H = 1
     s = SparseLoCo(H=1)
-    nodes = NodeStack(Classifier(MnistCNN()), 4, engine="loop")
-    comm = InProcessCommunicator(4)
-    s.setup(nodes, comm, 10)
+    nodes, comm = stack(s, Classifier(MnistCNN()), 4, 10)
     # kept entries and S per tensor: ceil(12 c / 8) + ceil(2 c / 8) + 5 * 4
     kept = {"net.features.0.weight": 64, "net.features.0.bias": 16, "net.features.3.weight": 512,
             "net.features.3.bias": 32, "net.head.1.weight": 3584, "net.head.1.bias": 128,
