@@ -60,7 +60,8 @@ donor's fast and slow weights, momentum and inner optimizer state (the default r
 
 Sent per outer step by each node of a group whose members all take part, ``P`` = parameter bytes,
 ``B`` = float buffer bytes: ``(n - 1) (2 P + B)`` (one point-to-point message to each other member,
-logged as ``op="send"``, tag ``"gossip"``), as many received; a node alone sends nothing. Per step
+logged as ``op="send"``, tag ``"gossip"``), as many received; a node alone sends nothing,
+and a lost message is not counted (as a collective counts its members only). Per step
 on average, ``(n - 1)(2 P + B) / H``, for any ``N`` (DiLoCo's ring all-reduce: ``2 (N-1)/N (P + B)
 / H``). MNIST CNN (``P`` = 861,480 bytes, no buffers), ``n = 2``: 1,722,960 bytes per node per
 outer step, 34,459.2 per step at ``H = 50``. The clock times a message when both ends are there
