@@ -49,7 +49,8 @@ from exogym.sim.sharding import NodeBatches, fetch
 
 __all__ = [
     "COLLECTIVE_TIMEOUT_S", "DistributedCommunicator", "RankContext", "TorchrunEnv",
-    "gather_global_state", "join_torchrun", "local_batch", "local_node_ids", "torchrun_env",
+    "close_group", "gather_global_state", "join_torchrun", "local_batch", "local_node_ids",
+    "torchrun_env",
 ]
 
 #: Collective timeout of a process group exogym initialises (a rank waiting on a dead peer fails
@@ -134,6 +135,17 @@ def torchrun_env(environ: dict[str, str] | None = None) -> TorchrunEnv | None:
         raise ValueError(f"RANK={values['RANK']} must be in [0, WORLD_SIZE={values['WORLD_SIZE']})")
     return TorchrunEnv(values["RANK"], values["WORLD_SIZE"], values["LOCAL_RANK"],
                        env["MASTER_ADDR"], values["MASTER_PORT"])
+
+
+def close_group(*, clean: bool) -> None:
+    """Destroy this process's default group. ``clean`` (the rank's work ended without an
+    error): meet the other ranks at a barrier first, so that no rank closes its connections
+    while a peer is still reading its last message (gloo aborts that peer: "terminate called
+    without an active exception"). After an error there is no barrier (the peers may never
+    reach it)."""
+    if clean:
+        dist.barrier()
+    dist.destroy_process_group()
 
 
 def join_torchrun(env: TorchrunEnv, device: torch.device) -> torch.device:

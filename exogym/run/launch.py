@@ -43,6 +43,7 @@ from torch.utils.data import Dataset
 from exogym.run.dist import (
     DistributedCommunicator,
     RankContext,
+    close_group,
     gather_global_state,
     local_batch,
 )
@@ -90,6 +91,7 @@ def _entry(
         torch.cuda.set_device(device)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world_size, timeout=timedelta(seconds=timeout_s))
+    clean = False
     try:
         ctx = RankContext(rank, world_size, nodes_per_process, device)
         try:
@@ -100,11 +102,9 @@ def _entry(
             raise WorkerError(f"exogym worker rank {rank} of {world_size} failed: "
                               f"{type(err).__name__}: {err}") from err
         torch.save(value, Path(out_dir) / f"rank{rank}.pt")
-        # no rank closes its connections while a peer is still reading its last message (gloo
-        # aborts that peer: "terminate called without an active exception")
-        dist.barrier()
+        clean = True
     finally:
-        dist.destroy_process_group()
+        close_group(clean=clean)
 
 
 def launch(

@@ -27,7 +27,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from exogym.run.checkpoint import Checkpointer, load_checkpoint
-from exogym.run.dist import RankContext, join_torchrun, torchrun_env
+from exogym.run.dist import RankContext, close_group, join_torchrun, torchrun_env
 from exogym.run.result import FitResult, check_out_dir, read_json
 from exogym.run.sinks import MultiSink, Sink
 from exogym.run.state import RUN_CONFIG_KEYS, Run, RunInterrupted, RunSettings
@@ -279,6 +279,7 @@ class Trainer:
         if eval_interval is not None:
             _check_int("eval_interval (or None)", eval_interval, 1)
         ranks, owns_group, dev = _join(distributed, num_nodes, dev)
+        clean = False
         try:
             lead = ranks is None or ranks.rank == 0
             if lead and out_dir is not None:
@@ -303,10 +304,12 @@ class Trainer:
                       device=dev, ranks=ranks, out_dir=out_dir, sink=sink, progress=progress,
                       run_info=dict(run_info or {}), batches=batches,
                       checkpointing=checkpointing.to_dict())
-            return _drive(run, None, checkpointing, handle_signals)
+            result = _drive(run, None, checkpointing, handle_signals)
+            clean = True
+            return result
         finally:
             if owns_group:
-                dist.destroy_process_group()
+                close_group(clean=clean)
 
     def _resume(self, run_dir: str | Path, *, given: frozenset[str], kwargs: dict[str, Any],
                 sink: MultiSink, checkpointing: _Checkpointing) -> FitResult:
@@ -333,6 +336,7 @@ class Trainer:
         if distributed is None and saved.get("processes", 1) == 1:
             distributed = False  # a simulated run continues simulated
         ranks, owns_group, dev = _join(distributed, num_nodes, dev)
+        clean = False
         try:
             world = 1 if ranks is None else ranks.world_size
             state, where = load_checkpoint(run_dir, rank=0 if ranks is None else ranks.rank,
@@ -387,10 +391,12 @@ class Trainer:
                       checkpointing=checkpointing.to_dict())
             _check_same_run(saved, run.config, where)
             run.load_state_dict(state)
-            return _drive(run, int(state["step"]), checkpointing, kwargs["handle_signals"])
+            result = _drive(run, int(state["step"]), checkpointing, kwargs["handle_signals"])
+            clean = True
+            return result
         finally:
             if owns_group:
-                dist.destroy_process_group()
+                close_group(clean=clean)
 
 
 def _join(
@@ -415,7 +421,7 @@ def _join(
     world = dist.get_world_size()
     if num_nodes % world:
         if owns:
-            dist.destroy_process_group()
+            close_group(clean=False)
         raise ValueError(f"num_nodes={num_nodes} must be a multiple of the {world} processes "
                          "(each process holds num_nodes / world_size nodes)")
     return RankContext(dist.get_rank(), world, num_nodes // world, str(dev)), owns, dev
