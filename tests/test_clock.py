@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -192,7 +193,8 @@ def model(dropout: float = 0.0) -> Classifier:
 def fit(strategy: Strategy, **kwargs):
     kwargs = {"num_nodes": 3, "max_steps": 6, "batch_size": 8, "log_interval": 1,
               "device": "cpu", "progress": False, **kwargs}
-    return Trainer(kwargs.pop("model", None) or model(), TRAIN, VAL).fit(strategy=strategy,
+    train = kwargs.pop("trainer_data", TRAIN)
+    return Trainer(kwargs.pop("model", None) or model(), train, VAL).fit(strategy=strategy,
                                                                          **kwargs)
 
 
@@ -303,6 +305,65 @@ def test_the_clock_changes_no_training_number() -> None:
     for a, b in zip(runs[0].model.state_dict().values(), runs[1].model.state_dict().values(),
                     strict=True):
         assert torch.equal(a, b)
+
+
+class SlowTraining(nn.Module):
+    """Tiny, plus ``sleep_s`` in every training forward (not in evaluation mode)."""
+
+    def __init__(self, sleep_s: float) -> None:
+        super().__init__()
+        self.tiny, self.sleep_s = Tiny(), sleep_s
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.training:
+            time.sleep(self.sleep_s)
+        return self.tiny(x)
+
+
+class SlowLoading(TensorDataset):
+    """A dataset that takes ``sleep_s`` per sample read."""
+
+    def __init__(self, base: TensorDataset, sleep_s: float) -> None:
+        super().__init__(*base.tensors)
+        self.sleep_s = sleep_s
+
+    def __getitem__(self, i: int) -> tuple[Tensor, ...]:
+        time.sleep(self.sleep_s)
+        return super().__getitem__(i)
+
+
+def test_measured_compute_comes_from_the_run_s_own_training_steps() -> None:
+    # Each node-step sleeps 30 ms in its training forward (evaluation mode does not: a probe
+    # on an eval-mode copy would miss it) and 8 x 2 ms reading its batch: the measured step
+    # time is at least 46 ms per node. The first 5 steps are timed, then the clock starts and
+    # replays them: every one of the 8 steps is charged the same c.
+    torch.manual_seed(0)
+    slow = Classifier(SlowTraining(0.03))
+    r = fit(DiLoCo(H=4), model=slow, network="bw=1Gbps,latency=0s", max_steps=8,
+            log_interval=8, trainer_data=SlowLoading(TRAIN, 0.002))
+    c = r.clock.step_time_s
+    assert r.clock.compute_source == "measured" and 0.046 <= c < 0.5
+    assert r.clock.node_compute_s == pytest.approx((8 * c,) * 3, rel=1e-12)
+    net = parse_network("bw=1Gbps,latency=0s")
+    assert r.recost(net) == r.clock  # the replayed start is the clock a replay gives
+    comm = 2 * (2 * 2 * (8 * P_BYTES / 3 / (1e9 * EFF) + HOP))  # 2 syncs, 4 ring hops each
+    assert r.clock.total_s == pytest.approx(8 * c + comm, rel=1e-9)
+    # the same settings again in this process: the same c (comparable clocks), not re-measured
+    again = fit(DiLoCo(H=4), model=slow, network="bw=1Gbps,latency=0s", max_steps=8,
+                log_interval=8, trainer_data=SlowLoading(TRAIN, 0.002))
+    assert again.clock.step_time_s == c
+
+
+def test_measured_compute_starts_the_clock_before_the_first_row() -> None:
+    # log_interval 2: the clock starts after step 2 (the first row's time is already known)
+    r = fit(DDP(), network="bw=1Gbps,latency=0s", max_steps=6, log_interval=2, eval_interval=6,
+            model=model(0.25))
+    c = r.clock.step_time_s
+    rows = [row for row in r.history if "train_loss" in row]
+    assert [row["step"] for row in rows] == [2, 4, 6]
+    per_step = (r.clock.total_s - 6 * c) / 6  # the all-reduce of each step
+    for row in rows:
+        assert row["sim_time_s"] == pytest.approx(row["step"] * (c + per_step), rel=1e-9)
 
 
 def test_measure_step_time_leaves_the_rng_and_the_model_alone() -> None:

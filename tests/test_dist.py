@@ -272,6 +272,35 @@ class Explodes(nn.Module):
         return F.cross_entropy(self.fc(x), y)
 
 
+class SlowRank1(nn.Module):
+    """Rank 1's training forward takes 40 ms more than rank 0's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        if self.training and dist.get_rank() == 1:
+            time.sleep(0.04)
+        x, y = batch
+        return F.cross_entropy(self.fc(x), y)
+
+
+def test_each_rank_s_measured_compute_makes_the_straggler_wait() -> None:
+    # Measured compute is per rank in a process run: node 1 (rank 1) is >= 40 ms slower per
+    # step, so node 0 idles at every all-reduce until node 1 arrives, exactly the difference.
+    r = fit_processes(SlowRank1(), dataset(), None, strategy=make("ddp"), num_nodes=2,
+                      max_steps=8, batch_size=BATCH, log_interval=8, progress=False,
+                      network="bw=1Gbps,latency=0s", backend="gloo", timeout_s=60.0, threads=1)
+    clock = r.clock
+    assert clock.compute_source == "measured"
+    c0, c1 = (v / 8 for v in clock.node_compute_s)
+    assert c1 - c0 >= 0.04
+    assert clock.node_idle_s[0] == pytest.approx(8 * (c1 - c0), rel=1e-9)
+    assert clock.node_idle_s[1] == pytest.approx(0.0, abs=1e-12)
+    assert clock.step_time_s == pytest.approx((c0 + c1) / 2, rel=1e-12)  # the median of 2
+
+
 @pytest.mark.parametrize("sid", [s for s in registry() if getattr(get(s), "asynchronous", False)])
 def test_asynchronous_strategies_are_refused_before_spawning(sid: str) -> None:
     with pytest.raises(ValueError, match=rf"{sid} is asynchronous: .* one process"):

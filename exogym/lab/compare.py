@@ -285,7 +285,8 @@ def compare(
         overrides: strategy settings, ``{"diloco.H": 50, "optim.lr": "2e-3"}`` or pairs
             (:func:`resolve_strategies`).
         step_time: one node's compute per step for the clock (seconds or ``"1.5s"``); default
-            measured once on this machine and shared by runs with the same model and optimizer.
+            measured from each run's first training steps (so each strategy's own per-step
+            work counts); give it to cost every strategy on the same compute.
         device: as :meth:`exogym.Trainer.fit`.
         data_dir, download: where the task's data is, and whether it may be downloaded.
         progress: print a line and show a progress bar per run.

@@ -32,11 +32,13 @@ depends on nodes of other processes (evaluation traffic is not counted).
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -187,6 +189,21 @@ def _flat_groups(dtypes: Sequence[torch.dtype]) -> dict[torch.dtype, list[int]]:
     return groups
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _transport(method: _F) -> _F:
+    """Add the wall time of a real collective to ``self.transport_s``."""
+    @functools.wraps(method)
+    def timed(self: DistributedCommunicator, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self.transport_s += time.perf_counter() - start
+    return timed  # type: ignore[return-value]
+
+
 class DistributedCommunicator(Communicator):
     """Collectives over ``torch.distributed`` ranks, each holding ``n_local`` stacked nodes.
 
@@ -227,6 +244,7 @@ class DistributedCommunicator(Communicator):
         return dist.get_global_rank(self.group, group_rank)
 
     # -- hooks -------------------------------------------------------------------------------
+    @_transport
     def _all_reduce(self, tensors: list[Tensor], op: ReduceOp) -> list[Tensor]:
         accs = [_accumulator(t.dtype) for t in tensors]
         sums = [t.sum(0, dtype=acc) for t, acc in zip(tensors, accs, strict=True)]
@@ -244,6 +262,7 @@ class DistributedCommunicator(Communicator):
             out.append(s.to(t.dtype))
         return out
 
+    @_transport
     def _all_gather(self, tensors: list[Tensor]) -> list[Tensor]:
         if self.world_size == 1:
             return [t.clone() for t in tensors]
@@ -259,6 +278,7 @@ class DistributedCommunicator(Communicator):
                 out[j] = piece.reshape(self.num_nodes, *tensors[j].shape[1:]).clone()
         return [t for t in out if t is not None]
 
+    @_transport
     def _broadcast(self, tensors: list[Tensor], src: int) -> list[Tensor]:
         src_rank, row = divmod(src, self.n_local)
         if self.world_size == 1:

@@ -2,12 +2,20 @@
 
 Compute model. One node's training step (forward, backward, optimizer step) takes ``c`` seconds:
 
-- measured (the default): :func:`measure_step_time` times one node's step alone, on a copy of the
-  model in eval mode, once at the start of a run (the fastest of up to 20 steps within about a
-  second; the global RNG is saved and restored, so training numbers never depend on it); the
-  value is cached per model architecture, batch shape, optimizer, device and thread count, so
-  repeated runs in one process are costed on the same ``c`` and their clocks are comparable
-  (and reproducible);
+- measured (the default): from the run's own training steps, as the run computes them (data
+  loading, forward, backward, the optimizer and the strategy's local work; a process run's real
+  transport excluded). The trainer times the first ``MEASURED_STEPS = 5`` steps (fewer if the
+  run logs or ends sooner), takes the median per node (a step's time over the nodes that
+  computed it; the first step, which pays one-time costs, left out when there are others),
+  then starts the clock and replays those steps on it. In a process run every rank measures its
+  own nodes and the ranks exchange the values: ``c`` is their median and each node computes at
+  ``c / c_rank`` of it, so a slower process is a straggler the others wait for. A later run in
+  the same process with the same model, strategy, batch, engine and device reuses the value, so
+  repeated runs are costed on the same ``c`` (and reproducible). When simulated time steers the
+  run from its first step (an asynchronous strategy, a world with failures, a deadline), the
+  clock cannot wait for the first steps: :func:`measure_step_time` then times one node's step
+  alone on a copy of the model in eval mode before the run (the fastest of up to 20 steps within
+  about a second; the global RNG is saved and restored), cached likewise;
 - given: ``step_time`` seconds (``--step-time 1.5s``);
 - from FLOPs: ``c = flops_per_sample * batch_size / device_flops`` (training FLOPs, forward and
   backward: about ``6 * parameters * tokens`` per sample for a transformer).
