@@ -24,7 +24,11 @@ times the communicator's hooks (``DistributedCommunicator._all_reduce`` / ``_all
 ``_broadcast``: exactly the collectives of the run's log, one hook call per record; evaluation
 traffic is not in the log and not timed) by wrapping them before calling ``exogym.cli.main``,
 the code path of ``python -m exogym run``; the measured communication of the run is the sum over
-its collectives. Compute is not compared here (the compute model is measured elsewhere).
+its collectives. Each run also gives a **total** row: the wall time of its training steps on
+rank 0 (evaluation excluded: ``train_time_s``) against the clock's total (``sim_time_s``:
+compute + communication + idle, with the compute measured from the run's own first steps, per
+rank); its "before" re-costs the run on the uncalibrated network with the compute of the
+eval-mode probe the clock used before (measured on rank 0 after the run).
 
 Shaping: ``tbf rate R burst B limit Q`` on both ends of each veth pair (:func:`tbf_args`: a
 bucket of 2 ms and a queue of 50 ms of traffic, ``--burst`` / ``--queue``). tbf counts every byte
@@ -572,8 +576,26 @@ def worker_run(out: Path, run_args: Sequence[str]) -> int:
                      ("_broadcast", "broadcast")):
         setattr(DistributedCommunicator, attr, timed(getattr(DistributedCommunicator, attr), op))
     rc = main(["run", *run_args])
-    out.write_text(json.dumps({"ops": ops, "enter": enter, "leave": leave}))
+    out.write_text(json.dumps({"ops": ops, "enter": enter, "leave": leave,
+                               "probe_s": _probe_step_time(run_args)}))
     return int(rc or 0)
+
+
+def _probe_step_time(run_args: Sequence[str]) -> float:
+    """The compute time the clock used before it measured real steps (the "before" of the total
+    rows): :func:`exogym.sim.clock.measure_step_time` on this rank, one MNIST node alone, a
+    copy of the model in eval mode, the task's batch, AdamW at the task's lr."""
+    from torch.utils.data import default_collate
+
+    from exogym.sim.clock import measure_step_time
+    from exogym.strategy.optim import OptimSpec
+    from exogym.tasks.registry import get_task
+
+    data_dir = run_args[run_args.index("--data-dir") + 1] if "--data-dir" in run_args else None
+    task = get_task("mnist")
+    train, _ = task.load_data(data_dir, False)
+    batch = default_collate([train[i] for i in range(task.batch_size)])
+    return measure_step_time(task.build_model(), batch, OptimSpec(lr=task.lr))
 
 
 # -- the experiment ------------------------------------------------------------------------------
@@ -655,7 +677,11 @@ def measure_collectives(topo: Topology, n: int, rate_bps: float, cfg: Config,
 
 
 def measure_run(topo: Topology, n: int, rate_bps: float, strategy: str, cfg: Config,
-                workdir: Path) -> Row:
+                workdir: Path) -> tuple[Row, Row]:
+    """An end-to-end run's communication (the sum over its collectives, real and on the clock)
+    and its total: the training steps' wall time on rank 0 (evaluation excluded) against the
+    clock's total. Before: the uncalibrated network, and the compute of the eval-mode probe
+    that the clock used before it measured real steps (rank 0's); after: the run's own clock."""
     from exogym.sim.clock import ClockTrace
 
     name = f"{strategy}-n{n}-r{rate_bps:g}"
@@ -679,10 +705,20 @@ def measure_run(topo: Topology, n: int, rate_bps: float, strategy: str, cfg: Con
         raise RuntimeError(f"{name}: the log has {len(trace.records)} collectives but "
                            f"{len(enters[0])} were timed")
     skew = arrival_skew(enters)
-    return Row(kind=strategy, what=f"{cfg.steps} steps, {len(trace.records)} coll.", nodes=n,
+    comm = Row(kind=strategy, what=f"{cfg.steps} steps, {len(trace.records)} coll.", nodes=n,
                rate_bps=rate_bps, real_s=real, before_s=trace.cost(before_network(rate_bps)).comm_s,
                after_s=float(summary["sim_comm_s"]),
                notes={"skew": statistics.fmean(skew), "wall": float(summary["wall_time_s"])})
+    probe = float(times[0]["probe_s"])
+    clock = summary["clock"]
+    total = Row(kind=f"{strategy} total", what=f"{cfg.steps} steps", nodes=n, rate_bps=rate_bps,
+                real_s=float(summary["train_time_s"]),
+                before_s=trace.cost(before_network(rate_bps), step_time_s=probe).total_s,
+                after_s=float(summary["sim_time_s"]),
+                notes={"c_probe_ms": 1e3 * probe,
+                       "c_ms": 1e3 * float(clock["report"]["step_time_s"]),
+                       "idle": float(summary["sim_idle_s"]) / float(summary["sim_time_s"])})
+    return comm, total
 
 
 def experiment(cfg: Config, workdir: Path) -> dict[str, Any]:
@@ -690,6 +726,7 @@ def experiment(cfg: Config, workdir: Path) -> dict[str, Any]:
     topo = Topology(tag, max(cfg.nodes))
     raw: list[Row] = []
     runs: list[Row] = []
+    totals: list[Row] = []
     with network(topo):
         for cmd in cc_commands(topo, cfg.cc):
             sh(cmd)
@@ -707,9 +744,11 @@ def experiment(cfg: Config, workdir: Path) -> dict[str, Any]:
                 raw += measure_collectives(topo, n, rate_bps, cfg, workdir)
                 print(format_table(raw[-len(cfg.sizes_mb):]), flush=True)
                 for strategy in cfg.e2e:
-                    runs.append(measure_run(topo, n, rate_bps, strategy, cfg, workdir))
-                    print(format_table(runs[-1:]), flush=True)
-    return {"cc": cc, "hop_latency_s": hop, "raw": raw, "runs": runs}
+                    comm, total = measure_run(topo, n, rate_bps, strategy, cfg, workdir)
+                    runs.append(comm)
+                    totals.append(total)
+                    print(format_table([comm, total]), flush=True)
+    return {"cc": cc, "hop_latency_s": hop, "raw": raw, "runs": runs, "totals": totals}
 
 
 def report(result: dict[str, Any], cfg: Config, load: tuple[str, str]) -> str:
@@ -718,8 +757,10 @@ def report(result: dict[str, Any], cfg: Config, load: tuple[str, str]) -> str:
              f"queue {cfg.queue_s * 1e3:g} ms of traffic",
              "hop latency: " + ", ".join(f"N={n}: {1e6 * h:.1f} us"
                                          for n, h in result["hop_latency_s"].items())]
-    for title, rows in (("raw all-reduce", result["raw"]), ("end-to-end communication",
-                                                            result["runs"])):
+    for title, rows in (("raw all-reduce", result["raw"]),
+                        ("end-to-end communication", result["runs"]),
+                        ("end-to-end total (compute + communication + idle)",
+                         result["totals"])):
         if not rows:
             continue
         before = error_summary([r.error_before for r in rows])
@@ -812,7 +853,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             {"config": asdict(cfg), "load": [load0, load1], "cc": result["cc"],
              "hop_latency_s": result["hop_latency_s"],
              "raw": [asdict(r) for r in result["raw"]],
-             "runs": [asdict(r) for r in result["runs"]]}, indent=2))
+             "runs": [asdict(r) for r in result["runs"]],
+             "totals": [asdict(r) for r in result["totals"]]}, indent=2))
     return 0
 
 

@@ -212,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     compute = run.add_mutually_exclusive_group()
     compute.add_argument("--step-time", type=_argtype(_positive_duration), metavar="TIME",
                          help="compute per step per node for the clock, e.g. 1.5s "
-                              "(default: measured from the run's first training steps)")
+                              "(default: measured from the run's own training steps)")
     compute.add_argument("--flops-per-sample", type=_argtype(_flops), metavar="FLOPS",
                          help="training FLOPs per sample (with --device-flops), about "
                               "6 x params x tokens for a transformer")
@@ -250,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="steps between evaluations (default: the task's, at most steps/10)")
     cmp.add_argument("--step-time", type=_argtype(_positive_duration), metavar="TIME",
                      help="compute per step per node for the clock, e.g. 30ms (default: "
-                          "measured from each run's first training steps)")
+                          "measured from each run's own training steps)")
     cmp.add_argument("--out", type=_path,
                      help="results folder, must not exist (default runs/compare-TASK-TIME)")
     cmp.add_argument("--no-progress", action="store_true", help="no per-run lines and bars")

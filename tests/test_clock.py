@@ -291,8 +291,8 @@ def test_overlapped_run_uses_the_strategy_tau() -> None:
 
 
 def test_the_clock_changes_no_training_number() -> None:
-    """Measured, given or absent, on any network: the same seed gives the same losses. The
-    measurement runs dropout on a copy and restores the RNG, so the run's masks are unchanged."""
+    """Measured, given or absent, on any network: the same seed gives the same losses (measuring
+    times the run's own steps and draws no random number)."""
     runs = [fit(DiLoCo(H=2), model=model(0.3), network=net, step_time=c, seed=5)
             for net, c in ((None, None), ("home-100mbps", None), ("mobile", 2.0),
                            ("datacenter", None))]
@@ -300,8 +300,6 @@ def test_the_clock_changes_no_training_number() -> None:
     assert losses[0] == losses[1] == losses[2] == losses[3]
     assert runs[0].clock is None and "sim_time_s" not in runs[0].history[0]
     assert runs[1].clock.compute_source == "measured" and runs[1].clock.step_time_s > 0
-    # measured once per process for this model and batch shape: both runs use the same value
-    assert runs[1].clock.step_time_s == runs[3].clock.step_time_s
     for a, b in zip(runs[0].model.state_dict().values(), runs[1].model.state_dict().values(),
                     strict=True):
         assert torch.equal(a, b)
@@ -332,38 +330,40 @@ class SlowLoading(TensorDataset):
         return super().__getitem__(i)
 
 
-def test_measured_compute_comes_from_the_run_s_own_training_steps() -> None:
+def test_measured_compute_is_each_training_step_as_it_took() -> None:
     # Each node-step sleeps 30 ms in its training forward (evaluation mode does not: a probe
-    # on an eval-mode copy would miss it) and 8 x 2 ms reading its batch: the measured step
-    # time is at least 46 ms per node. The first 5 steps are timed, then the clock starts and
-    # replays them: every one of the 8 steps is charged the same c.
+    # on an eval-mode copy would miss it) and 8 x 2 ms reading its batch: every step measures
+    # at least 46 ms per node. The clock charges each step what it took: its compute is the sum
+    # of the measured steps, c their mean, and a replay of the trace gives the same clock.
     torch.manual_seed(0)
-    slow = Classifier(SlowTraining(0.03))
-    r = fit(DiLoCo(H=4), model=slow, network="bw=1Gbps,latency=0s", max_steps=8,
-            log_interval=8, trainer_data=SlowLoading(TRAIN, 0.002))
-    c = r.clock.step_time_s
-    assert r.clock.compute_source == "measured" and 0.046 <= c < 0.5
-    assert r.clock.node_compute_s == pytest.approx((8 * c,) * 3, rel=1e-12)
-    net = parse_network("bw=1Gbps,latency=0s")
-    assert r.recost(net) == r.clock  # the replayed start is the clock a replay gives
+    r = fit(DiLoCo(H=4), model=Classifier(SlowTraining(0.03)), network="bw=1Gbps,latency=0s",
+            max_steps=8, log_interval=8, trainer_data=SlowLoading(TRAIN, 0.002))
+    seconds = [row[0] for row in r.trace.step_seconds]
+    assert r.trace.node_process == (0, 0, 0)  # one process
+    assert len(seconds) == 8 and min(seconds) >= 0.046 and max(seconds) < 1.0
+    assert r.clock.compute_source == "measured"
+    assert r.clock.step_time_s == pytest.approx(sum(seconds) / 8, rel=1e-12)
+    assert r.clock.node_compute_s == pytest.approx((sum(seconds),) * 3, rel=1e-12)
     comm = 2 * (2 * 2 * (8 * P_BYTES / 3 / (1e9 * EFF) + HOP))  # 2 syncs, 4 ring hops each
-    assert r.clock.total_s == pytest.approx(8 * c + comm, rel=1e-9)
-    # the same settings again in this process: the same c (comparable clocks), not re-measured
-    again = fit(DiLoCo(H=4), model=slow, network="bw=1Gbps,latency=0s", max_steps=8,
-                log_interval=8, trainer_data=SlowLoading(TRAIN, 0.002))
-    assert again.clock.step_time_s == c
+    assert r.clock.total_s == pytest.approx(sum(seconds) + comm, rel=1e-9)
+    net = parse_network("bw=1Gbps,latency=0s")
+    assert r.recost(net) == r.clock
+    # a given step time replaces the measured ones
+    assert r.recost(net, step_time_s=0.5).total_s == pytest.approx(8 * 0.5 + comm, rel=1e-9)
 
 
-def test_measured_compute_starts_the_clock_before_the_first_row() -> None:
-    # log_interval 2: the clock starts after step 2 (the first row's time is already known)
+def test_measured_compute_reaches_the_clock_by_every_row() -> None:
+    # The clock lags behind the steps and catches up at log steps: every row's simulated time
+    # is the measured compute of the steps so far plus their all-reduces.
     r = fit(DDP(), network="bw=1Gbps,latency=0s", max_steps=6, log_interval=2, eval_interval=6,
             model=model(0.25))
-    c = r.clock.step_time_s
+    seconds = [row[0] for row in r.trace.step_seconds]
     rows = [row for row in r.history if "train_loss" in row]
     assert [row["step"] for row in rows] == [2, 4, 6]
-    per_step = (r.clock.total_s - 6 * c) / 6  # the all-reduce of each step
+    per_step = (r.clock.total_s - sum(seconds)) / 6  # the all-reduce of each step
     for row in rows:
-        assert row["sim_time_s"] == pytest.approx(row["step"] * (c + per_step), rel=1e-9)
+        k = row["step"]
+        assert row["sim_time_s"] == pytest.approx(sum(seconds[:k]) + k * per_step, rel=1e-9)
 
 
 def test_measure_step_time_leaves_the_rng_and_the_model_alone() -> None:

@@ -366,13 +366,18 @@ def _settings_text(settings: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in settings.items()) or "defaults"
 
 
+# Measurements of this machine, not numbers of the run: wall time, and the simulated time,
+# whose compute is measured from the run's steps (the checks' runs give no step time).
+_MEASURED = ("wall_s", "sim_time_s")
+
+
 def _rows(result: Any) -> list[dict[str, Any]]:
-    return [{k: v for k, v in r.items() if k != "wall_s"} for r in result.history]
+    return [{k: v for k, v in r.items() if k not in _MEASURED} for r in result.history]
 
 
 def _file_rows(run_dir: Path) -> list[dict[str, Any]]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]
+    return [{k: v for k, v in r.items() if k not in _MEASURED} for r in rows]
 
 
 def _reason(err: BaseException) -> str:

@@ -285,8 +285,9 @@ def compare(
         overrides: strategy settings, ``{"diloco.H": 50, "optim.lr": "2e-3"}`` or pairs
             (:func:`resolve_strategies`).
         step_time: one node's compute per step for the clock (seconds or ``"1.5s"``); default
-            measured from each run's first training steps (so each strategy's own per-step
-            work counts); give it to cost every strategy on the same compute.
+            measured from each run's own training steps (so each strategy's own per-step
+            work counts, and the clocks vary a little from run to run like wall time); give it
+            to cost every strategy on exactly the same compute.
         device: as :meth:`exogym.Trainer.fit`.
         data_dir, download: where the task's data is, and whether it may be downloaded.
         progress: print a line and show a progress bar per run.

@@ -29,7 +29,6 @@ from __future__ import annotations
 import copy
 import math
 import random
-import statistics
 import time
 import warnings
 from collections.abc import Mapping
@@ -68,10 +67,6 @@ from exogym.utils.plugins import source_of
 __all__ = ["RUN_CONFIG_KEYS", "STATE_FORMAT", "Run", "RunInterrupted", "RunSettings"]
 
 STATE_FORMAT = 1
-# Measured compute: how many of a run's first training steps are timed before its clock starts
-# (fewer when the run logs or ends sooner), and the values measured so far in this process.
-MEASURED_STEPS = 5
-_STEP_TIMES: dict[tuple[Any, ...], tuple[float, list[float] | None]] = {}
 """Version of :meth:`Run.state_dict`'s layout; a checkpoint of another version is refused."""
 
 RUN_CONFIG_KEYS = (
@@ -184,11 +179,13 @@ class Run:
         self.train_time_s = 0.0  # wall time of the training steps (not state of the numbers)
         self.clock: SimClock | None = None
         self.step_time_s = s.step_time_s
-        # Measured compute (the default): each node's compute seconds per step, relative to
-        # step_time_s (a process run's ranks differ; None: all 1), and, while the first steps are
-        # being timed, the seconds per node of each (the clock starts once they are known).
-        self.compute_factors: list[float] | None = None
-        self._timing: list[float] | None = None
+        # Measured compute (the default, where time does not steer the run): every step's real
+        # compute per node, per process (step_seconds[step][rank]), given to the clock at log
+        # steps; until then this process's values wait in _timing, from step _timing_from on.
+        self.measured = False
+        self.step_seconds: list[list[float]] = []
+        self.node_process: list[int] | None = None
+        self._timing: list[float] = []
         self._timing_from = 0
         self._fed = 0  # records of comm.log already given to the clock
         self.loss_nodes = 0  # node-steps in loss_sum (the nodes that computed)
@@ -281,7 +278,7 @@ class Run:
         s, step = self.settings, self.step
         t0 = time.perf_counter()
         self.comm.step = step
-        if s.network is not None and self.clock is None and self._timing is None:
+        if s.network is not None and self.clock is None:
             t0 += self._start_clock()  # measuring the step time is not training time
         if self.timelines is not None:
             self._asynchronous_step()
@@ -296,9 +293,8 @@ class Run:
             # as training time; a sync every step would stall the launch queue.
             torch.cuda.synchronize(self.device)
         self.train_time_s += time.perf_counter() - t0
-        if self._timing is not None and (len(self._timing) >= MEASURED_STEPS or self._log_now
-                                         or done >= s.total_steps):
-            self._stop_timing()
+        if self.measured and (self._log_now or done >= s.total_steps):
+            self._catch_up()
         self._feed()
         if self._bar is not None:
             self._bar.update(1)
@@ -312,18 +308,17 @@ class Run:
         local = None if active is None else [active[i] for i in self.comm.node_ids]
         batch = nodes.to_batch_device(self._next_batch(active))
         losses = nodes.forward_backward(batch, local)
-        if self.clock is not None:
+        if self.clock is not None and not self.measured:
             self.clock.compute(step, active)
             if self._ops is not None:
                 self._ops.append(["c", step, _bits(active)])
         self.strategy.step(step)
         nodes.zero_grad()
-        if self._timing is not None:  # this step's compute per node, real transport excluded
+        if self.measured:  # this step's compute per node, real transport excluded
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             spent = time.perf_counter() - start - (self.comm.transport_s - transport)
-            self._timing.append(spent / (nodes.num_nodes if local is None else
-                                         max(1, sum(local))))
+            self._timing.append(spent / nodes.num_nodes)
         self.loss_sum += losses.sum()
         self.loss_count += 1
         self.loss_nodes += s.num_nodes if active is None else sum(active)
@@ -444,8 +439,8 @@ class Run:
                         f"the global model's eval loss on the whole evaluation set is "
                         f"{final['eval_loss']} at the end (strategy {self.strategy.id})")
         report = trace = None
-        if self._timing is not None:
-            self._stop_timing()
+        if self.measured:
+            self._catch_up()
         if self.clock is not None and self.step_time_s is not None:
             self._feed()
             report = self.clock.finish()
@@ -453,10 +448,12 @@ class Run:
                 num_nodes=s.num_nodes, steps=s.total_steps, step_time_s=self.step_time_s,
                 compute_source=s.compute_source, overlap_steps=self.strategy.overlap_steps,
                 records=tuple(self.comm.log[:self._fed]),
-                speeds=(tuple(self.clock.step_time_s / c for c in self.clock.node_step_s)
-                        if not s.world.perfect or self.compute_factors is not None else None),
+                speeds=tuple(self.clock.speeds) if not s.world.perfect else None,
                 ops=tuple(tuple(op) for op in self._ops) if self._ops is not None else None,
-                not_recostable=self._not_recostable())
+                not_recostable=self._not_recostable(),
+                step_seconds=(tuple(tuple(row) for row in self.step_seconds)
+                              if self.measured else None),
+                node_process=tuple(self.node_process or ()) if self.measured else None)
         model = copy.deepcopy(self.model).to(self.device)
         _load_state(model, self.global_state())
         if self.writer is not None:
@@ -529,8 +526,8 @@ class Run:
         """Everything needed to continue the run exactly (tensors by reference; a checkpoint
         copies them to host memory). Only tensors, dicts, lists, tuples and plain values, so
         that ``torch.load(weights_only=True)`` reads it back."""
-        if self._timing is not None:  # a checkpoint within the first, timed steps
-            self._stop_timing()
+        if self.measured:  # the clock is complete in a checkpoint
+            self._catch_up()
         clock = None
         if self.clock is not None:
             clock = self.clock.state_dict()
@@ -546,7 +543,8 @@ class Run:
             "rng": _rng_state(self.device),
             "clock": clock,
             "step_time_s": self.step_time_s,
-            "compute_factors": self.compute_factors,
+            "measured": {"on": self.measured, "step_seconds": _plain(self.step_seconds),
+                         "node_process": self.node_process},
             "fed": self._fed,
             "metrics": {"history": _plain(self.history), "loss_sum": self.loss_sum,
                         "loss_count": self.loss_count, "loss_nodes": self.loss_nodes,
@@ -581,8 +579,12 @@ class Run:
         self.batches.load_state_dict(state["data"])
         self.step = int(state["step"])
         self.step_time_s = state["step_time_s"]
-        factors = state.get("compute_factors")
-        self.compute_factors = [float(f) for f in factors] if factors is not None else None
+        measured = state.get("measured") or {"on": False, "step_seconds": [],
+                                             "node_process": None}
+        self.measured = bool(measured["on"])
+        self.step_seconds = [[float(v) for v in row] for row in measured["step_seconds"]]
+        self.node_process = measured["node_process"]
+        self._timing, self._timing_from = [], self.step
         self._fed = int(state["fed"])
         if state["clock"] is not None:
             assert self.settings.network is not None and self.step_time_s is not None
@@ -628,14 +630,12 @@ class Run:
         s = self.settings
         assert s.network is not None
         if self.step_time_s is None and self.timelines is None and not self._worldly:
-            # Measured from this run's own first steps (nobody's presence depends on time,
-            # so the clock can start later and replay them); a same-settings run in this
-            # process reuses the value, so their clocks are comparable.
-            if (cached := _STEP_TIMES.get(self._timing_key())) is not None:
-                self.step_time_s, self.compute_factors = cached
-            else:
-                self._timing, self._timing_from = [], self.step
-                return time.perf_counter() - m0
+            # Measured from this run's own steps, each as it took (nobody's presence depends on
+            # time, so the clock can lag and catch up at log steps).
+            self.measured, self._timing_from = True, self.step
+            self.clock = self._new_clock(1.0)  # step_time_s: the running mean, at catch-up
+            self._feed()  # set-up collectives (step -1)
+            return time.perf_counter() - m0
         if self.step_time_s is None:  # time steers the run from its first step: a probe of
             # one node's step alone, on a copy, before it; RNG restored
             if self.lead:
@@ -649,61 +649,43 @@ class Run:
         self._feed()  # set-up collectives (step -1)
         return time.perf_counter() - m0
 
-    def _timing_key(self) -> tuple[Any, ...] | None:
-        """What a measured step time depends on (None: not cached: a process run's ranks
-        must agree on whether they measure)."""
-        s = self.settings
-        if self.ranks is not None and self.ranks.world_size > 1:
-            return None
-        cls = type(self.model)
-        shapes = tuple((k, tuple(v.shape), str(v.dtype))
-                       for k, v in self.model.state_dict().items())
-        return (cls.__module__, cls.__qualname__, shapes,
-                self.strategy.id, repr(self.strategy.optim), s.num_nodes, s.batch_size,
-                s.micro_batch_size, s.precision, self.nodes.engine, str(self.device),
-                torch.get_num_threads())
-
-    def _stop_timing(self) -> None:
-        """The first steps are timed: the step time is their median per node (the first step,
-        which pays one-time costs, left out when there are others), per rank in a process run;
-        the clock starts and replays them."""
-        assert self._timing is not None and self.settings.network is not None
-        times = self._timing[1:] or self._timing
-        own = statistics.median(times)
-        self._timing = None
+    def _catch_up(self) -> None:
+        """Give the clock the steps computed since the last call, each with its measured compute
+        per node (a process run's ranks exchange theirs here, at steps they all log), and their
+        collectives; ``step_time_s`` becomes the mean so far."""
+        clock, n = self.clock, self.settings.num_nodes
+        assert clock is not None
+        own, self._timing = self._timing, []
         if self.ranks is not None and self.ranks.world_size > 1:
             every: list[Any] = [None] * self.ranks.world_size
             dist.all_gather_object(every, (self.ranks.node_ids, own))
-            per_node = [0.0] * self.settings.num_nodes
-            for ids, c in every:
-                for i in ids:
-                    per_node[i] = c
         else:
-            per_node = [own] * self.settings.num_nodes
-        c = statistics.median(per_node)
-        self.step_time_s = c
-        self.compute_factors = (None if all(v == c for v in per_node)
-                                else [v / c for v in per_node])
-        if (key := self._timing_key()) is not None:
-            _STEP_TIMES[key] = (c, self.compute_factors)
-        clock = self.clock = self._new_clock(c)
+            every = [(list(range(n)), own)]
+        if self.node_process is None:
+            self.node_process = [0] * n
+            for r, (ids, _) in enumerate(every):
+                for i in ids:
+                    self.node_process[i] = r
         log, k = self.comm.log, self._fed
-        while k < len(log) and log[k].step < self._timing_from:  # set-up (step -1)
-            clock.collective(log[k])
-            k += 1
-        for step in range(self._timing_from, self.step):
-            clock.compute(step)
+        before = len(self.step_seconds)
+        total = (self.step_time_s or 0.0) * n * before
+        for j, step in enumerate(range(self._timing_from, self.step)):
+            row = [times[j] for _, times in every]
+            self.step_seconds.append(row)
+            seconds = [row[r] for r in self.node_process]
+            total += sum(seconds)
+            clock.compute(step, None, seconds)
             while k < len(log) and log[k].step <= step:
                 clock.collective(log[k])
                 k += 1
-        self._fed = k
+        self._fed, self._timing_from = k, self.step
+        if self.step_seconds:
+            self.step_time_s = clock.step_time_s = total / (n * len(self.step_seconds))
 
     def _new_clock(self, step_time_s: float) -> SimClock:
         s = self.settings
         assert s.network is not None
         speeds = speeds_of(s.world, s.network.node_speeds(s.num_nodes))
-        if self.compute_factors is not None:
-            speeds = [v / f for v, f in zip(speeds, self.compute_factors, strict=True)]
         return SimClock(s.network, s.num_nodes, step_time_s,
                         overlap_steps=self.strategy.overlap_steps,
                         compute_source=s.compute_source, speeds=speeds)
@@ -885,8 +867,9 @@ class Run:
         return None if all(heard) else heard
 
     def _feed(self) -> None:
-        """Give the clock the collectives logged since the last call."""
-        if self.clock is None:
+        """Give the clock the collectives logged since the last call (measured compute: at
+        catch-up only, after the compute of their steps)."""
+        if self.clock is None or self._timing:
             return
         log = self.comm.log
         for k in range(self._fed, len(log)):

@@ -188,7 +188,7 @@ class Trainer:
                 strategy's ``deadline`` need a ``network``. What happened goes to
                 ``events.jsonl`` and ``result.world``.
             step_time: one node's compute per step, seconds (or ``"1.5s"``); default: measured
-                from the run's first training steps (per process in a multi-process run; see
+                from the run's own training steps (per process in a multi-process run; see
                 :mod:`exogym.sim.clock`); or
             flops_per_sample, device_flops: training FLOPs per sample and the device's FLOP/s,
                 ``step time = flops_per_sample * batch_size / device_flops``.

@@ -2,20 +2,19 @@
 
 Compute model. One node's training step (forward, backward, optimizer step) takes ``c`` seconds:
 
-- measured (the default): from the run's own training steps, as the run computes them (data
-  loading, forward, backward, the optimizer and the strategy's local work; a process run's real
-  transport excluded). The trainer times the first ``MEASURED_STEPS = 5`` steps (fewer if the
-  run logs or ends sooner), takes the median per node (a step's time over the nodes that
-  computed it; the first step, which pays one-time costs, left out when there are others),
-  then starts the clock and replays those steps on it. In a process run every rank measures its
-  own nodes and the ranks exchange the values: ``c`` is their median and each node computes at
-  ``c / c_rank`` of it, so a slower process is a straggler the others wait for. A later run in
-  the same process with the same model, strategy, batch, engine and device reuses the value, so
-  repeated runs are costed on the same ``c`` (and reproducible). When simulated time steers the
-  run from its first step (an asynchronous strategy, a world with failures, a deadline), the
-  clock cannot wait for the first steps: :func:`measure_step_time` then times one node's step
-  alone on a copy of the model in eval mode before the run (the fastest of up to 20 steps within
-  about a second; the global RNG is saved and restored), cached likewise;
+- measured (the default): every training step as it took, as the run computes it (data loading,
+  forward, backward, the optimizer and the strategy's local work; a process run's real transport
+  excluded), divided by the nodes the process computed; the clock lags behind the steps and
+  catches up at log steps (:meth:`SimClock.compute` with ``seconds``), so each row's time is
+  complete. In a process run every rank measures its own nodes and the ranks exchange the values
+  at those steps: a slower process is a straggler the others wait for, as in the real run. ``c``
+  (the report's ``step_time_s``) is the mean; the trace keeps every step's values, so a replay on
+  the same network gives the same clock. Measured times vary from run to run like wall time;
+  give ``step_time`` for clocks that repeat exactly. When simulated time steers the run from its
+  first step (an asynchronous strategy, a world with failures, a deadline), the clock cannot
+  lag: :func:`measure_step_time` then times one node's step alone on a copy of the model in eval
+  mode before the run (the fastest of up to 20 steps within about a second; the global RNG is
+  saved and restored; cached per model, batch shape, optimizer, device and thread count);
 - given: ``step_time`` seconds (``--step-time 1.5s``);
 - from FLOPs: ``c = flops_per_sample * batch_size / device_flops`` (training FLOPs, forward and
   backward: about ``6 * parameters * tokens`` per sample for a transformer).
@@ -269,6 +268,7 @@ class SimClock:
             speeds = self.network.node_speeds(num_nodes)
         if len(speeds) != num_nodes:
             raise ValueError(f"speeds lists {len(speeds)} nodes, the clock has {num_nodes}")
+        self.speeds = [float(v) for v in speeds]
         self.node_step_s = [step_time_s / s for s in speeds]
         self.up_bps, self.down_bps = self.network.node_bandwidths(num_nodes)
         self.t = [0.0] * num_nodes
@@ -314,11 +314,15 @@ class SimClock:
                         for tag, end, deadline, members in state["pending"]]
 
     # -- compute -----------------------------------------------------------------------------
-    def compute(self, step: int, active: Sequence[bool] | None = None) -> None:
-        """Every node (``active``: those that are True) computes one step; then overlapped
+    def compute(self, step: int, active: Sequence[bool] | None = None,
+                seconds: Sequence[float] | None = None) -> None:
+        """Every node (``active``: those that are True) computes one step (``seconds``: what
+        each node's step took at speed 1, measured; None: ``step_time_s``); then overlapped
         results due after it are awaited."""
         for i, c in enumerate(self.node_step_s):
             if active is None or active[i]:
+                if seconds is not None:
+                    c = seconds[i] / self.speeds[i]
                 self.t[i] += c
                 self.node_compute[i] += c
         due = [p for p in self.pending if p.deadline_step is not None and p.deadline_step <= step]
@@ -564,6 +568,9 @@ class ClockTrace:
             node computed every step.
         not_recostable: why this run cannot be re-costed on another network (its world decided
             who took part by simulated time), or None.
+        step_seconds: measured compute: per step, the seconds of a node's step on each process
+            (one value in a one-process run); ``node_process[i]`` is node ``i``'s process. None:
+            every step took ``step_time_s`` (given, from FLOPs, or a probe).
     """
 
     num_nodes: int
@@ -575,6 +582,16 @@ class ClockTrace:
     speeds: tuple[float, ...] | None = None
     ops: tuple[tuple[Any, ...], ...] | None = None
     not_recostable: str | None = None
+    step_seconds: tuple[tuple[float, ...], ...] | None = None
+    node_process: tuple[int, ...] | None = None
+
+    def seconds(self, step: int) -> list[float] | None:
+        """Each node's measured compute at ``step`` (None: ``step_time_s``)."""
+        if self.step_seconds is None:
+            return None
+        row = self.step_seconds[step]
+        where = self.node_process or (0,) * self.num_nodes
+        return [row[r] for r in where]
 
     def cost(self, network: Network | str, step_time_s: float | None = None) -> ClockReport:
         """Replay the run on ``network`` (optionally with another compute time per step).
@@ -596,7 +613,7 @@ class ClockTrace:
             clock.collective(records[k])
             k += 1
         for step in range(self.steps):
-            clock.compute(step)
+            clock.compute(step, None, self.seconds(step) if step_time_s is None else None)
             while k < len(records) and records[k].step <= step:
                 clock.collective(records[k])
                 k += 1
@@ -650,6 +667,9 @@ class ClockTrace:
             out["records"] = [list(astuple(r)) for r in self.records]
         if self.not_recostable is not None:
             out["not_recostable"] = self.not_recostable
+        if self.step_seconds is not None:
+            out["step_seconds"] = [list(row) for row in self.step_seconds]
+            out["node_process"] = list(self.node_process or ())
         return out
 
     @classmethod
@@ -663,4 +683,9 @@ class ClockTrace:
                    overlap_steps=data["overlap_steps"], records=records,
                    speeds=tuple(data["speeds"]) if data.get("speeds") is not None else None,
                    ops=tuple(tuple(op) for op in ops) if ops is not None else None,
-                   not_recostable=data.get("not_recostable"))
+                   not_recostable=data.get("not_recostable"),
+                   step_seconds=(tuple(tuple(float(v) for v in row)
+                                       for row in data["step_seconds"])
+                                 if data.get("step_seconds") is not None else None),
+                   node_process=(tuple(int(v) for v in data["node_process"]) or None
+                                 if data.get("step_seconds") is not None else None))
