@@ -46,6 +46,8 @@ from exogym.sim.sharding import DatasetFactory, NodeBatches
 from exogym.sim.world import World, parse_world, speeds_of
 from exogym.strategy import Strategy, make
 from exogym.strategy import get as get_strategy
+from exogym.strategy.per_node import PerNode
+from exogym.strategy.strategy import Strategy as NodeStrategy
 from exogym.utils.config import apply_overrides
 from exogym.utils.signals import STOP_SIGNALS, StopSignals
 
@@ -254,8 +256,13 @@ class Trainer:
 
         if isinstance(strategy, str):
             strategy = make(strategy)
+        if isinstance(strategy, NodeStrategy):  # code for one node: run in threads, loop engine
+            strategy = PerNode(node=strategy)
+            engine = "loop" if engine == "auto" else engine
         if not isinstance(strategy, Strategy):
-            raise TypeError(f"strategy must be a Strategy or an id, got {type(strategy).__name__}")
+            raise TypeError(f"strategy must be a Strategy (node-stacked, exogym.strategy) or a "
+                            f"per-node Strategy (exogym.strategy.strategy) or an id, got "
+                            f"{type(strategy).__name__}")
         _check_int("num_nodes", num_nodes, 1)
         _check_int("batch_size", batch_size, 1)
         _check_int("seed", seed, 0)

@@ -45,6 +45,7 @@ codec at construction.
 from __future__ import annotations
 
 import abc
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal
@@ -103,6 +104,13 @@ class Strategy(abc.ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        own_step = cls.__dict__.get("step")
+        if callable(own_step) and len(inspect.signature(own_step).parameters) == 1:
+            raise TypeError(
+                f"{cls.__qualname__}.step(self) is a per-node step (EXO Gym's form), but "
+                f"{cls.__qualname__} subclasses the node-stacked exogym.strategy.Strategy, whose "
+                "step(self, step) updates all nodes at once; subclass exogym.strategy.strategy."
+                "Strategy for code written for one node")
         if "id" not in cls.__dict__:  # a class of its own is not its parent's strategy
             cls.id = cls.__name__
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import torch
@@ -65,7 +65,7 @@ class OptimSpec:
             matrices (embeddings, LM head); they apply when the optimizer is built with names.
     """
 
-    name: str = "adamw"
+    name: str = field(default="adamw", kw_only=False)
     lr: float = 1e-3
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
@@ -81,6 +81,15 @@ class OptimSpec:
     muon_exclude: tuple[str, ...] = DEFAULT_EXCLUDE
 
     def __post_init__(self) -> None:
+        if isinstance(self.name, type):  # EXO Gym's OptimSpec(torch.optim.AdamW, lr=...)
+            known = {cls: name for name, cls in {**OPTIMIZERS, **_STACKED}.items()}
+            if self.name not in known:
+                raise ValueError(
+                    f"optimizer class {self.name.__module__}.{self.name.__qualname__} has no "
+                    f"exogym equivalent; allowed: "
+                    f"{', '.join(f'{c.__module__}.{c.__qualname__}' for c in known)} (or their "
+                    f"names {sorted(known.values())})")
+            self.name = known[self.name]
         if self.name not in OPTIMIZERS and self.name not in _STACKED:
             raise ValueError(
                 f"optimizer name must be one of {sorted(OPTIMIZERS)} (torch.optim, elementwise) "
@@ -115,6 +124,13 @@ class OptimSpec:
             if not isinstance(pattern, str) or not pattern:
                 raise ValueError(f"muon_exclude must be non-empty name patterns, got "
                                  f"{self.muon_exclude!r}")
+
+    @classmethod
+    def from_string(cls, name: str, **kwargs: Any) -> OptimSpec:
+        """EXO Gym's ``OptimSpec.from_string("adamw", lr=3e-4)``: the name in any case."""
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a string, got {type(name).__name__}")
+        return cls(name.lower(), **kwargs)
 
     @property
     def states_per_parameter(self) -> int:

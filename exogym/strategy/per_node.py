@@ -1,0 +1,319 @@
+"""Running per-node strategies (:mod:`exogym.strategy.strategy`) on the node-stacked engine.
+
+:class:`PerNode` is a node-stacked strategy that holds one copy of the user's per-node strategy
+per node of this process. The run's engine computes every node's forward and backward as usual
+(stacked tensors ``[n_local, ...]``); then each node's ``step()`` runs as that node's own code
+on a replica module whose parameters, gradients and buffers are views of the node's row, so its
+optimizer steps the stacked tensors in place.
+
+Design choice: each node's ``step()`` runs in its own thread, and a collective of
+:mod:`exogym.strategy.communicate` is a rendezvous: every node of the process deposits its
+tensor, the last to arrive checks that all called the same collective on tensors of the same
+shape, stacks them and calls the run's communicator (so bytes are counted, the simulated network
+times the collective, and in a multi-process run it crosses processes), then every node gets its
+result. Threads, rather than greenlets or a rewrite of the user's code into phases, because
+per-node code is ordinary blocking Python with collectives anywhere in it (inside loops, behind
+``if``s); a thread can stop in the middle of it and resume, torch releases the GIL in its
+kernels, and no dependency is needed. Reductions are done once, by one thread, on the stacked
+rows in node order: the numbers do not depend on thread timing.
+
+Mismatches are errors, not hangs: every node's step ends at a rendezvous too, so a node that skips
+a collective (or calls another one) meets the others at a point where they are not, and every node
+raises :class:`CollectiveMismatch` naming the nodes and what each called. An exception in one
+node's step stops the others at their next rendezvous and is re-raised.
+
+Randomness: the nodes' threads share torch's global generator in an order that depends on
+timing; a per-node strategy that draws random numbers should use its own ``torch.Generator``
+(seeded from ``self.rank``) to be reproducible.
+
+Limits (errors, not silent): absent nodes (a world with failures, a deadline) and asynchronous
+execution are not supported for per-node strategies.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from exogym.sim.comm import Communicator
+from exogym.sim.engine import NodeStack
+from exogym.strategy.base import Strategy as StackedStrategy
+
+__all__ = ["CollectiveMismatch", "PerNode", "current"]
+
+_local = threading.local()
+
+
+class CollectiveMismatch(RuntimeError):
+    """The nodes of a per-node strategy did not call the same collectives."""
+
+
+def current() -> _Node | None:
+    """The simulated node whose ``step()`` this thread runs (None: not in a per-node step)."""
+    return getattr(_local, "node", None)
+
+
+@dataclass
+class _Call:
+    kind: str  # all_reduce, broadcast, all_gather, or "the end of its step"
+    tensor: Tensor | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    count: int = 0  # collectives this node called before, in this step
+
+    def describe(self) -> str:
+        if self.tensor is None:
+            return f"reached the end of its step after {self.count} collectives"
+        opts = "".join(f", {k}={v!r}" for k, v in self.options.items() if k != "out")
+        return (f"called {self.kind} (collective #{self.count + 1} of its step) on a "
+                f"{self.tensor.dtype} tensor of shape {list(self.tensor.shape)}{opts}")
+
+
+class _Rendezvous:
+    """Where the nodes of this process meet at each collective (see the module docstring)."""
+
+    def __init__(self, node_ids: list[int], comm: Communicator, step: int) -> None:
+        self.node_ids, self.comm, self.step = node_ids, comm, step
+        self.cond = threading.Condition()
+        self.calls: list[_Call | None] = [None] * len(node_ids)
+        self.arrived = 0
+        self.generation = 0
+        self.error: BaseException | None = None
+
+    def meet(self, row: int, call: _Call) -> None:
+        with self.cond:
+            if self.error is not None:
+                raise _Aborted() from self.error
+            self.calls[row] = call
+            self.arrived += 1
+            generation = self.generation
+            if self.arrived == len(self.calls):
+                try:
+                    self._complete([c for c in self.calls if c is not None])
+                except BaseException as err:
+                    self.error = err
+                self.calls = [None] * len(self.calls)
+                self.arrived = 0
+                self.generation += 1
+                self.cond.notify_all()
+            else:
+                while self.generation == generation and self.error is None:
+                    self.cond.wait()
+            if self.error is not None:
+                raise _Aborted() from self.error
+
+    def fail(self, err: BaseException) -> None:
+        with self.cond:
+            if self.error is None:
+                self.error = err
+            self.cond.notify_all()
+
+    def _complete(self, calls: list[_Call]) -> None:
+        first = calls[0]
+        same = all(c.kind == first.kind and c.count == first.count and (
+            c.tensor is None or (first.tensor is not None and c.tensor.shape == first.tensor.shape
+                                 and c.tensor.dtype == first.tensor.dtype
+                                 and {k: v for k, v in c.options.items() if k != "out"}
+                                 == {k: v for k, v in first.options.items() if k != "out"}))
+            for c in calls)
+        if not same:
+            lines = "; ".join(f"node {i} {c.describe()}"
+                              for i, c in zip(self.node_ids, calls, strict=True))
+            raise CollectiveMismatch(f"the nodes' collectives do not match at step {self.step}: "
+                                     f"{lines}")
+        if first.tensor is None:
+            return
+        tensors = [c.tensor for c in calls if c.tensor is not None]
+        stacked = torch.stack([t.detach() for t in tensors])
+        tag = f"per_node.{first.kind}"
+        if first.kind == "all_reduce":
+            out = self.comm.all_reduce(stacked, op=first.options["op"], tag=tag)
+            for t in tensors:
+                t.copy_(out)
+        elif first.kind == "broadcast":
+            src = first.options["src"]
+            if not 0 <= src < self.comm.num_nodes:
+                raise ValueError(f"broadcast src={src} is not a node: allowed 0 to "
+                                 f"{self.comm.num_nodes - 1}")
+            out = self.comm.broadcast(stacked, src=src, tag=tag)
+            for t in tensors:
+                t.copy_(out)
+        else:  # all_gather
+            gathered = self.comm.all_gather(stacked, tag=tag)
+            for c in calls:
+                out_list = c.options["out"]
+                if len(out_list) != self.comm.num_nodes:
+                    raise ValueError(f"all_gather's tensor_list has {len(out_list)} tensors; "
+                                     f"it needs one per node, {self.comm.num_nodes}")
+                for j, t in enumerate(out_list):
+                    t.copy_(gathered[j])
+
+
+class _Aborted(RuntimeError):
+    """Another node failed; this one stops (the first error is re-raised by the runner)."""
+
+
+class _Node:
+    """One node's view while its ``step()`` runs: what :mod:`exogym.strategy.communicate`
+    calls."""
+
+    def __init__(self, row: int, rendezvous: _Rendezvous) -> None:
+        self.row, self.rendezvous, self.count = row, rendezvous, 0
+
+    def collective(self, kind: str, tensor: Tensor, **options: Any) -> None:
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f"{kind} needs a tensor, got {type(tensor).__name__}")
+        self.rendezvous.meet(self.row, _Call(kind, tensor, options, self.count))
+        self.count += 1
+
+
+@dataclass(kw_only=True)
+class PerNode(StackedStrategy):
+    """A per-node strategy (``node``, a :class:`exogym.strategy.strategy.Strategy`) run on the
+    node-stacked engine: one deep copy of ``node`` per node, each bound to its replica.
+
+    Attributes:
+        node: the per-node strategy, as constructed by the user (a template: never bound).
+    """
+
+    node: Any = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        from exogym.strategy.strategy import Strategy as NodeStrategy
+
+        if not isinstance(self.node, NodeStrategy):
+            raise TypeError(f"node must be a per-node Strategy (exogym.strategy.strategy), got "
+                            f"{type(self.node).__name__}")
+
+    @property
+    def id(self) -> str:  # type: ignore[override]
+        return type(self.node).__name__
+
+    def setup(self, nodes: NodeStack, comm: Communicator, total_steps: int) -> None:
+        if total_steps < 1:
+            raise ValueError(f"total_steps must be >= 1, got {total_steps}")
+        if nodes.engine != "loop":
+            raise ValueError(f"per-node strategies run on the loop engine, got engine="
+                             f"{nodes.engine!r}; allowed: loop (or auto on a CPU)")
+        self.nodes, self.comm, self.total_steps = nodes, comm, total_steps
+        self.node_steps = None
+        self.pending_recovery = []
+        self.transport_codec = None
+        self.replicas: list[nn.Module] = []
+        self.copies: list[Any] = []
+        for row, node_id in enumerate(comm.node_ids):
+            replica = _replica(nodes, row)
+            strategy = copy.deepcopy(self.node)
+            strategy.max_steps = total_steps
+            strategy._init_node(replica, node_id, comm.num_nodes)
+            self.replicas.append(replica)
+            self.copies.append(strategy)
+
+    def step(self, step: int) -> None:
+        if self.comm.active is not None:
+            raise NotImplementedError(
+                f"{self.id} is a per-node strategy: absent nodes (a world with failures, a "
+                "deadline) are not supported for per-node strategies; run it in a perfect world")
+        for row, replica in enumerate(self.replicas):
+            _bind_grads(self.nodes, row, replica)
+        meeting = _Rendezvous(list(self.comm.node_ids), self.comm, step)
+        errors: list[BaseException | None] = [None] * len(self.copies)
+
+        def run(row: int) -> None:
+            _local.node = node = _Node(row, meeting)
+            try:
+                self.copies[row].step()
+                meeting.meet(row, _Call("end", None, {}, node.count))
+            except _Aborted:
+                pass
+            except BaseException as err:
+                errors[row] = err
+                meeting.fail(err)
+            finally:
+                _local.node = None
+
+        if len(self.copies) == 1:
+            run(0)
+        else:
+            threads = [threading.Thread(target=run, args=(row,), name=f"exogym-node-{i}")
+                       for row, i in enumerate(self.comm.node_ids)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        first = meeting.error or next((e for e in errors if e is not None), None)
+        if first is not None:
+            if isinstance(first, CollectiveMismatch):
+                raise CollectiveMismatch(str(first)) from None
+            raise first
+        for row, replica in enumerate(self.replicas):
+            _write_back(self.nodes, row, replica)
+
+    def global_state(self) -> dict[str, Tensor]:
+        """The nodes' mean (EXO Gym averages the nodes' models at the end)."""
+        return self.node_mean_state()
+
+    @property
+    def lr(self) -> float:
+        optim = getattr(self.copies[0], "optim", None)
+        return float(optim.param_groups[0]["lr"]) if optim is not None else 0.0
+
+    def hyperparameters(self) -> dict[str, Any]:
+        return self.node.hyperparameters()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"nodes": [c.state_dict() for c in self.copies]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = state["nodes"]
+        if len(saved) != len(self.copies):
+            raise ValueError(f"the checkpoint holds {len(saved)} nodes' per-node state, this "
+                             f"process runs {len(self.copies)}")
+        for c, s in zip(self.copies, saved, strict=True):
+            c.load_state_dict(s)
+
+
+def _replica(nodes: NodeStack, row: int) -> nn.Module:
+    """A copy of the model whose parameters and buffers are views of row ``row``."""
+    replica = copy.deepcopy(nodes.module)
+    for name, stacked in nodes.params.items():
+        _set(replica, name, nn.Parameter(stacked.detach()[row], requires_grad=True))
+    for name, stacked in nodes.buffers.items():
+        _set(replica, name, stacked[row])
+    return replica
+
+
+def _set(module: nn.Module, name: str, value: Tensor) -> None:
+    *path, leaf = name.split(".")
+    owner = module.get_submodule(".".join(path)) if path else module
+    if isinstance(value, nn.Parameter):
+        owner._parameters[leaf] = value
+    else:
+        owner._buffers[leaf] = value
+
+
+def _bind_grads(nodes: NodeStack, row: int, replica: nn.Module) -> None:
+    """Each replica parameter's ``.grad`` is the node's row of the stacked gradient."""
+    for name, p in replica.named_parameters():
+        p.grad = nodes.grads[name][row]
+
+
+@torch.no_grad()
+def _write_back(nodes: NodeStack, row: int, replica: nn.Module) -> None:
+    """Where the node's code rebound ``param.data`` (instead of writing in place), copy the new
+    values into the stacked row and view it again."""
+    for name, p in replica.named_parameters():
+        view = nodes.params[name].detach()[row]
+        if p.data_ptr() != view.data_ptr():
+            view.copy_(p.data)
+            p.data = view
+    for name, b in replica.named_buffers():
+        view = nodes.buffers[name][row]
+        if b.data_ptr() != view.data_ptr():
+            view.copy_(b)
+            _set(replica, name, view)

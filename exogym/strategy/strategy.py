@@ -1,0 +1,183 @@
+"""Per-node strategies: EXO Gym's ``Strategy`` base, code for ONE node.
+
+Two kinds of strategy run in exogym, each with its own base:
+
+- :class:`exogym.strategy.Strategy` (``exogym.strategy.base``): node-stacked. ``step(self,
+  step)`` updates all the nodes of a process at once, tensors ``[N, ...]``; the fast path, every
+  built-in strategy;
+- :class:`Strategy` here (``exogym.strategy.strategy``, EXO Gym's path): per-node. ``step(self)``
+  is one node's code, as torch.distributed code is written: it uses ``self.model`` (this node's
+  replica, gradients filled), ``self.optim`` (built from ``self.optim_spec``), ``self.rank``,
+  ``self.num_nodes``, ``self.local_step``, ``self.scheduler``, and the collectives of
+  :mod:`exogym.strategy.communicate`, and ends with ``super().step()``.
+
+A class that mixes them (a ``step(self)`` on the node-stacked base) is refused when it is
+defined, with the base to use. ``exogym.Trainer.fit`` accepts either; a per-node strategy runs
+on N simulated nodes in one process (:mod:`exogym.strategy.per_node`: each node's ``step`` in its
+own thread, collectives meeting through the run's communicator) and, unchanged, as one rank per
+node under torchrun or ``--engine process``.
+
+Where this base differs from EXO Gym's: unknown keyword arguments are an error, not attributes
+set silently; ``lr_scheduler`` is ``None``, ``"lambda_cosine"`` (EXO Gym's warm-up and optional
+cosine, ``lr_scheduler_kwargs``: ``warmup_steps``, ``cosine_anneal``, ``max_steps``) or a
+``torch.optim.lr_scheduler`` class (built with ``lr_scheduler_kwargs``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+
+from exogym.strategy.communicate import all_reduce
+from exogym.strategy.optim import OptimSpec
+
+__all__ = ["SimpleReduceStrategy", "Strategy"]
+
+_COSINE_KEYS = {"warmup_steps", "cosine_anneal", "max_steps"}
+
+
+class Strategy:
+    """Base of a per-node strategy (see the module docstring).
+
+    Args:
+        lr_scheduler: None, ``"lambda_cosine"`` or a ``torch.optim.lr_scheduler`` class.
+        lr_scheduler_kwargs: the scheduler's arguments (``lambda_cosine``: ``warmup_steps``,
+            ``cosine_anneal``, ``max_steps``).
+    """
+
+    def __init__(self, lr_scheduler: str | type | None = None,
+                 lr_scheduler_kwargs: dict[str, Any] | None = None) -> None:
+        if not (lr_scheduler is None or lr_scheduler == "lambda_cosine"
+                or isinstance(lr_scheduler, type)):
+            raise ValueError(f"lr_scheduler must be None, 'lambda_cosine' or a "
+                             f"torch.optim.lr_scheduler class, got {lr_scheduler!r}")
+        kwargs = dict(lr_scheduler_kwargs or {})
+        if lr_scheduler == "lambda_cosine" and set(kwargs) - _COSINE_KEYS:
+            raise ValueError(f"lr_scheduler_kwargs for 'lambda_cosine': unknown "
+                             f"{sorted(set(kwargs) - _COSINE_KEYS)}; allowed: "
+                             f"{sorted(_COSINE_KEYS)}")
+        self.lr_scheduler = lr_scheduler
+        self.lr_scheduler_kwargs = kwargs
+        self.scheduler: Any = None
+        self.max_steps = 1
+
+    # -- bound by the runner, once per node ------------------------------------------------------
+    def _init_node(self, model: nn.Module, rank: int, num_nodes: int) -> None:
+        """Bind this copy to node ``rank`` of ``num_nodes`` and its replica ``model``; builds
+        ``self.optim`` from ``self.optim_spec`` when the strategy has one."""
+        self.model = model
+        self.rank = rank
+        self.num_nodes = num_nodes
+        self.local_step = 0
+        spec = getattr(self, "optim_spec", None)
+        if spec is not None:
+            self.optim = build_optimizer(spec, model)
+            self._setup_scheduler()
+
+    def step(self) -> None:
+        """One node's update; a subclass communicates, steps ``self.optim`` and then calls
+        ``super().step()``, which advances the scheduler and ``local_step``."""
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.local_step += 1
+
+    def zero_grad(self) -> None:
+        self.optim.zero_grad()
+
+    def _setup_scheduler(self) -> None:
+        if self.lr_scheduler is None:
+            self.scheduler = None
+        elif self.lr_scheduler == "lambda_cosine":
+            self.scheduler = LambdaLR(self.optim, self._lambda_cosine)
+        else:
+            assert isinstance(self.lr_scheduler, type)
+            self.scheduler = self.lr_scheduler(self.optim, **self.lr_scheduler_kwargs)
+
+    def _lambda_cosine(self, step: int) -> float:
+        """EXO Gym's schedule: linear warm-up over ``warmup_steps``, then 1, or with
+        ``cosine_anneal`` a cosine from 1 to 0.1 at ``min(max_steps, run's steps)``."""
+        kw = self.lr_scheduler_kwargs
+        warmup = int(kw.get("warmup_steps", 1))
+        total = min(int(kw["max_steps"]), self.max_steps) if "max_steps" in kw else self.max_steps
+        if step < warmup:
+            return step / max(warmup, 1)
+        if not kw.get("cosine_anneal", False):
+            return 1.0
+        progress = (step - warmup) / max(1, total - warmup)
+        return 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)) + 0.1
+
+    def state_dict(self) -> dict[str, Any]:
+        """This node's state for a checkpoint: its optimizer, scheduler and step count. A
+        subclass with state of its own (a master copy, an outer optimizer) adds it."""
+        out: dict[str, Any] = {"local_step": self.local_step}
+        if hasattr(self, "optim"):
+            out["optim"] = self.optim.state_dict()
+        if self.scheduler is not None:
+            out["scheduler"] = self.scheduler.state_dict()
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.local_step = int(state["local_step"])
+        if "optim" in state:
+            self.optim.load_state_dict(state["optim"])
+        if "scheduler" in state and self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+
+    def hyperparameters(self) -> dict[str, Any]:
+        """The constructor's settings, for logs and summaries."""
+        out: dict[str, Any] = {"strategy": type(self).__name__,
+                               "lr_scheduler": getattr(self.lr_scheduler, "__name__",
+                                                       self.lr_scheduler)}
+        for key, value in vars(self).items():
+            if key in ("model", "optim", "scheduler", "rank", "num_nodes", "local_step",
+                       "lr_scheduler", "max_steps") or key.startswith("_"):
+                continue
+            if isinstance(value, (int, float, str, bool)) or value is None:
+                out[key] = value
+            elif isinstance(value, OptimSpec):
+                out.update({f"{key}.{k}": v for k, v in vars(value).items()
+                            if isinstance(v, (int, float, str, bool))})
+        return out
+
+
+def build_optimizer(spec: Any, model: nn.Module) -> torch.optim.Optimizer:
+    """``spec`` (an :class:`OptimSpec`) over ``model``'s parameters."""
+    if not isinstance(spec, OptimSpec):
+        raise TypeError(f"optim_spec must be an OptimSpec, got {type(spec).__name__}")
+    names, params = zip(*model.named_parameters(), strict=True)
+    return spec.build(list(params), names=list(names))
+
+
+class SimpleReduceStrategy(Strategy):
+    """Data-parallel SGD written for one node (EXO Gym's ``SimpleReduceStrategy``): sum every
+    gradient over the nodes, divide by N, clip (``max_norm``), step.
+
+    Args:
+        optim_spec: the optimizer (default AdamW, lr 1e-3).
+        max_norm: clip the averaged gradient to this L2 norm (None: off).
+        lr_scheduler, lr_scheduler_kwargs: see :class:`Strategy`.
+    """
+
+    def __init__(self, optim_spec: OptimSpec | str | None = None, max_norm: float | None = None,
+                 lr_scheduler: str | type | None = None,
+                 lr_scheduler_kwargs: dict[str, Any] | None = None) -> None:
+        super().__init__(lr_scheduler=lr_scheduler, lr_scheduler_kwargs=lr_scheduler_kwargs)
+        self.optim_spec = (OptimSpec.from_string(optim_spec) if isinstance(optim_spec, str)
+                           else optim_spec or OptimSpec())
+        if max_norm is not None and not (isinstance(max_norm, (int, float)) and max_norm > 0):
+            raise ValueError(f"max_norm must be None or a number > 0, got {max_norm!r}")
+        self.max_norm = max_norm
+
+    def step(self) -> None:
+        for param in self.model.parameters():
+            if param.grad is not None:
+                all_reduce(param.grad)
+                param.grad.div_(self.num_nodes)
+        if self.max_norm:
+            nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=self.max_norm)
+        self.optim.step()
+        super().step()

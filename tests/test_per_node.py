@@ -1,0 +1,221 @@
+"""Per-node strategies (EXO Gym's form): code for one node, run on N simulated nodes in threads.
+
+A per-node DDP and DiLoCo written as EXO Gym users write them give exogym's ``ddp`` and
+``diloco`` numbers and bytes; the collectives follow torch.distributed's semantics; a node that
+skips a collective is an error naming it, not a hang.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from exogym import Classifier, Trainer
+from exogym.strategy.communicate import ReduceOp, all_gather, all_reduce, broadcast
+from exogym.strategy.ddp import DDP
+from exogym.strategy.diloco import DiLoCo
+from exogym.strategy.optim import OptimSpec
+from exogym.strategy.per_node import CollectiveMismatch
+from exogym.strategy.strategy import SimpleReduceStrategy, Strategy
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+_gen = torch.Generator().manual_seed(0)
+DATA = TensorDataset(torch.randn(256, 8, generator=_gen), torch.randint(0, 4, (256,),
+                                                                       generator=_gen))
+FIT = dict(num_nodes=4, max_steps=6, batch_size=8, progress=False, step_time=0.01,
+           eval_interval=6)
+
+
+def model() -> Classifier:
+    torch.manual_seed(0)
+    return Classifier(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)))
+
+
+def fit(strategy: Any, **kwargs: Any) -> Any:
+    return Trainer(model(), DATA, DATA).fit(strategy=strategy, **{**FIT, **kwargs})
+
+
+def same_parameters(a: Any, b: Any, atol: float = 1e-6) -> None:
+    for (k, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values(),
+                         strict=True):
+        assert torch.allclose(x, y, rtol=0, atol=atol), k
+
+
+class QuantizedReduce(Strategy):
+    """EXO Gym's README example, to the letter: rebinds ``param.grad``."""
+
+    def __init__(self, optim_spec: OptimSpec) -> None:
+        super().__init__()
+        self.optim_spec = optim_spec
+
+    def step(self) -> None:
+        for param in self.model.parameters():
+            if param.grad is not None:
+                q = param.grad.clone()  # an identity "quantizer": the math of DDP
+                all_reduce(q)
+                param.grad = q / self.num_nodes
+        self.optim.step()
+        super().step()
+
+
+class NodeDiLoCo(Strategy):
+    """DiLoCo for one node (Douillard et al. 2023): H inner steps, then the averaged
+    pseudo-gradient ``master - local`` steps a Nesterov SGD outer optimizer on the master copy,
+    which every node restarts from."""
+
+    def __init__(self, optim_spec: OptimSpec, H: int, outer_lr: float = 0.7) -> None:
+        super().__init__()
+        self.optim_spec, self.H, self.outer_lr = optim_spec, H, outer_lr
+
+    def _init_node(self, model: nn.Module, rank: int, num_nodes: int) -> None:
+        super()._init_node(model, rank, num_nodes)
+        self.master = [p.detach().clone().requires_grad_(True) for p in model.parameters()]
+        self.outer = torch.optim.SGD(self.master, lr=self.outer_lr, momentum=0.9, nesterov=True)
+
+    def step(self) -> None:
+        self.optim.step()
+        if (self.local_step + 1) % self.H == 0:
+            with torch.no_grad():
+                for m, p in zip(self.master, self.model.parameters(), strict=True):
+                    delta = m.detach() - p.detach()
+                    all_reduce(delta, op=ReduceOp.AVG)
+                    m.grad = delta
+                self.outer.step()
+                for m, p in zip(self.master, self.model.parameters(), strict=True):
+                    p.copy_(m)
+        super().step()
+
+
+def test_per_node_ddp_is_exogym_ddp() -> None:
+    ddp = fit(DDP(optim=OptimSpec("adamw", lr=1e-2)))
+    for strategy in (SimpleReduceStrategy(OptimSpec(torch.optim.AdamW, lr=1e-2)),
+                     QuantizedReduce(OptimSpec(torch.optim.AdamW, lr=1e-2))):
+        r = fit(strategy)
+        same_parameters(r, ddp)
+        assert r.bytes_sent == ddp.bytes_sent  # 2 (N-1)/N x 4 x 212 x 6 = 7,632 per node
+        assert r.bytes_sent == [pytest.approx(2 * 3 / 4 * 4 * 212 * 6)] * 4
+        assert r.strategy == type(strategy).__name__
+        # one all-reduce per parameter tensor and step (4 x 6), DDP one per step
+        assert (len(r.comm_log), len(ddp.comm_log)) == (24, 6)
+
+
+def test_per_node_diloco_is_exogym_diloco() -> None:
+    ref = fit(DiLoCo(H=3, optim=OptimSpec("adamw", lr=1e-2)))
+    r = fit(NodeDiLoCo(OptimSpec(torch.optim.AdamW, lr=1e-2), H=3))
+    same_parameters(r, ref)
+    assert r.bytes_sent == pytest.approx(ref.bytes_sent)
+
+
+RESULTS: dict[tuple[str, int], Any] = {}
+
+
+class Collectives(Strategy):
+    """At its first step, node r: all_gather of [r, 10 r], broadcast from node 2 of
+    [r + 0.5], all_reduce SUM and AVG of [r]."""
+
+    def step(self) -> None:
+        if self.local_step == 0:
+            r, n = float(self.rank), self.num_nodes
+            mine = torch.tensor([r, 10 * r])
+            out = [torch.zeros(2) for _ in range(n)]
+            all_gather(out, mine)
+            RESULTS["gather", self.rank] = torch.stack(out)
+            b = torch.tensor([r + 0.5])
+            broadcast(b, src=2)
+            RESULTS["broadcast", self.rank] = b
+            s, a = torch.tensor([r]), torch.tensor([r])
+            all_reduce(s)
+            all_reduce(a, op=ReduceOp.AVG)
+            RESULTS["sum", self.rank], RESULTS["avg", self.rank] = s, a
+        super().step()
+
+
+def test_collectives_follow_torch_distributed_semantics() -> None:
+    RESULTS.clear()
+    r = fit(Collectives(), max_steps=1, eval_interval=1)
+    gathered = torch.tensor([[0.0, 0.0], [1.0, 10.0], [2.0, 20.0], [3.0, 30.0]])
+    for rank in range(4):
+        assert torch.equal(RESULTS["gather", rank], gathered)
+        assert torch.equal(RESULTS["broadcast", rank], torch.tensor([2.5]))
+        assert torch.equal(RESULTS["sum", rank], torch.tensor([6.0]))
+        assert torch.equal(RESULTS["avg", rank], torch.tensor([1.5]))
+    # all_gather of 8 bytes: (N-1) x 8 per node; broadcast: the source sends (N-1) x 4;
+    # two all-reduces of 4 bytes: 2 x 2 (N-1)/N x 4
+    sent = [3 * 8 + 2 * 1.5 * 4 + (3 * 4 if i == 2 else 0) for i in range(4)]
+    assert r.bytes_sent == pytest.approx(sent)
+
+
+class SkipsOnNode1(Strategy):
+    def step(self) -> None:
+        if self.rank != 1:
+            all_reduce(torch.ones(3))
+        super().step()
+
+
+class RaisesOnNode3(Strategy):
+    def step(self) -> None:
+        if self.rank == 3:
+            raise FloatingPointError("node 3 is broken")
+        all_reduce(torch.ones(3))
+        super().step()
+
+
+def test_a_skipped_collective_is_an_error_naming_the_nodes_not_a_hang() -> None:
+    with pytest.raises(CollectiveMismatch, match=(
+            r"at step 0: node 0 called all_reduce \(collective #1 of its step\) on a "
+            r"torch.float32 tensor of shape \[3\].*; node 1 reached the end of its step after "
+            r"0 collectives")):
+        fit(SkipsOnNode1())
+    with pytest.raises(FloatingPointError, match="node 3 is broken"):
+        fit(RaisesOnNode3())
+    assert not [t for t in threading.enumerate() if t.name.startswith("exogym-node")]
+
+
+def test_the_two_bases_are_not_mixed() -> None:
+    from dataclasses import dataclass
+
+    from exogym.strategy import Strategy as Stacked
+
+    with pytest.raises(TypeError, match=r"step\(self\) is a per-node step .* subclass "
+                                        r"exogym.strategy.strategy.Strategy"):
+        @dataclass(kw_only=True)
+        class Mixed(Stacked):
+            def step(self) -> None:  # type: ignore[override]
+                pass
+    with pytest.raises(TypeError, match="per-node Strategy"):
+        fit(object())
+
+
+def test_optim_spec_takes_exo_gym_s_forms() -> None:
+    assert OptimSpec(torch.optim.AdamW, lr=3e-4) == OptimSpec("adamw", lr=3e-4)
+    assert OptimSpec.from_string("SGD", lr=0.1, momentum=0.9) == OptimSpec(
+        "sgd", lr=0.1, momentum=0.9)
+    with pytest.raises(ValueError, match=r"RMSprop has no exogym equivalent; allowed: "
+                                         r"torch.optim.adamw.AdamW"):
+        OptimSpec(torch.optim.RMSprop)
+    with pytest.raises(TypeError):
+        OptimSpec(torch.optim.AdamW, amsgrad=True)  # an argument exogym does not have
+
+
+def test_collectives_outside_a_run_say_where_they_work() -> None:
+    with pytest.raises(RuntimeError, match="a collective outside a run"):
+        all_reduce(torch.ones(2))
+    with pytest.raises(ValueError, match=r"op must be ReduceOp.SUM or ReduceOp.AVG"):
+        all_reduce(torch.ones(2), op=ReduceOp.MAX)
+
+
+def test_lambda_cosine_is_exo_gym_s_schedule() -> None:
+    s = SimpleReduceStrategy(lr_scheduler="lambda_cosine",
+                             lr_scheduler_kwargs={"warmup_steps": 2, "cosine_anneal": True})
+    s.max_steps = 10
+    # warm-up 0, 0.5; then 0.1 + 0.9 * (1 + cos(pi (t - 2) / 8)) / 2
+    assert [s._lambda_cosine(t) for t in (0, 1, 2, 6, 10)] == pytest.approx(
+        [0.0, 0.5, 1.0, 0.55, 0.1])
+    with pytest.raises(ValueError, match=r"unknown \['warmup'\]"):
+        SimpleReduceStrategy(lr_scheduler="lambda_cosine", lr_scheduler_kwargs={"warmup": 2})
