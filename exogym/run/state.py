@@ -181,12 +181,14 @@ class Run:
         self.step_time_s = s.step_time_s
         # Measured compute (the default, where time does not steer the run): every step's real
         # compute per node, per process (step_seconds[step][rank]), given to the clock at log
-        # steps; until then this process's values wait in _timing, from step _timing_from on.
+        # steps; until then this process's values wait in _timing, from step _timing_from on
+        # (_window: the wall clock and transport time when the first of them started).
         self.measured = False
         self.step_seconds: list[list[float]] = []
-        self.node_process: list[int] | None = None
+        self.node_process = [i // self.nodes.num_nodes for i in range(s.num_nodes)]
         self._timing: list[float] = []
         self._timing_from = 0
+        self._window = (0.0, 0.0)
         self._fed = 0  # records of comm.log already given to the clock
         self.loss_nodes = 0  # node-steps in loss_sum (the nodes that computed)
         # The world (shared/DESIGN.md section 7): which nodes are down, what happened so far
@@ -314,9 +316,10 @@ class Run:
                 self._ops.append(["c", step, _bits(active)])
         self.strategy.step(step)
         nodes.zero_grad()
-        if self.measured:  # this step's compute per node, real transport excluded
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
+        if self.measured:  # this step's compute per node, real transport excluded (no sync:
+            # on a GPU, _catch_up scales the host times to the synchronised window)
+            if not self._timing:
+                self._window = (start, transport)
             spent = time.perf_counter() - start - (self.comm.transport_s - transport)
             self._timing.append(spent / nodes.num_nodes)
         self.loss_sum += losses.sum()
@@ -453,7 +456,7 @@ class Run:
                 not_recostable=self._not_recostable(),
                 step_seconds=(tuple(tuple(row) for row in self.step_seconds)
                               if self.measured else None),
-                node_process=tuple(self.node_process or ()) if self.measured else None)
+                node_process=tuple(self.node_process) if self.measured else None)
         model = copy.deepcopy(self.model).to(self.device)
         _load_state(model, self.global_state())
         if self.writer is not None:
@@ -543,8 +546,7 @@ class Run:
             "rng": _rng_state(self.device),
             "clock": clock,
             "step_time_s": self.step_time_s,
-            "measured": {"on": self.measured, "step_seconds": _plain(self.step_seconds),
-                         "node_process": self.node_process},
+            "measured": {"on": self.measured, "step_seconds": _plain(self.step_seconds)},
             "fed": self._fed,
             "metrics": {"history": _plain(self.history), "loss_sum": self.loss_sum,
                         "loss_count": self.loss_count, "loss_nodes": self.loss_nodes,
@@ -579,11 +581,9 @@ class Run:
         self.batches.load_state_dict(state["data"])
         self.step = int(state["step"])
         self.step_time_s = state["step_time_s"]
-        measured = state.get("measured") or {"on": False, "step_seconds": [],
-                                             "node_process": None}
+        measured = state.get("measured") or {"on": False, "step_seconds": []}
         self.measured = bool(measured["on"])
         self.step_seconds = [[float(v) for v in row] for row in measured["step_seconds"]]
-        self.node_process = measured["node_process"]
         self._timing, self._timing_from = [], self.step
         self._fed = int(state["fed"])
         if state["clock"] is not None:
@@ -656,21 +656,25 @@ class Run:
         clock, n = self.clock, self.settings.num_nodes
         assert clock is not None
         own, self._timing = self._timing, []
+        if own and self.device.type == "cuda":
+            # The host times of queued kernels are launch times: scale them to the window's wall
+            # time, read after the synchronisation the run makes at log steps anyway.
+            torch.cuda.synchronize(self.device)
+            start, transport = self._window
+            wall = time.perf_counter() - start - (self.comm.transport_s - transport)
+            host = sum(own) * self.nodes.num_nodes
+            if host > 0:
+                own = [t * wall / host for t in own]
         if self.ranks is not None and self.ranks.world_size > 1:
-            every: list[Any] = [None] * self.ranks.world_size
-            dist.all_gather_object(every, (self.ranks.node_ids, own))
+            every: list[list[float]] = [[] for _ in range(self.ranks.world_size)]
+            dist.all_gather_object(every, own)
         else:
-            every = [(list(range(n)), own)]
-        if self.node_process is None:
-            self.node_process = [0] * n
-            for r, (ids, _) in enumerate(every):
-                for i in ids:
-                    self.node_process[i] = r
+            every = [own]
         log, k = self.comm.log, self._fed
         before = len(self.step_seconds)
         total = (self.step_time_s or 0.0) * n * before
         for j, step in enumerate(range(self._timing_from, self.step)):
-            row = [times[j] for _, times in every]
+            row = [times[j] for times in every]
             self.step_seconds.append(row)
             seconds = [row[r] for r in self.node_process]
             total += sum(seconds)
@@ -680,7 +684,8 @@ class Run:
                 k += 1
         self._fed, self._timing_from = k, self.step
         if self.step_seconds:
-            self.step_time_s = clock.step_time_s = total / (n * len(self.step_seconds))
+            self.step_time_s = total / (n * len(self.step_seconds))
+            clock.set_step_time(self.step_time_s)
 
     def _new_clock(self, step_time_s: float) -> SimClock:
         s = self.settings

@@ -4,17 +4,19 @@ Compute model. One node's training step (forward, backward, optimizer step) take
 
 - measured (the default): every training step as it took, as the run computes it (data loading,
   forward, backward, the optimizer and the strategy's local work; a process run's real transport
-  excluded), divided by the nodes the process computed; the clock lags behind the steps and
-  catches up at log steps (:meth:`SimClock.compute` with ``seconds``), so each row's time is
-  complete. In a process run every rank measures its own nodes and the ranks exchange the values
-  at those steps: a slower process is a straggler the others wait for, as in the real run. ``c``
-  (the report's ``step_time_s``) is the mean; the trace keeps every step's values, so a replay on
-  the same network gives the same clock. Measured times vary from run to run like wall time;
-  give ``step_time`` for clocks that repeat exactly. When simulated time steers the run from its
-  first step (an asynchronous strategy, a world with failures, a deadline), the clock cannot
-  lag: :func:`measure_step_time` then times one node's step alone on a copy of the model in eval
-  mode before the run (the fastest of up to 20 steps within about a second; the global RNG is
-  saved and restored; cached per model, batch shape, optimizer, device and thread count);
+  excluded), divided by the nodes the process computed; the clock lags behind the steps and catches
+  up at log steps (:meth:`SimClock.compute` with ``seconds``), so each row's time is complete (on a
+  GPU the steps' host times, which are launch times, are scaled to the wall time of the steps
+  between two log steps, read after the synchronisation the run makes there: no synchronisation per
+  step). In a process run every rank measures its own nodes and the ranks exchange the values at
+  those steps: a slower process is a straggler the others wait for, as in the real run. ``c`` (the
+  report's ``step_time_s``) is the mean; the trace keeps every step's values, so a replay on the
+  same network gives the same clock. Measured times vary from run to run like wall time; give
+  ``step_time`` for clocks that repeat exactly. When simulated time steers the run from its first
+  step (an asynchronous strategy, a world with failures, a deadline), the clock cannot lag:
+  :func:`measure_step_time` then times one node's step alone on a copy of the model in eval mode
+  before the run (the fastest of up to 20 steps within about a second; the global RNG is saved and
+  restored; cached per model, batch shape, optimizer, device and thread count);
 - given: ``step_time`` seconds (``--step-time 1.5s``);
 - from FLOPs: ``c = flops_per_sample * batch_size / device_flops`` (training FLOPs, forward and
   backward: about ``6 * parameters * tokens`` per sample for a transformer).
@@ -285,6 +287,11 @@ class SimClock:
         self.server_free = [0.0, 0.0]
         self.pending: list[_Pending] = []
         self._times: dict[tuple[str, int, int], float] = {}
+
+    def set_step_time(self, step_time_s: float) -> None:
+        """``c`` becomes ``step_time_s`` (measured compute: the mean so far) for every node."""
+        self.step_time_s = float(step_time_s)
+        self.node_step_s = [step_time_s / v for v in self.speeds]
 
     @property
     def now(self) -> float:
