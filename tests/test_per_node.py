@@ -112,6 +112,25 @@ def test_per_node_diloco_is_exogym_diloco() -> None:
     assert r.bytes_sent == pytest.approx(ref.bytes_sent)
 
 
+def test_a_per_node_run_resumes_exactly(tmp_path: Any) -> None:
+    # NodeDiLoCo's state is its own attributes too (the master copy, the outer optimizer's
+    # momentum): a run resumed from its step-3 checkpoint ends where the uninterrupted one does.
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    spec = OptimSpec(torch.optim.AdamW, lr=1e-2)
+    a = fit(NodeDiLoCo(spec, H=2), out_dir=full, checkpoint_every=3, log_interval=1)
+    fit(NodeDiLoCo(spec, H=2), out_dir=cut, checkpoint_every=3, log_interval=1, max_steps=3)
+    b = Trainer(model(), DATA, DATA).fit(resume=cut, strategy=NodeDiLoCo(spec, H=2),
+                                         max_steps=6, progress=False)
+    same_parameters(a, b, atol=0.0)
+    assert a.bytes_sent == b.bytes_sent
+
+
+def test_a_per_node_optimizer_is_elementwise() -> None:
+    with pytest.raises(ValueError, match=r"name='muon' is a node-stacked optimizer; a per-node "
+                                         r"strategy's optimizer is one of \['adam', 'adamw'"):
+        fit(SimpleReduceStrategy(OptimSpec("muon")))
+
+
 RESULTS: dict[tuple[str, int], Any] = {}
 
 

@@ -254,15 +254,7 @@ class Trainer:
             return self._resume(resume, given=given, kwargs=locals(), sink=sink,
                                 checkpointing=checkpointing)
 
-        if isinstance(strategy, str):
-            strategy = make(strategy)
-        if isinstance(strategy, NodeStrategy):  # code for one node: run in threads, loop engine
-            strategy = PerNode(node=strategy)
-            engine = "loop" if engine == "auto" else engine
-        if not isinstance(strategy, Strategy):
-            raise TypeError(f"strategy must be a Strategy (node-stacked, exogym.strategy) or a "
-                            f"per-node Strategy (exogym.strategy.strategy) or an id, got "
-                            f"{type(strategy).__name__}")
+        strategy, engine = _as_strategy(strategy, engine)
         _check_int("num_nodes", num_nodes, 1)
         _check_int("batch_size", batch_size, 1)
         _check_int("seed", seed, 0)
@@ -351,11 +343,7 @@ class Trainer:
                                            world_size=world, map_location=dev)
             saved = state["config"]  # the checkpoint's own copy: its step's truth
             strategy = kwargs["strategy"] if "strategy" in given else _strategy_from_config(saved)
-            if isinstance(strategy, str):
-                strategy = make(strategy)
-            if not isinstance(strategy, Strategy):
-                raise TypeError(f"strategy must be a Strategy or an id, got "
-                                f"{type(strategy).__name__}")
+            strategy, _ = _as_strategy(strategy, "loop")
             max_steps = arg("max_steps", None) or saved["steps"]
             _check_int("max_steps", max_steps, 1)
             if max_steps < state["step"]:
@@ -651,3 +639,18 @@ def _total_steps(max_steps: int | None, num_epochs: float | None, steps_per_epoc
     if not num_epochs > 0:
         raise ValueError(f"num_epochs must be > 0, got {num_epochs!r}")
     return max(math.ceil(num_epochs * steps_per_epoch), 1)
+
+
+def _as_strategy(strategy: Any, engine: EngineName) -> tuple[Strategy, EngineName]:
+    """A node-stacked strategy from what ``fit`` was given (an id, a node-stacked strategy, or a
+    per-node one, which runs in :class:`PerNode` on the loop engine), and the engine."""
+    if isinstance(strategy, str):
+        strategy = make(strategy)
+    if isinstance(strategy, NodeStrategy):  # code for one node: run in threads, loop engine
+        strategy = PerNode(node=strategy)
+        engine = "loop" if engine == "auto" else engine
+    if not isinstance(strategy, Strategy):
+        raise TypeError(f"strategy must be a Strategy (node-stacked, exogym.strategy) or a "
+                        f"per-node Strategy (exogym.strategy.strategy) or an id, got "
+                        f"{type(strategy).__name__}")
+    return strategy, engine

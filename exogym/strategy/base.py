@@ -500,7 +500,8 @@ def _restore(current: Any, saved: Any, where: str) -> Any:
                    else type(saved).__name__)
             raise ValueError(f"{where}: saved {got}, but the run has {current.dtype} "
                              f"{tuple(current.shape)}")
-        current.copy_(saved)
+        with torch.no_grad():  # a leaf that requires grad (an outer optimizer's parameter)
+            current.copy_(saved)
         return current
     if isinstance(current, torch.Generator):
         current.set_state(saved)

@@ -32,8 +32,9 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
+from exogym.strategy.base import _restore, _save
 from exogym.strategy.communicate import all_reduce
-from exogym.strategy.optim import OptimSpec
+from exogym.strategy.optim import OPTIMIZERS, OptimSpec
 
 __all__ = ["SimpleReduceStrategy", "Strategy"]
 
@@ -62,13 +63,16 @@ class Strategy:
                              f"{sorted(_COSINE_KEYS)}")
         self.lr_scheduler = lr_scheduler
         self.lr_scheduler_kwargs = kwargs
-        self.scheduler: Any = None
         self.max_steps = 1
 
     # -- bound by the runner, once per node ------------------------------------------------------
     def _init_node(self, model: nn.Module, rank: int, num_nodes: int) -> None:
         """Bind this copy to node ``rank`` of ``num_nodes`` and its replica ``model``; builds
-        ``self.optim`` from ``self.optim_spec`` when the strategy has one."""
+        ``self.optim`` from ``self.optim_spec`` when the strategy has one. What the constructor
+        set is the strategy's settings; what is set from here on is its state (see
+        :meth:`state_dict`)."""
+        self._settings = frozenset(vars(self))
+        self.scheduler: Any = None
         self.model = model
         self.rank = rank
         self.num_nodes = num_nodes
@@ -110,31 +114,35 @@ class Strategy:
         progress = (step - warmup) / max(1, total - warmup)
         return 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)) + 0.1
 
+    def _state_names(self) -> list[str]:
+        return [k for k in vars(self)
+                if k not in self._settings and k not in ("_settings", "model", "rank",
+                                                         "num_nodes")]
+
     def state_dict(self) -> dict[str, Any]:
-        """This node's state for a checkpoint: its optimizer, scheduler and step count. A
-        subclass with state of its own (a master copy, an outer optimizer) adds it."""
-        out: dict[str, Any] = {"local_step": self.local_step}
-        if hasattr(self, "optim"):
-            out["optim"] = self.optim.state_dict()
-        if self.scheduler is not None:
-            out["scheduler"] = self.scheduler.state_dict()
-        return out
+        """This node's state for a checkpoint: every attribute set from :meth:`_init_node` on
+        (the optimizer, scheduler, step count, and a subclass's own: a master copy, an outer
+        optimizer), saved as the node-stacked strategies' state is
+        (:mod:`exogym.strategy.base`); a kind that cannot be saved is an error naming it."""
+        where = type(self).__name__
+        return {k: _save(getattr(self, k), f"{where}.{k}") for k in self._state_names()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.local_step = int(state["local_step"])
-        if "optim" in state:
-            self.optim.load_state_dict(state["optim"])
-        if "scheduler" in state and self.scheduler is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
+        where = type(self).__name__
+        if set(state) != set(self._state_names()):
+            raise ValueError(f"{where}: the checkpoint's per-node state has "
+                             f"{sorted(state)}, this strategy {sorted(self._state_names())}")
+        for k, saved in state.items():
+            setattr(self, k, _restore(getattr(self, k), saved, f"{where}.{k}"))
 
     def hyperparameters(self) -> dict[str, Any]:
         """The constructor's settings, for logs and summaries."""
         out: dict[str, Any] = {"strategy": type(self).__name__,
                                "lr_scheduler": getattr(self.lr_scheduler, "__name__",
                                                        self.lr_scheduler)}
+        settings = getattr(self, "_settings", vars(self))  # a bound copy: not its state
         for key, value in vars(self).items():
-            if key in ("model", "optim", "scheduler", "rank", "num_nodes", "local_step",
-                       "lr_scheduler", "max_steps") or key.startswith("_"):
+            if key not in settings or key in ("lr_scheduler", "max_steps") or key[0] == "_":
                 continue
             if isinstance(value, (int, float, str, bool)) or value is None:
                 out[key] = value
@@ -148,6 +156,9 @@ def build_optimizer(spec: Any, model: nn.Module) -> torch.optim.Optimizer:
     """``spec`` (an :class:`OptimSpec`) over ``model``'s parameters."""
     if not isinstance(spec, OptimSpec):
         raise TypeError(f"optim_spec must be an OptimSpec, got {type(spec).__name__}")
+    if spec.name not in OPTIMIZERS:  # Muon's implementation reads dim 0 as the node dimension
+        raise ValueError(f"optim_spec name={spec.name!r} is a node-stacked optimizer; a per-node "
+                         f"strategy's optimizer is one of {sorted(OPTIMIZERS)}")
     names, params = zip(*model.named_parameters(), strict=True)
     return spec.build(list(params), names=list(names))
 
