@@ -12,8 +12,8 @@ torch.distributed's signatures and semantics (in place, ``op`` included):
 
 Where they run:
 
-- in a simulated run (``exogym.Trainer``, any engine: the nodes of this process run their
-  ``step`` in threads, :mod:`exogym.strategy.per_node`), the call meets the same call of the
+- in a simulated run (``exogym.Trainer``: the nodes of this process run their ``step`` as
+  coroutines, :mod:`exogym.strategy.per_node`), the call meets the same call of the
   other nodes and goes through the run's communicator, so its bytes are counted, it is timed on
   the simulated network, and in a multi-process run it crosses processes;
 - in a plain torch.distributed program (one node per process, no exogym run), it is the

@@ -13,8 +13,8 @@ Two kinds of strategy run in exogym, each with its own base:
 
 A class that mixes them (a ``step(self)`` on the node-stacked base) is refused when it is
 defined, with the base to use. ``exogym.Trainer.fit`` accepts either; a per-node strategy runs
-on N simulated nodes in one process (:mod:`exogym.strategy.per_node`: each node's ``step`` in its
-own thread, collectives meeting through the run's communicator) and, unchanged, as one rank per
+on N simulated nodes in one process (:mod:`exogym.strategy.per_node`: each node's ``step`` as its
+own coroutine, collectives meeting through the run's communicator) and, unchanged, as one rank per
 node under torchrun or ``--engine process``.
 
 Where this base differs from EXO Gym's: unknown keyword arguments are an error, not attributes
