@@ -63,6 +63,13 @@ class QuantizedReduce(Strategy):
         super().step()
 
 
+class PerNodeReduce(SimpleReduceStrategy):
+    """SimpleReduceStrategy with its step overridden (unchanged math): runs per-node."""
+
+    def step(self) -> None:
+        super().step()
+
+
 class NodeDiLoCo(Strategy):
     """DiLoCo for one node (Douillard et al. 2023): H inner steps, then the averaged
     pseudo-gradient ``master - local`` steps a Nesterov SGD outer optimizer on the master copy,
@@ -93,8 +100,8 @@ class NodeDiLoCo(Strategy):
 
 def test_per_node_ddp_is_exogym_ddp() -> None:
     ddp = fit(DDP(optim=OptimSpec("adamw", lr=1e-2)))
-    for strategy in (SimpleReduceStrategy(OptimSpec(torch.optim.AdamW, lr=1e-2)),
-                     QuantizedReduce(OptimSpec(torch.optim.AdamW, lr=1e-2))):
+    for strategy in (PerNodeReduce(OptimSpec("adamw", lr=1e-2)),
+                     QuantizedReduce(OptimSpec("adamw", lr=1e-2))):
         r = fit(strategy)
         same_parameters(r, ddp)
         assert r.bytes_sent == ddp.bytes_sent  # 2 (N-1)/N x 4 x 212 x 6 = 7,632 per node
@@ -102,11 +109,17 @@ def test_per_node_ddp_is_exogym_ddp() -> None:
         assert r.strategy == type(strategy).__name__
         # one all-reduce per parameter tensor and step (4 x 6), DDP one per step
         assert (len(r.comm_log), len(ddp.comm_log)) == (24, 6)
+    # SimpleReduceStrategy used as it is runs as exogym's DDP (without buffer broadcasts, as
+    # EXO Gym's): the same parameters, one all-reduce per step
+    r = fit(SimpleReduceStrategy(OptimSpec("adamw", lr=1e-2)))
+    same_parameters(r, ddp)
+    assert (r.strategy, len(r.comm_log), r.bytes_sent) == ("ddp", 6, ddp.bytes_sent)
+    assert r.hyperparameters["broadcast_buffers"] is False
 
 
 def test_per_node_diloco_is_exogym_diloco() -> None:
     ref = fit(DiLoCo(H=3, optim=OptimSpec("adamw", lr=1e-2)))
-    r = fit(NodeDiLoCo(OptimSpec(torch.optim.AdamW, lr=1e-2), H=3))
+    r = fit(NodeDiLoCo(OptimSpec("adamw", lr=1e-2), H=3))
     same_parameters(r, ref)
     assert r.bytes_sent == pytest.approx(ref.bytes_sent)
 
@@ -127,7 +140,7 @@ def test_a_per_node_run_resumes_exactly(tmp_path: Any) -> None:
 def test_a_per_node_optimizer_is_elementwise() -> None:
     with pytest.raises(ValueError, match=r"name='muon' is a node-stacked optimizer; a per-node "
                                          r"strategy's optimizer is one of \['adam', 'adamw'"):
-        fit(SimpleReduceStrategy(OptimSpec("muon")))
+        fit(QuantizedReduce(OptimSpec("muon")))
 
 
 RESULTS: dict[tuple[str, int], Any] = {}
@@ -193,7 +206,7 @@ def test_a_skipped_collective_is_an_error_naming_the_nodes_not_a_hang() -> None:
     with pytest.raises(FloatingPointError, match="node 3 is broken"):
         fit(RaisesOnNode3())
     # nothing of the failed steps stays behind: the next run trains as DDP does
-    same_parameters(fit(SimpleReduceStrategy(OptimSpec("adamw", lr=1e-2))),
+    same_parameters(fit(PerNodeReduce(OptimSpec("adamw", lr=1e-2))),
                     fit(DDP(optim=OptimSpec("adamw", lr=1e-2))))
 
 
@@ -231,10 +244,27 @@ def test_the_two_bases_are_not_mixed() -> None:
 
     from exogym.strategy import Strategy as Stacked
 
-    with pytest.raises(TypeError, match=r"step\(self\) is a per-node step .* subclass "
-                                        r"exogym.strategy.strategy.Strategy"):
+    # EXO Gym's `from exogym.strategy import Strategy` with a step(self): taken as per-node
+    class ExoGymStyle(Stacked):
+        def __init__(self, optim_spec: OptimSpec) -> None:
+            super().__init__()
+            self.optim_spec = optim_spec
+
+        def step(self) -> None:  # type: ignore[override]
+            for param in self.model.parameters():
+                all_reduce(param.grad, op=ReduceOp.AVG)
+            self.optim.step()
+            super().step()
+
+    assert ExoGymStyle.__mro__[1] is Strategy and not issubclass(ExoGymStyle, Stacked)
+    same_parameters(fit(ExoGymStyle(OptimSpec("adamw", lr=1e-2))),
+                    fit(DDP(optim=OptimSpec("adamw", lr=1e-2))))
+    # a step(self) under a node-stacked method mixes the two kinds
+    with pytest.raises(TypeError, match=r"Mixed.step\(self\) is a per-node step .* Mixed "
+                                        r"subclasses DiLoCo, a node-stacked strategy .* "
+                                        r"subclasses exogym.strategy.strategy.Strategy"):
         @dataclass(kw_only=True)
-        class Mixed(Stacked):
+        class Mixed(DiLoCo):
             def step(self) -> None:  # type: ignore[override]
                 pass
     with pytest.raises(TypeError, match="per-node Strategy"):
@@ -242,7 +272,11 @@ def test_the_two_bases_are_not_mixed() -> None:
 
 
 def test_optim_spec_takes_exo_gym_s_forms() -> None:
-    assert OptimSpec(torch.optim.AdamW, lr=3e-4) == OptimSpec("adamw", lr=3e-4)
+    # the class form takes torch's defaults, as EXO Gym's did (AdamW: weight decay 0.01)
+    assert OptimSpec(torch.optim.AdamW, lr=3e-4) == OptimSpec("adamw", lr=3e-4,
+                                                               weight_decay=0.01)
+    assert OptimSpec(torch.optim.AdamW, weight_decay=0.0) == OptimSpec("adamw")
+    assert OptimSpec(torch.optim.Adam).weight_decay == OptimSpec("adamw").weight_decay == 0.0
     assert OptimSpec.from_string("SGD", lr=0.1, momentum=0.9) == OptimSpec(
         "sgd", lr=0.1, momentum=0.9)
     with pytest.raises(ValueError, match=r"RMSprop has no exogym equivalent; allowed: "

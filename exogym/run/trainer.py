@@ -646,9 +646,13 @@ def _as_strategy(strategy: Any, engine: EngineName) -> tuple[Strategy, EngineNam
     per-node one, which runs in :class:`PerNode` on the loop engine), and the engine."""
     if isinstance(strategy, str):
         strategy = make(strategy)
-    if isinstance(strategy, NodeStrategy):  # code for one node: run in threads, loop engine
-        strategy = PerNode(node=strategy)
-        engine = "loop" if engine == "auto" else engine
+    if isinstance(strategy, NodeStrategy):
+        stacked = strategy.to_exogym()  # EXO Gym's built-ins: exogym's strategy of the method
+        if stacked is not None:
+            strategy = stacked
+        else:  # code for one node: each node's step a coroutine, loop engine
+            strategy = PerNode(node=strategy)
+            engine = "loop" if engine == "auto" else engine
     if not isinstance(strategy, Strategy):
         raise TypeError(f"strategy must be a Strategy (node-stacked, exogym.strategy) or a "
                         f"per-node Strategy (exogym.strategy.strategy) or an id, got "

@@ -64,8 +64,33 @@ from exogym.utils.validation import check_number, in_range, positive_int
 __all__ = ["Strategy", "in_range", "positive_int", "restart_rows"]
 
 
+class _Recognising(abc.ABCMeta):
+    """The metaclass of :class:`Strategy`: a class that subclasses ``Strategy`` itself but
+    defines a per-node ``step(self)`` (EXO Gym's form, where ``from exogym.strategy import
+    Strategy`` named the per-node base) is created on the per-node base
+    :class:`exogym.strategy.strategy.Strategy` instead. A deeper subclass (of ``DiLoCo``, ...)
+    with ``step(self)`` mixes the two kinds and is refused (:meth:`Strategy.__init_subclass__`)."""
+
+    def __new__(mcls, name: str, bases: tuple[type, ...], namespace: dict[str, Any],
+                **kwargs: Any) -> Any:
+        if _STACKED_BASE is not None and _STACKED_BASE in bases and _per_node_step(namespace):
+            from exogym.strategy.strategy import Strategy as PerNodeStrategy
+
+            bases = tuple(PerNodeStrategy if b is _STACKED_BASE else b for b in bases)
+            return type(name, bases, dict(namespace), **kwargs)
+        return super().__new__(mcls, name, bases, namespace, **kwargs)
+
+
+def _per_node_step(namespace: dict[str, Any]) -> bool:
+    step = namespace.get("step")
+    return callable(step) and len(inspect.signature(step).parameters) == 1
+
+
+_STACKED_BASE: type | None = None  # Strategy, once defined
+
+
 @dataclass(kw_only=True)
-class Strategy(abc.ABC):
+class Strategy(metaclass=_Recognising):
     """Base class of every strategy.
 
     Attributes:
@@ -104,13 +129,14 @@ class Strategy(abc.ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        own_step = cls.__dict__.get("step")
-        if callable(own_step) and len(inspect.signature(own_step).parameters) == 1:
+        if _per_node_step(cls.__dict__):
+            parents = ", ".join(b.__name__ for b in cls.__bases__)
             raise TypeError(
-                f"{cls.__qualname__}.step(self) is a per-node step (EXO Gym's form), but "
-                f"{cls.__qualname__} subclasses the node-stacked exogym.strategy.Strategy, whose "
-                "step(self, step) updates all nodes at once; subclass exogym.strategy.strategy."
-                "Strategy for code written for one node")
+                f"{cls.__name__}.step(self) is a per-node step (EXO Gym's form), but "
+                f"{cls.__name__} subclasses {parents}, a node-stacked strategy whose "
+                "step(self, step) updates all nodes at once; code written for one node "
+                "subclasses exogym.strategy.strategy.Strategy (or exogym.strategy.Strategy "
+                "itself, which takes a class with step(self) as per-node)")
         if "id" not in cls.__dict__:  # a class of its own is not its parent's strategy
             cls.id = cls.__name__
 
@@ -159,7 +185,7 @@ class Strategy(abc.ABC):
             )
         self.init_state()
 
-    def init_state(self) -> None:  # noqa: B027 - optional hook, empty on purpose
+    def init_state(self) -> None:  # an optional hook, empty on purpose
         """Allocate the strategy's own state (global copies, outer optimizers). Optional."""
 
     @abc.abstractmethod
@@ -434,6 +460,8 @@ class Strategy(abc.ABC):
                 out[f.name] = value
         return out
 
+
+_STACKED_BASE = Strategy
 
 _BINDING = ("nodes", "comm", "total_steps")  # what setup() binds the strategy to: not its state
 

@@ -35,6 +35,14 @@ OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
 _STACKED: dict[str, type[torch.optim.Optimizer]] = {"muon": Muon}
 
 
+class _Unset(float):
+    """A default that was not given (a float, so the field keeps its type)."""
+
+
+# torch's own defaults, which EXO Gym's OptimSpec(torch.optim.AdamW, ...) inherits from torch:
+_TORCH_WEIGHT_DECAY = {"adamw": 0.01}
+
+
 @dataclass(kw_only=True)
 class OptimSpec:
     """The inner (per-node) optimizer.
@@ -48,7 +56,9 @@ class OptimSpec:
     Attributes:
         name: one of ``adamw``, ``adam``, ``sgd`` (torch.optim, elementwise) or ``muon``.
         lr: learning rate (the peak value when a schedule is used); Muon's AdamW part.
-        weight_decay: decoupled for AdamW and Muon, L2 for Adam and SGD (torch semantics).
+        weight_decay: decoupled for AdamW and Muon, L2 for Adam and SGD (torch semantics);
+            default 0, or torch's default when the optimizer is given as a class
+            (EXO Gym's ``OptimSpec(torch.optim.AdamW)``: 0.01).
         betas: Adam's (beta1, beta2); also Muon's AdamW part.
         eps: Adam's epsilon; also Muon's AdamW part.
         momentum: SGD momentum.
@@ -67,7 +77,7 @@ class OptimSpec:
 
     name: str = field(default="adamw", kw_only=False)
     lr: float = 1e-3
-    weight_decay: float = 0.0
+    weight_decay: float = _Unset(0.0)
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     momentum: float = 0.0
@@ -81,7 +91,8 @@ class OptimSpec:
     muon_exclude: tuple[str, ...] = DEFAULT_EXCLUDE
 
     def __post_init__(self) -> None:
-        if isinstance(self.name, type):  # EXO Gym's OptimSpec(torch.optim.AdamW, lr=...)
+        torch_form = isinstance(self.name, type)
+        if torch_form:  # EXO Gym's OptimSpec(torch.optim.AdamW, lr=...)
             known = {cls: name for name, cls in {**OPTIMIZERS, **_STACKED}.items()}
             if self.name not in known:
                 raise ValueError(
@@ -95,6 +106,8 @@ class OptimSpec:
                 f"optimizer name must be one of {sorted(OPTIMIZERS)} (torch.optim, elementwise) "
                 f"or one of {sorted(_STACKED)} (node-stacked), got {self.name!r}"
             )
+        if type(self.weight_decay) is _Unset:  # torch's default in EXO Gym's (class) form
+            self.weight_decay = _TORCH_WEIGHT_DECAY.get(self.name, 0.0) if torch_form else 0.0
         check_number("lr", self.lr, lo=0.0, lo_open=True)
         check_number("weight_decay", self.weight_decay, lo=0.0)
         check_number("eps", self.eps, lo=0.0, lo_open=True)

@@ -92,6 +92,13 @@ class Strategy:
     def zero_grad(self) -> None:
         self.optim.zero_grad()
 
+    def to_exogym(self) -> Any:
+        """The node-stacked exogym strategy that computes exactly this one's update, when there
+        is one (EXO Gym's built-ins, an unchanged :class:`SimpleReduceStrategy`): the run then
+        uses it, on the fast engine. None (the default): the run calls this class's ``step``
+        on every node."""
+        return None
+
     def _setup_scheduler(self) -> None:
         if self.lr_scheduler is None:
             self.scheduler = None
@@ -167,21 +174,29 @@ class SimpleReduceStrategy(Strategy):
     """Data-parallel SGD written for one node (EXO Gym's ``SimpleReduceStrategy``): sum every
     gradient over the nodes, divide by N, clip (``max_norm``), step.
 
+    Used as it is (neither ``step`` nor ``_init_node`` overridden), it runs as exogym's
+    :class:`exogym.strategy.ddp.DDP` with ``broadcast_buffers=False`` (EXO Gym's: each node keeps
+    its own BatchNorm statistics), the same update on the node-stacked engine
+    (:meth:`to_exogym`); a subclass that changes ``step`` runs per-node.
+
     Args:
-        optim_spec: the optimizer (default AdamW, lr 1e-3).
+        optim_spec: the optimizer (default EXO Gym's ``OptimSpec(torch.optim.AdamW)``: lr 1e-3,
+            weight decay 0.01).
         max_norm: clip the averaged gradient to this L2 norm (None: off).
         lr_scheduler, lr_scheduler_kwargs: see :class:`Strategy`.
+        **unused: arguments EXO Gym's class did not declare (its ``example/mnist.py`` passes
+            ``H`` and ``p``): an :class:`exogym.strategy.exo_gym.ExoGymWarning` each, ignored.
     """
 
     def __init__(self, optim_spec: OptimSpec | str | None = None, max_norm: float | None = None,
                  lr_scheduler: str | type | None = None,
-                 lr_scheduler_kwargs: dict[str, Any] | None = None) -> None:
+                 lr_scheduler_kwargs: dict[str, Any] | None = None, **unused: Any) -> None:
+        from exogym.strategy.exo_gym import check_max_norm, inner_optim, warn_unused
+
         super().__init__(lr_scheduler=lr_scheduler, lr_scheduler_kwargs=lr_scheduler_kwargs)
-        self.optim_spec = (OptimSpec.from_string(optim_spec) if isinstance(optim_spec, str)
-                           else optim_spec or OptimSpec())
-        if max_norm is not None and not (isinstance(max_norm, (int, float)) and max_norm > 0):
-            raise ValueError(f"max_norm must be None or a number > 0, got {max_norm!r}")
-        self.max_norm = max_norm
+        warn_unused(type(self).__name__, unused)
+        self.optim_spec = inner_optim(optim_spec)
+        self.max_norm = check_max_norm(max_norm, type(self).__name__)
 
     def step(self) -> None:
         for param in self.model.parameters():
@@ -192,3 +207,17 @@ class SimpleReduceStrategy(Strategy):
             nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=self.max_norm)
         self.optim.step()
         super().step()
+
+    def to_exogym(self) -> Any:
+        """:class:`exogym.strategy.ddp.DDP` when this class's update is unchanged (and its
+        schedule is None or ``"lambda_cosine"``), else None (per-node)."""
+        cls = type(self)
+        if cls.step is not SimpleReduceStrategy.step or cls._init_node is not Strategy._init_node \
+                or isinstance(self.lr_scheduler, type) or "max_steps" in self.lr_scheduler_kwargs:
+            return None
+        from exogym.strategy.ddp import DDP
+        from exogym.strategy.exo_gym import schedule
+
+        return DDP(optim=self.optim_spec,
+                   schedule=schedule(self.lr_scheduler, self.lr_scheduler_kwargs, cls.__name__),
+                   max_grad_norm=self.max_norm, broadcast_buffers=False)

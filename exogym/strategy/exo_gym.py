@@ -1,0 +1,166 @@
+"""EXO Gym's built-in strategies, run as exogym's: the same method on the node-stacked engine.
+
+EXO Gym (github.com/exo-explore/gym, read at commit 9fa323c) names its methods
+``DiLoCoStrategy``, ``SPARTAStrategy``, ``FedAvgStrategy``, ``DeMoStrategy``,
+``SPARTADiLoCoStrategy`` and ``SimpleReduceStrategy``, with per-node constructor arguments
+(``optim_spec``, ``outer_optim_spec``, ``H``, ``p_sparta``, ``lr_scheduler="lambda_cosine"``,
+``lr_scheduler_kwargs``, ``max_norm``). Each such class here (under EXO Gym's import path:
+``exogym.strategy.diloco.DiLoCoStrategy``, ...) takes those arguments, converts them when it is
+constructed (so a bad value is an error at once) and becomes exogym's strategy of the same
+method when a run starts (:meth:`BuiltinStrategy.to_exogym`): the update is exogym's
+paper-faithful one, every byte goes through the communicator, and the run uses the fast engine.
+
+Conversions shared by the classes:
+
+- ``optim_spec`` (an :class:`OptimSpec`, a name, or None for EXO Gym's default
+  ``OptimSpec(torch.optim.AdamW)``: lr 1e-3, weight decay 0.01) is the inner optimizer;
+- ``lr_scheduler="lambda_cosine"`` with ``warmup_steps`` (EXO Gym's default 1) and
+  ``cosine_anneal`` is :class:`LRSchedule` ``(warmup_steps, cosine, min_lr_ratio=0.1)``: EXO
+  Gym's floor of 0.1 of the peak; exogym's warm-up reaches ``lr * (t + 1) / W`` at step ``t``
+  where EXO Gym's takes a first step at lr 0 (``t / W``);
+- ``max_norm`` is ``max_grad_norm``.
+
+An argument EXO Gym's class did not declare (``SPARTAStrategy(p=0.05)``, ``SimpleReduceStrategy(
+H=20)``, both in EXO Gym's ``example/mnist.py``) was stored by EXO Gym as an attribute and never
+read; here each is an :class:`ExoGymWarning` naming it, and ignored likewise. The full list of
+names and differences is docs/from-exo-gym.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from exogym.strategy.base import Strategy as StackedStrategy
+from exogym.strategy.optim import LRSchedule, OptimSpec
+from exogym.strategy.strategy import Strategy
+
+__all__ = ["BuiltinStrategy", "ExoGymWarning", "inner_optim", "outer_fields", "schedule"]
+
+
+class ExoGymWarning(UserWarning):
+    """An EXO Gym argument that has no effect here (EXO Gym had silently ignored it too)."""
+
+
+def warn_unused(owner: str, unused: Mapping[str, Any], hints: Mapping[str, str] | None = None,
+                stacklevel: int = 3) -> None:
+    """One :class:`ExoGymWarning` per argument EXO Gym's ``owner`` did not declare."""
+    for key, value in unused.items():
+        hint = (hints or {}).get(key, "")
+        warnings.warn(
+            f"{owner}: {key}={value!r} is not an argument of EXO Gym's {owner} (EXO Gym stored "
+            f"it as an attribute and never read it); ignored{hint}", ExoGymWarning,
+            stacklevel=stacklevel)
+
+
+def inner_optim(value: Any, what: str = "optim_spec") -> OptimSpec:
+    """EXO Gym's inner-optimizer argument: an :class:`OptimSpec`, an optimizer name
+    (``"adamw"``, any case) or None (EXO Gym's default: ``OptimSpec(torch.optim.AdamW)``)."""
+    if value is None:
+        return OptimSpec(torch.optim.AdamW)  # type: ignore[arg-type]
+    if isinstance(value, str):
+        return OptimSpec.from_string(value)
+    if isinstance(value, OptimSpec):
+        return value
+    raise TypeError(f"{what} must be an OptimSpec, an optimizer name or None, got "
+                    f"{type(value).__name__}")
+
+
+def schedule(lr_scheduler: Any, lr_scheduler_kwargs: Mapping[str, Any] | None,
+             owner: str) -> LRSchedule:
+    """EXO Gym's ``lr_scheduler`` / ``lr_scheduler_kwargs`` as exogym's :class:`LRSchedule`."""
+    kwargs = dict(lr_scheduler_kwargs or {})
+    if lr_scheduler is None:
+        if kwargs:
+            raise ValueError(f"{owner}: lr_scheduler_kwargs {kwargs} given without "
+                             "lr_scheduler='lambda_cosine'")
+        return LRSchedule()
+    if lr_scheduler != "lambda_cosine":
+        raise ValueError(
+            f"{owner}: lr_scheduler must be None or 'lambda_cosine' for EXO Gym's built-in "
+            f"strategies, got {lr_scheduler!r}; a torch.optim.lr_scheduler class runs in a "
+            "per-node strategy (a subclass of exogym.strategy.strategy.Strategy)")
+    unknown = set(kwargs) - {"warmup_steps", "cosine_anneal", "max_steps"}
+    if unknown:
+        raise ValueError(f"{owner}: lr_scheduler_kwargs for 'lambda_cosine': unknown "
+                         f"{sorted(unknown)}; allowed: ['cosine_anneal', 'warmup_steps']")
+    if "max_steps" in kwargs:
+        raise ValueError(
+            f"{owner}: lr_scheduler_kwargs max_steps={kwargs['max_steps']!r} (a cosine shorter "
+            "than the run) has no equivalent in exogym's schedule, which decays over the run's "
+            "steps; leave it out, or run the strategy per-node (exogym.strategy.strategy)")
+    cosine = kwargs.get("cosine_anneal", False)
+    if not isinstance(cosine, bool):
+        raise ValueError(f"{owner}: cosine_anneal must be True or False, got {cosine!r}")
+    return LRSchedule(warmup_steps=kwargs.get("warmup_steps", 1), cosine=cosine,
+                      min_lr_ratio=0.1 if cosine else 0.0)
+
+
+def outer_fields(spec: Any, owner: str) -> dict[str, Any]:
+    """EXO Gym's ``outer_optim_spec`` as :class:`exogym.strategy.diloco.DiLoCo`'s outer fields;
+    None is EXO Gym's default, SGD with Nesterov momentum 0.9 at lr 0.7 (DiLoCo's)."""
+    if spec is None:
+        return {"outer_optimizer": "nesterov", "outer_lr": 0.7, "outer_momentum": 0.9}
+    spec = inner_optim(spec, "outer_optim_spec")
+    if spec.weight_decay:
+        raise ValueError(f"{owner}: outer_optim_spec weight_decay={spec.weight_decay} has no "
+                         "equivalent in exogym's outer optimizers (nesterov, sgd, adam); give "
+                         "weight_decay=0.0")
+    if spec.name == "sgd":
+        return {"outer_optimizer": "nesterov" if spec.nesterov else "sgd", "outer_lr": spec.lr,
+                "outer_momentum": spec.momentum}
+    if spec.name in ("adam", "adamw"):
+        return {"outer_optimizer": "adam", "outer_lr": spec.lr, "outer_betas": spec.betas,
+                "outer_eps": spec.eps}
+    raise ValueError(f"{owner}: outer_optim_spec {spec.name!r} has no equivalent in exogym's "
+                     "outer optimizers; allowed: SGD (with or without Nesterov momentum), Adam")
+
+
+def check_max_norm(max_norm: Any, owner: str) -> float | None:
+    """EXO Gym's ``max_norm`` (None or 0: no clipping) as ``max_grad_norm``."""
+    if max_norm is None or max_norm == 0:
+        return None
+    if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or max_norm < 0:
+        raise ValueError(f"{owner}: max_norm must be None or a number > 0, got {max_norm!r}")
+    return float(max_norm)
+
+
+class BuiltinStrategy(Strategy):
+    """An EXO Gym built-in strategy: constructed with EXO Gym's arguments, run as exogym's
+    strategy of the same method (:meth:`to_exogym`). It has no per-node ``step``, and a subclass
+    may not add one: a per-node method subclasses :class:`exogym.strategy.strategy.Strategy`,
+    a variant of a built-in subclasses its exogym class (``exogym.strategy.diloco.DiLoCo``)."""
+
+    def __init__(self, exogym: StackedStrategy, lr_scheduler: Any = None,
+                 lr_scheduler_kwargs: Mapping[str, Any] | None = None) -> None:
+        super().__init__(lr_scheduler=lr_scheduler,
+                         lr_scheduler_kwargs=dict(lr_scheduler_kwargs or {}))
+        self._exogym = exogym
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        concrete = [b.__name__ for b in cls.__mro__[1:]
+                    if issubclass(b, BuiltinStrategy) and b is not BuiltinStrategy]
+        changed = [m for m in ("step", "_init_node") if m in cls.__dict__]
+        if concrete and changed:
+            raise TypeError(
+                f"{cls.__qualname__} defines {', '.join(changed)}, but {concrete[0]} runs as "
+                "an exogym node-stacked strategy and has no per-node step to change: write a "
+                "per-node method as a subclass of exogym.strategy.strategy.Strategy, or a "
+                "variant of the method as a subclass of its exogym class "
+                "(exogym.strategy.diloco.DiLoCo, ...)")
+
+    def to_exogym(self) -> StackedStrategy:
+        """A fresh copy of the exogym strategy this one runs as."""
+        return copy.deepcopy(self._exogym)
+
+    def step(self) -> None:
+        raise TypeError(f"{type(self).__name__} runs as exogym's {type(self._exogym).__name__} "
+                        "(node-stacked); it has no per-node step")
+
+    def hyperparameters(self) -> dict[str, Any]:
+        return {"strategy": type(self).__name__, "runs_as": self._exogym.id}
