@@ -37,7 +37,9 @@ def model() -> Classifier:
 
 
 def fit(strategy: Any, **kwargs: Any) -> Any:
-    return Trainer(model(), DATA, DATA).fit(strategy=strategy, **{**FIT, **kwargs})
+    trainer = Trainer(model(), DATA, DATA)
+    trainer.fit(strategy=strategy, **{**FIT, **kwargs})
+    return trainer.result  # a SimpleReduceStrategy call is EXO Gym's form: fit returns the model
 
 
 def same_parameters(a: Any, b: Any, atol: float = 1e-6) -> None:
@@ -111,7 +113,8 @@ def test_per_node_ddp_is_exogym_ddp() -> None:
         assert (len(r.comm_log), len(ddp.comm_log)) == (24, 6)
     # SimpleReduceStrategy used as it is runs as exogym's DDP (without buffer broadcasts, as
     # EXO Gym's): the same parameters, one all-reduce per step
-    r = fit(SimpleReduceStrategy(OptimSpec("adamw", lr=1e-2)))
+    # EXO Gym's form (EXO Gym's defaults: seed 42, so the seed is given)
+    r = fit(SimpleReduceStrategy(OptimSpec("adamw", lr=1e-2)), seed=0)
     same_parameters(r, ddp)
     assert (r.strategy, len(r.comm_log), r.bytes_sent) == ("ddp", 6, ddp.bytes_sent)
     assert r.hyperparameters["broadcast_buffers"] is False

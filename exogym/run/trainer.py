@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import Dataset
 
+from exogym.run import exo_gym
 from exogym.run.checkpoint import Checkpointer, load_checkpoint
 from exogym.run.dist import RankContext, close_group, join_torchrun, torchrun_env
 from exogym.run.result import FitResult, check_out_dir, read_json
@@ -56,11 +57,18 @@ __all__ = ["Trainer"]
 
 def _records_given_arguments(fit: Callable[..., FitResult]) -> Callable[..., FitResult]:
     """Remember which keyword arguments a call passed (``self._given``): a resumed run checks
-    exactly those against its checkpoint, and takes every other setting from it."""
+    exactly those against its checkpoint, and takes every other setting from it. A call in EXO
+    Gym's form (:mod:`exogym.run.exo_gym`) is translated first and returns the model."""
     @functools.wraps(fit)
-    def wrapper(self: Trainer, **kwargs: Any) -> FitResult:
-        self._given = frozenset(kwargs)
-        return fit(self, **kwargs)
+    def wrapper(self: Trainer, *args: Any, **kwargs: Any) -> Any:
+        def run(**given: Any) -> FitResult:
+            self._given = frozenset(given)
+            self.result = fit(self, **given)
+            return self.result
+
+        if exo_gym.is_exo_gym_call(args, kwargs):
+            return exo_gym.fit(self, run, args, kwargs)
+        return run(**kwargs)
 
     return wrapper
 
@@ -97,6 +105,8 @@ class Trainer:
             val_dataset = val_dataset(0, 1, False)
         self.val_dataset: Dataset | None = val_dataset
         self._given: frozenset[str] = frozenset()
+        #: The last :meth:`fit`'s result (a call in EXO Gym's form returns only the model).
+        self.result: FitResult | None = None
 
     @_records_given_arguments
     def fit(
@@ -229,6 +239,13 @@ class Trainer:
 
         The simulated clock (:mod:`exogym.sim.clock`) never changes a training number: every row
         gains ``sim_time_s``, the result its :class:`exogym.sim.clock.ClockReport`.
+
+        Called in EXO Gym's form (one of EXO Gym's built-in strategies, ``DiLoCoStrategy``, ...;
+        or a per-node strategy with arguments by position or EXO Gym's argument names),
+        ``fit`` takes EXO Gym's arguments (``num_epochs``
+        with ``max_steps``, ``minibatch_size``, ``val_size``, ``val_interval``, ``run_name``,
+        ...; :mod:`exogym.run.exo_gym` maps each) and returns the model, as EXO Gym's did; the
+        :class:`FitResult` is then ``trainer.result``.
 
         In a multi-process run every rank returns the same :class:`FitResult`; rank 0 alone
         shows progress, evaluates the global model (once per evaluation step, the metrics sent

@@ -123,9 +123,23 @@ def describe(strategy_id: str) -> dict[str, tuple[Any, Any, str]]:
     return config_fields(get(strategy_id))
 
 
+# EXO Gym's exports of ``exogym.strategy`` (``from exogym.strategy import DiLoCoStrategy``).
+_EXO_GYM_EXPORTS = {
+    "DiLoCoStrategy": "exogym.strategy.diloco",
+    "SPARTAStrategy": "exogym.strategy.sparta",
+    "FedAvgStrategy": "exogym.strategy.federated_averaging",
+    "DeMoStrategy": "exogym.strategy.demo",
+    "SPARTADiLoCoStrategy": "exogym.strategy.sparta_diloco",
+    "SimpleReduceStrategy": "exogym.strategy.strategy",
+    "OptimSpec": "exogym.strategy.optim",
+}
+
+
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         return get(_EXPORTS[name])
+    if name in _EXO_GYM_EXPORTS:
+        return getattr(importlib.import_module(_EXO_GYM_EXPORTS[name]), name)
     raise AttributeError(f"module 'exogym.strategy' has no attribute {name!r}")
 
 

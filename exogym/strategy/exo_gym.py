@@ -57,6 +57,12 @@ def warn_unused(owner: str, unused: Mapping[str, Any], hints: Mapping[str, str] 
             stacklevel=stacklevel)
 
 
+def warn_ignored(owner: str, key: str, value: Any, why: str, stacklevel: int = 3) -> None:
+    """An :class:`ExoGymWarning`: EXO Gym's ``owner`` declared ``key`` but never used it."""
+    warnings.warn(f"{owner}: {key}={value!r} is ignored: {why} (EXO Gym declared it and never "
+                  "read it)", ExoGymWarning, stacklevel=stacklevel)
+
+
 def inner_optim(value: Any, what: str = "optim_spec") -> OptimSpec:
     """EXO Gym's inner-optimizer argument: an :class:`OptimSpec`, an optimizer name
     (``"adamw"``, any case) or None (EXO Gym's default: ``OptimSpec(torch.optim.AdamW)``)."""

@@ -119,6 +119,7 @@ class _Rendezvous:
                     resume(g)  # returns from its last meet and finishes
                 return
 
+    @torch.no_grad()  # like torch.distributed's, the collectives write past autograd
     def _complete(self, calls: list[_Call]) -> None:
         first = calls[0]
         same = all(c.kind == first.kind and c.count == first.count and (
