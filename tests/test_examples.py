@@ -94,3 +94,13 @@ def test_the_nanogpt_example_trains_and_samples(capsys, monkeypatch, tmp_path):
     assert "adamw, 1 node: val loss" in out and "diloco H=2, 2 nodes: val loss" in out
     assert "ROMEO:" in out
     assert (tmp_path / "runs" / "run1" / "model.pt").is_file()
+
+
+def test_the_per_node_example_equals_the_node_stacked_methods(capsys, monkeypatch):
+    _run_script("per_node.py", ["--steps", "10", "--nodes", "2"], monkeypatch)
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0].strip() for line in out] == [
+        "ddp", "PerNodeDDP", "diloco", "PerNodeDiLoCo"]
+    loss = [float(line.split("loss ")[1].split(",")[0]) for line in out]
+    assert loss[0] == pytest.approx(loss[1], abs=2e-4) and loss[2] == pytest.approx(loss[3],
+                                                                                   abs=2e-4)

@@ -203,6 +203,42 @@ def test_mnist_example_construction_fit_and_csv_logs(tmp_path: Path,
                                              max_steps=2, run_name=run_name, progress=False)
 
 
+def test_playground_arguments_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # example/playground.py's strategy and fit arguments (budgets cut: H 200 -> 2, 5000 -> 4
+    # steps), with run_name to read the run's settings back
+    monkeypatch.chdir(tmp_path)
+    strategy = DiLoCoStrategy(
+        optim_spec=OptimSpec(torch.optim.AdamW, lr=0.0004),
+        lr_scheduler="lambda_cosine",
+        lr_scheduler_kwargs={
+            "warmup_steps": 1000,
+            "cosine_anneal": True,
+        },
+        max_norm=1.0,
+        H=2,
+    )
+    trainer = Trainer(mlp(), data(1024), data(512, 1))
+    trainer.fit(
+        num_epochs=1,
+        max_steps=4,
+        strategy=strategy,
+        num_nodes=4,
+        device="cpu",
+        batch_size=16,
+        minibatch_size=8,  # Gradient accumulation
+        shuffle=False,
+        val_size=256,
+        val_interval=100,
+        run_name="playground",
+    )
+    c = json.loads((Path("logs") / "playground" / "config.json").read_text())
+    assert (c["steps"], c["micro_batch_size"], c["partition"], c["eval_samples"]) == (
+        4, 8, "contiguous", 256)
+    h = c["hyperparameters"]
+    assert (h["H"], h["max_grad_norm"], h["optim.weight_decay"], h["schedule.warmup_steps"],
+            h["schedule.min_lr_ratio"]) == (2, 1.0, 0.01, 1000, 0.1)
+
+
 # -- the built-ins are exogym's strategies -----------------------------------------------------
 def test_built_ins_convert_to_exogym_s_strategies() -> None:
     adam = OptimSpec("adam", lr=1e-2)

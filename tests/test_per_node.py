@@ -7,6 +7,8 @@ skips a collective is an error naming it, not a hang.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +23,11 @@ from exogym.strategy.diloco import DiLoCo
 from exogym.strategy.optim import OptimSpec
 from exogym.strategy.per_node import CollectiveMismatch
 from exogym.strategy.strategy import SimpleReduceStrategy, Strategy
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from per_node import PerNodeDiLoCo  # examples/per_node.py
+
+sys.path.pop(0)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -72,34 +79,6 @@ class PerNodeReduce(SimpleReduceStrategy):
         super().step()
 
 
-class NodeDiLoCo(Strategy):
-    """DiLoCo for one node (Douillard et al. 2023): H inner steps, then the averaged
-    pseudo-gradient ``master - local`` steps a Nesterov SGD outer optimizer on the master copy,
-    which every node restarts from."""
-
-    def __init__(self, optim_spec: OptimSpec, H: int, outer_lr: float = 0.7) -> None:
-        super().__init__()
-        self.optim_spec, self.H, self.outer_lr = optim_spec, H, outer_lr
-
-    def _init_node(self, model: nn.Module, rank: int, num_nodes: int) -> None:
-        super()._init_node(model, rank, num_nodes)
-        self.master = [p.detach().clone().requires_grad_(True) for p in model.parameters()]
-        self.outer = torch.optim.SGD(self.master, lr=self.outer_lr, momentum=0.9, nesterov=True)
-
-    def step(self) -> None:
-        self.optim.step()
-        if (self.local_step + 1) % self.H == 0:
-            with torch.no_grad():
-                for m, p in zip(self.master, self.model.parameters(), strict=True):
-                    delta = m.detach() - p.detach()
-                    all_reduce(delta, op=ReduceOp.AVG)
-                    m.grad = delta
-                self.outer.step()
-                for m, p in zip(self.master, self.model.parameters(), strict=True):
-                    p.copy_(m)
-        super().step()
-
-
 def test_per_node_ddp_is_exogym_ddp() -> None:
     ddp = fit(DDP(optim=OptimSpec("adamw", lr=1e-2)))
     for strategy in (PerNodeReduce(OptimSpec("adamw", lr=1e-2)),
@@ -122,19 +101,19 @@ def test_per_node_ddp_is_exogym_ddp() -> None:
 
 def test_per_node_diloco_is_exogym_diloco() -> None:
     ref = fit(DiLoCo(H=3, optim=OptimSpec("adamw", lr=1e-2)))
-    r = fit(NodeDiLoCo(OptimSpec("adamw", lr=1e-2), H=3))
+    r = fit(PerNodeDiLoCo(OptimSpec("adamw", lr=1e-2), H=3))
     same_parameters(r, ref)
     assert r.bytes_sent == pytest.approx(ref.bytes_sent)
 
 
 def test_a_per_node_run_resumes_exactly(tmp_path: Any) -> None:
-    # NodeDiLoCo's state is its own attributes too (the master copy, the outer optimizer's
+    # PerNodeDiLoCo's state is its own attributes too (the master copy, the outer optimizer's
     # momentum): a run resumed from its step-3 checkpoint ends where the uninterrupted one does.
     full, cut = tmp_path / "full", tmp_path / "cut"
     spec = OptimSpec(torch.optim.AdamW, lr=1e-2)
-    a = fit(NodeDiLoCo(spec, H=2), out_dir=full, checkpoint_every=3, log_interval=1)
-    fit(NodeDiLoCo(spec, H=2), out_dir=cut, checkpoint_every=3, log_interval=1, max_steps=3)
-    b = Trainer(model(), DATA, DATA).fit(resume=cut, strategy=NodeDiLoCo(spec, H=2),
+    a = fit(PerNodeDiLoCo(spec, H=2), out_dir=full, checkpoint_every=3, log_interval=1)
+    fit(PerNodeDiLoCo(spec, H=2), out_dir=cut, checkpoint_every=3, log_interval=1, max_steps=3)
+    b = Trainer(model(), DATA, DATA).fit(resume=cut, strategy=PerNodeDiLoCo(spec, H=2),
                                          max_steps=6, progress=False)
     same_parameters(a, b, atol=0.0)
     assert a.bytes_sent == b.bytes_sent
@@ -305,3 +284,29 @@ def test_lambda_cosine_is_exo_gym_s_schedule() -> None:
         [0.0, 0.5, 1.0, 0.55, 0.1])
     with pytest.raises(ValueError, match=r"unknown \['warmup'\]"):
         SimpleReduceStrategy(lr_scheduler="lambda_cosine", lr_scheduler_kwargs={"warmup": 2})
+
+
+def test_the_tutorial_s_per_node_strategy_is_its_node_stacked_one() -> None:
+    # docs/writing-a-strategy.md section 9 against examples/custom_strategy.py (rounds end after
+    # steps 2 and 6 for H=2, rho=2): the same parameters, the same bytes (a model without
+    # buffers: the node-stacked one also averages float buffers)
+    import re
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "docs" / "writing-a-strategy.md").read_text()
+    code = re.search(r"## 9\..*?```python\n(.*?)```", text, re.S).group(1)
+    scope: dict[str, Any] = {}
+    exec(compile(code, "writing-a-strategy.md", "exec"), scope)
+    sys.path.insert(0, str(root / "examples"))
+    try:
+        from custom_strategy import GrowingLocalSGD
+    finally:
+        sys.path.remove(str(root / "examples"))
+    spec = OptimSpec("adamw", lr=1e-2)
+    ref = fit(GrowingLocalSGD(H=2, rho=2.0, H_max=5, optim=spec))
+    r = fit(scope["GrowingLocalSGDPerNode"](spec, H=2, rho=2.0, H_max=5))
+    same_parameters(r, ref)
+    assert r.bytes_sent == pytest.approx(ref.bytes_sent)
+    assert sorted({c.step for c in r.comm_log}) == sorted({c.step for c in ref.comm_log}) == [1, 5]

@@ -68,7 +68,9 @@ def _records_given_arguments(fit: Callable[..., FitResult]) -> Callable[..., Fit
 
         if exo_gym.is_exo_gym_call(args, kwargs):
             return exo_gym.fit(self, run, args, kwargs)
-        return run(**kwargs)
+        self._given = frozenset(kwargs)  # inline, not run(): warnings point at the caller
+        self.result = fit(self, **kwargs)
+        return self.result
 
     return wrapper
 
