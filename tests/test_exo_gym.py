@@ -353,6 +353,12 @@ def test_fit_maps_exo_gym_s_arguments(tmp_path: Path, monkeypatch: pytest.Monkey
     t = Trainer(mlp(), data(512), data(64, 1))
     out = t.fit(1, DiLoCoStrategy(H=2), 2, 4, 8, progress=False)
     assert isinstance(out, nn.Module) and (t.result.steps, t.result.batch_size) == (4, 8)
+    # exogym's sinks go beside EXO Gym's CSV logs
+    from exogym.run.sinks import CSVSink
+
+    r, c = _config(tmp_path, "e", max_steps=2, sinks=[CSVSink(tmp_path / "m.csv")])
+    # the header, the evaluation before the first step and both steps (logged every step)
+    assert (tmp_path / "m.csv").read_text().count("\n") == 4
     # checkpoint_interval is in steps, into save_dir/run_name
     r, c = _config(tmp_path, "d", max_steps=4, checkpoint_interval=2, save_dir="ck")
     assert (c["checkpointing"]["every"], r.out_dir) == (2, Path("ck") / "d")

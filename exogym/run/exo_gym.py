@@ -135,6 +135,9 @@ def fit(trainer: Trainer, run: Callable[..., FitResult], args: tuple[Any, ...],
             raise TypeError(f"fit() missing EXO Gym's required argument {name!r}")
     exo = {k: kwargs.pop(k) for k in list(kwargs) if k in EXO_GYM_ONLY or k in _SHARED}
     out, explicit = _translate(exo)
+    if "sinks" in kwargs and "sinks" in out:  # exogym's sinks and EXO Gym's logs, both
+        kwargs["sinks"] = [*kwargs["sinks"], *out.pop("sinks")]
+        explicit.pop("sinks", None)
     for key in sorted(set(kwargs) & set(explicit)):
         raise TypeError(f"fit() got {key}={kwargs[key]!r} and EXO Gym's {explicit[key]}, which "
                         f"sets it; give one of them")
