@@ -54,7 +54,7 @@ from exogym.run.dist import (
 from exogym.run.events import Timelines, same_or_before
 from exogym.run.result import FitResult, MetricsWriter, NonFiniteLossError
 from exogym.run.sinks import MultiSink
-from exogym.sim.clock import ClockTrace, SimClock, measure_step_time
+from exogym.sim.clock import ClockTrace, SimClock, measure_step_time, node_processes
 from exogym.sim.comm import Communicator, InProcessCommunicator
 from exogym.sim.engine import EngineName, NodeStack, Precision, metrics_of
 from exogym.sim.network import Network
@@ -185,7 +185,6 @@ class Run:
         # (_window: the wall clock and transport time when the first of them started).
         self.measured = False
         self.step_seconds: list[list[float]] = []
-        self.node_process = [i // self.nodes.num_nodes for i in range(s.num_nodes)]
         self._timing: list[float] = []
         self._timing_from = 0
         self._window = (0.0, 0.0)
@@ -455,8 +454,7 @@ class Run:
                 ops=tuple(tuple(op) for op in self._ops) if self._ops is not None else None,
                 not_recostable=self._not_recostable(),
                 step_seconds=(tuple(tuple(row) for row in self.step_seconds)
-                              if self.measured else None),
-                node_process=tuple(self.node_process) if self.measured else None)
+                              if self.measured else None))
         model = copy.deepcopy(self.model).to(self.device)
         _load_state(model, self.global_state())
         if self.writer is not None:
@@ -671,12 +669,13 @@ class Run:
         else:
             every = [own]
         log, k = self.comm.log, self._fed
+        where = node_processes(n, len(every))
         before = len(self.step_seconds)
         total = (self.step_time_s or 0.0) * n * before
         for j, step in enumerate(range(self._timing_from, self.step)):
             row = [times[j] for times in every]
             self.step_seconds.append(row)
-            seconds = [row[r] for r in self.node_process]
+            seconds = [row[r] for r in where]
             total += sum(seconds)
             clock.compute(step, None, seconds)
             while k < len(log) and log[k].step <= step:

@@ -558,6 +558,12 @@ def decode_comm_log(blocks: Sequence[dict[str, Any]]) -> list[CommRecord]:
     return out
 
 
+def node_processes(num_nodes: int, processes: int) -> tuple[int, ...]:
+    """Each node's process when ``num_nodes`` are split evenly over ``processes``, in order."""
+    per = num_nodes // processes
+    return tuple(i // per for i in range(num_nodes))
+
+
 @dataclass(frozen=True)
 class ClockTrace:
     """What re-costing a run needs: its shape, compute time per step and collectives.
@@ -576,8 +582,9 @@ class ClockTrace:
         not_recostable: why this run cannot be re-costed on another network (its world decided
             who took part by simulated time), or None.
         step_seconds: measured compute: per step, the seconds of a node's step on each process
-            (one value in a one-process run); ``node_process[i]`` is node ``i``'s process. None:
-            every step took ``step_time_s`` (given, from FLOPs, or a probe).
+            (one value in a one-process run; the nodes are split evenly over the processes, in
+            order: :attr:`node_process`). None: every step took ``step_time_s`` (given, from
+            FLOPs, or a probe).
     """
 
     num_nodes: int
@@ -590,15 +597,20 @@ class ClockTrace:
     ops: tuple[tuple[Any, ...], ...] | None = None
     not_recostable: str | None = None
     step_seconds: tuple[tuple[float, ...], ...] | None = None
-    node_process: tuple[int, ...] | None = None
+
+    @property
+    def node_process(self) -> tuple[int, ...] | None:
+        """Node ``i``'s process in a run with measured compute (None: no measured compute)."""
+        if not self.step_seconds:
+            return None
+        return node_processes(self.num_nodes, len(self.step_seconds[0]))
 
     def seconds(self, step: int) -> list[float] | None:
         """Each node's measured compute at ``step`` (None: ``step_time_s``)."""
         if self.step_seconds is None:
             return None
         row = self.step_seconds[step]
-        where = self.node_process or (0,) * self.num_nodes
-        return [row[r] for r in where]
+        return [row[r] for r in node_processes(self.num_nodes, len(row))]
 
     def cost(self, network: Network | str, step_time_s: float | None = None) -> ClockReport:
         """Replay the run on ``network`` (optionally with another compute time per step).
@@ -676,7 +688,6 @@ class ClockTrace:
             out["not_recostable"] = self.not_recostable
         if self.step_seconds is not None:
             out["step_seconds"] = [list(row) for row in self.step_seconds]
-            out["node_process"] = list(self.node_process or ())
         return out
 
     @classmethod
@@ -693,6 +704,4 @@ class ClockTrace:
                    not_recostable=data.get("not_recostable"),
                    step_seconds=(tuple(tuple(float(v) for v in row)
                                        for row in data["step_seconds"])
-                                 if data.get("step_seconds") is not None else None),
-                   node_process=(tuple(int(v) for v in data["node_process"]) or None
                                  if data.get("step_seconds") is not None else None))
