@@ -237,10 +237,8 @@ class DeMoStrategy(_exo.BuiltinStrategy):
                  optim_spec: OptimSpec | str | None = None, lr_scheduler: str | None = None,
                  lr_scheduler_kwargs: dict[str, Any] | None = None, **unused: Any) -> None:
         name = type(self).__name__
-        _exo.warn_unused(name, unused)
-        lr = 1e-3 if optim_spec is None else _exo.inner_optim(optim_spec).lr
-        super().__init__(DeMo(
-            beta=compression_decay, k=compression_topk, s=compression_chunk,
-            optim=OptimSpec(lr=lr, weight_decay=weight_decay),
-            schedule=_exo.schedule(lr_scheduler, lr_scheduler_kwargs, name)),
-            lr_scheduler, lr_scheduler_kwargs)
+        fields = _exo.shared(name, unused, optim_spec, lr_scheduler, lr_scheduler_kwargs)
+        lr = 1e-3 if optim_spec is None else fields["optim"].lr  # EXO Gym's fixed value
+        super().__init__(DeMo(beta=compression_decay, k=compression_topk, s=compression_chunk,
+                              optim=OptimSpec(lr=lr, weight_decay=weight_decay),
+                              schedule=fields["schedule"]))

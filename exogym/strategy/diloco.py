@@ -259,13 +259,10 @@ class DiLoCoStrategy(_exo.BuiltinStrategy):
                  lr_scheduler_kwargs: dict[str, Any] | None = None,
                  inner_optim: OptimSpec | str | None = None, **unused: Any) -> None:
         name = type(self).__name__
-        _exo.warn_unused(name, unused)
         if optim_spec is not None and inner_optim is not None:
             raise ValueError(f"{name}: give the inner optimizer once, as optim_spec or as "
                              f"inner_optim, got both")
-        self.H = H
         super().__init__(DiLoCo(
-            H=H, optim=_exo.inner_optim(optim_spec if inner_optim is None else inner_optim),
-            schedule=_exo.schedule(lr_scheduler, lr_scheduler_kwargs, name),
-            max_grad_norm=_exo.check_max_norm(max_norm, name),
-            **_exo.outer_fields(outer_optim_spec, name)), lr_scheduler, lr_scheduler_kwargs)
+            H=H, **_exo.shared(name, unused, inner_optim if optim_spec is None else optim_spec,
+                               lr_scheduler, lr_scheduler_kwargs, max_norm),
+            **_exo.outer_fields(outer_optim_spec, name)))

@@ -38,8 +38,10 @@ import torch
 from exogym.strategy.base import Strategy as StackedStrategy
 from exogym.strategy.optim import LRSchedule, OptimSpec
 from exogym.strategy.strategy import Strategy
+from exogym.utils.validation import check_number
 
-__all__ = ["BuiltinStrategy", "ExoGymWarning", "inner_optim", "outer_fields", "schedule"]
+__all__ = ["BuiltinStrategy", "ExoGymWarning", "inner_optim", "outer_fields", "schedule",
+           "shared"]
 
 
 class ExoGymWarning(UserWarning):
@@ -130,9 +132,18 @@ def check_max_norm(max_norm: Any, owner: str) -> float | None:
     """EXO Gym's ``max_norm`` (None or 0: no clipping) as ``max_grad_norm``."""
     if max_norm is None or max_norm == 0:
         return None
-    if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or max_norm < 0:
-        raise ValueError(f"{owner}: max_norm must be None or a number > 0, got {max_norm!r}")
-    return float(max_norm)
+    return check_number(f"{owner}: max_norm (or None)", max_norm, lo=0.0, lo_open=True)
+
+
+def shared(owner: str, unused: Mapping[str, Any], optim_spec: Any, lr_scheduler: Any,
+           lr_scheduler_kwargs: Mapping[str, Any] | None, max_norm: Any = None,
+           hints: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The fields every built-in converts alike: warnings for ``unused`` arguments, then
+    ``optim``, ``schedule`` and ``max_grad_norm`` of the exogym strategy."""
+    warn_unused(owner, unused, hints, stacklevel=4)
+    return {"optim": inner_optim(optim_spec),
+            "schedule": schedule(lr_scheduler, lr_scheduler_kwargs, owner),
+            "max_grad_norm": check_max_norm(max_norm, owner)}
 
 
 class BuiltinStrategy(Strategy):
@@ -141,10 +152,8 @@ class BuiltinStrategy(Strategy):
     may not add one: a per-node method subclasses :class:`exogym.strategy.strategy.Strategy`,
     a variant of a built-in subclasses its exogym class (``exogym.strategy.diloco.DiLoCo``)."""
 
-    def __init__(self, exogym: StackedStrategy, lr_scheduler: Any = None,
-                 lr_scheduler_kwargs: Mapping[str, Any] | None = None) -> None:
-        super().__init__(lr_scheduler=lr_scheduler,
-                         lr_scheduler_kwargs=dict(lr_scheduler_kwargs or {}))
+    def __init__(self, exogym: StackedStrategy) -> None:
+        super().__init__()  # the schedule was converted (and checked) into ``exogym``'s
         self._exogym = exogym
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

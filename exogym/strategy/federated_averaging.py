@@ -42,7 +42,6 @@ class FedAvgStrategy(_exo.BuiltinStrategy):
                  optim_spec: OptimSpec | str | None = None, lr_scheduler: str | None = None,
                  lr_scheduler_kwargs: dict[str, Any] | None = None, **unused: Any) -> None:
         name = type(self).__name__
-        _exo.warn_unused(name, unused)
         if island_size is not None:
             raise ValueError(f"{name}: island_size={island_size!r}: exogym's FedAvg averages all "
                              "the nodes every round (EXO Gym's island_size=None); islands are "
@@ -50,8 +49,6 @@ class FedAvgStrategy(_exo.BuiltinStrategy):
         if optim_spec is not None and inner_optim is not None:
             raise ValueError(f"{name}: give the local optimizer once, as inner_optim or as "
                              "optim_spec, got both")
-        self.H = H
-        super().__init__(FedAvg(
-            H=H, optim=_exo.inner_optim(inner_optim if optim_spec is None else optim_spec),
-            schedule=_exo.schedule(lr_scheduler, lr_scheduler_kwargs, name),
-            max_grad_norm=_exo.check_max_norm(max_norm, name)), lr_scheduler, lr_scheduler_kwargs)
+        super().__init__(FedAvg(H=H, **_exo.shared(
+            name, unused, inner_optim if optim_spec is None else optim_spec, lr_scheduler,
+            lr_scheduler_kwargs, max_norm)))

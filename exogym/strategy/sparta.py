@@ -269,10 +269,6 @@ class SPARTAStrategy(_exo.BuiltinStrategy):
                  max_norm: float | None = None, lr_scheduler: str | None = None,
                  lr_scheduler_kwargs: dict[str, Any] | None = None, **unused: Any) -> None:
         name = type(self).__name__
-        _exo.warn_unused(name, unused, {"p": f"; SPARTA's fraction is p_sparta (here "
-                                              f"{p_sparta!r}, as in EXO Gym)"})
-        self.p_sparta = p_sparta
-        super().__init__(SPARTA(
-            p=p_sparta, policy="random", optim=_exo.inner_optim(optim_spec),
-            schedule=_exo.schedule(lr_scheduler, lr_scheduler_kwargs, name),
-            max_grad_norm=_exo.check_max_norm(max_norm, name)), lr_scheduler, lr_scheduler_kwargs)
+        hints = {"p": f"; SPARTA's fraction is p_sparta (here {p_sparta!r}, as in EXO Gym)"}
+        super().__init__(SPARTA(p=p_sparta, policy="random", **_exo.shared(
+            name, unused, optim_spec, lr_scheduler, lr_scheduler_kwargs, max_norm, hints)))

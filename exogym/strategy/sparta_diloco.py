@@ -111,13 +111,10 @@ class SPARTADiLoCoStrategy(_exo.BuiltinStrategy):
                  lr_scheduler: str | None = None,
                  lr_scheduler_kwargs: dict[str, Any] | None = None, **unused: Any) -> None:
         name = type(self).__name__
-        _exo.warn_unused(name, unused)
+        fields = _exo.shared(name, unused, inner_optim_spec, lr_scheduler, lr_scheduler_kwargs,
+                             max_norm)
         if sparta_interval != 1:
             _exo.warn_ignored(name, "sparta_interval", sparta_interval,
                               "SPARTA averages after every step, as in EXO Gym")
-        self.H, self.p_sparta = H, p_sparta
-        super().__init__(SPARTADiLoCo(
-            H=H, p=p_sparta, policy="random", optim=_exo.inner_optim(inner_optim_spec),
-            schedule=_exo.schedule(lr_scheduler, lr_scheduler_kwargs, name),
-            max_grad_norm=_exo.check_max_norm(max_norm, name),
-            **_exo.outer_fields(outer_optim_spec, name)), lr_scheduler, lr_scheduler_kwargs)
+        super().__init__(SPARTADiLoCo(H=H, p=p_sparta, policy="random", **fields,
+                                      **_exo.outer_fields(outer_optim_spec, name)))
