@@ -54,18 +54,17 @@ EXO Gym's form with an exogym strategy (``DiLoCo``, an id) is an error naming ex
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import warnings
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from exogym.run.sinks import WandbSink
+from exogym.run.sinks import CSVSink, WandbSink
 from exogym.strategy.exo_gym import BuiltinStrategy, ExoGymWarning
 from exogym.strategy.strategy import SimpleReduceStrategy
 from exogym.strategy.strategy import Strategy as PerNodeStrategy
@@ -93,9 +92,6 @@ EXO_GYM_ONLY: dict[str, str] = {
 # Names both fits have, with EXO Gym's defaults or meanings in an EXO Gym call.
 _SHARED = ("num_epochs", "max_steps", "batch_size", "checkpoint_interval", "seed", "device")
 
-TRAIN_COLUMNS = ("step", "examples_trained", "train_loss", "train_perplexity", "lr")
-VALIDATION_COLUMNS = ("step", "local_loss", "local_perplexity", "global_loss",
-                      "global_perplexity")
 
 
 def is_exo_gym_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -142,11 +138,9 @@ def fit(trainer: Trainer, run: Callable[..., FitResult], args: tuple[Any, ...],
         raise TypeError(f"fit() got {key}={kwargs[key]!r} and EXO Gym's {explicit[key]}, which "
                         f"sets it; give one of them")
     out.update(kwargs)
-    if exo.get("run_name") is not None and "out_dir" not in out and "checkpoint_every" in out:
-        out["out_dir"] = Path(exo.get("save_dir", "./checkpoints")) / exo["run_name"]
-    elif "checkpoint_every" in out and "out_dir" not in out:
-        stamp = datetime.now().strftime("%Y%m%d_%H%M%S")
-        out["out_dir"] = Path(exo.get("save_dir", "./checkpoints")) / f"exogym_{stamp}"
+    if "checkpoint_every" in out and "out_dir" not in out:
+        name = exo.get("run_name") or f"exogym_{datetime.now().strftime('%Y%m%d_%H%M%S')}"
+        out["out_dir"] = Path(exo.get("save_dir", "./checkpoints")) / name
     val = trainer.val_dataset
     if exo.get("val_size", 64) == 0:
         trainer.val_dataset = None  # EXO Gym's val_size=0: no evaluation
@@ -237,15 +231,14 @@ def _translate(exo: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
 
 
 class ExoGymCSVLogs:
-    """EXO Gym's ``logs/RUN_NAME`` folder: ``train.csv``, ``validation.csv`` and
-    ``config.json`` (exogym's config), written row by row. A folder that already holds them is
-    an error (EXO Gym overwrote them)."""
+    """EXO Gym's ``logs/RUN_NAME`` folder: ``train.csv``, ``validation.csv`` (EXO Gym's
+    columns, written row by row by two :class:`exogym.run.sinks.CSVSink`) and ``config.json``
+    (exogym's config). A folder that already holds them is an error (EXO Gym overwrote them)."""
 
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
-        self._files: list[IO[str]] = []
-        self._train: Any = None
-        self._val: Any = None
+        self._train = CSVSink(self.folder / "train.csv")
+        self._val = CSVSink(self.folder / "validation.csv")
 
     def start(self, config: dict[str, Any], run_dir: Path | None) -> None:
         taken = [n for n in ("train.csv", "validation.csv") if (self.folder / n).exists()]
@@ -254,32 +247,23 @@ class ExoGymCSVLogs:
                                   " give another run_name, or move that folder")
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
-        self._train = self._open("train.csv", TRAIN_COLUMNS)
-        self._val = self._open("validation.csv", VALIDATION_COLUMNS)
-
-    def _open(self, name: str, columns: tuple[str, ...]) -> Any:
-        f = open(self.folder / name, "w", newline="")  # noqa: SIM115 - closed in finish()
-        self._files.append(f)
-        writer = csv.writer(f)
-        writer.writerow(columns)
-        f.flush()
-        return writer
+        self._train.start(config, None)
+        self._val.start(config, None)
 
     def log(self, row: dict[str, Any]) -> None:
-        step = row["step"]
-        loss = row.get("train_loss")
+        step, loss = row["step"], row.get("train_loss")
         if loss is not None and step > 0:  # EXO Gym numbers a step's row by the steps before it
-            self._train.writerow([step - 1, row.get("samples"), loss, _exp(loss),
-                                  row.get("lr")])
+            self._train.log({"step": step - 1, "examples_trained": row.get("samples"),
+                             "train_loss": loss, "train_perplexity": _exp(loss),
+                             "lr": row.get("lr")})
         if "eval_loss" in row:
-            self._val.writerow([step, "", "", row["eval_loss"], _exp(row["eval_loss"])])
-        for f in self._files:
-            f.flush()
+            self._val.log({"step": step, "local_loss": None, "local_perplexity": None,
+                           "global_loss": row["eval_loss"],
+                           "global_perplexity": _exp(row["eval_loss"])})
 
     def finish(self, summary: dict[str, Any] | None) -> None:
-        for f in self._files:
-            f.close()
-        self._files = []
+        self._train.finish(summary)
+        self._val.finish(summary)
 
 
 def _exp(loss: float) -> float:
