@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import faulthandler
 import inspect
+import multiprocessing.util
 import os
 import signal
 import socket
@@ -85,6 +87,7 @@ def _entry(
     timeout_s: float, threads: int, out_dir: str, fn: Callable[..., Any], args: tuple[Any, ...],
 ) -> None:
     defer_stop_signals()  # a forwarded Ctrl-C during set-up stops the run at its first step
+    faulthandler.enable()  # a worker killed by a signal (SIGABRT, SIGSEGV) prints its stacks
     torch.set_num_threads(threads)
     device = f"cuda:{rank}" if backend == "nccl" else "cpu"
     if backend == "nccl":
@@ -105,6 +108,13 @@ def _entry(
         clean = True
     finally:
         close_group(clean=clean)
+    # The rank's result is on disk and its group closed: leave without the interpreter's
+    # finalization, where a gloo thread still releasing its last tensors can abort the process
+    # (a rare SIGABRT, "terminate called without an active exception", after a clean run).
+    multiprocessing.util._exit_function()  # multiprocessing's own clean-up (its semaphores)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def launch(
