@@ -178,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
                      metavar="KEY=VALUE",
                      help="a strategy hyperparameter, e.g. --set H=50 (see `exogym strategies`)")
     run.add_argument("--engine", choices=(*ENGINES, "process"), default="auto",
-                     help="loop over nodes, vmap, or auto (vmap on CUDA, loop elsewhere); "
+                     help="loop over nodes, vmap, threads (nodes in CPU worker threads), or "
+                          "auto (vmap on CUDA; threads on a multi-core CPU; else loop); "
                           "process: one local worker process per node over torch.distributed "
                           "(gloo on CPU, nccl on CUDA)")
     run.add_argument("--eval-interval", type=_positive_int,

@@ -2,7 +2,7 @@
 
 Every registered strategy: builds from its defaults, runs a few steps through the Trainer, is
 deterministic under a seed, reports bytes when it synchronises, rejects a misspelled
-hyperparameter, and gives the same numbers with the loop and vmap engines.
+hyperparameter, and gives the same numbers with the loop, vmap and threads engines.
 """
 
 from __future__ import annotations
@@ -79,11 +79,12 @@ def test_every_hyperparameter_is_documented(sid: str) -> None:
     assert dataclasses.is_dataclass(cls)
 
 
+@pytest.mark.parametrize("engine", ["vmap", "threads"])
 @pytest.mark.parametrize("sid", IDS)
-def test_loop_and_vmap_engines_agree(sid: str) -> None:
+def test_loop_and_other_engines_agree(sid: str, engine: str) -> None:
     loop = fit(sid, engine="loop", dtype=torch.float64)
-    vmapped = fit(sid, engine="vmap", dtype=torch.float64)
-    assert vmapped.engine == "vmap"
-    for p, q in zip(loop.model.parameters(), vmapped.model.parameters(), strict=True):
+    other = fit(sid, engine=engine, dtype=torch.float64)
+    assert other.engine == engine
+    for p, q in zip(loop.model.parameters(), other.model.parameters(), strict=True):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=0)
-    assert loop.bytes_sent == vmapped.bytes_sent
+    assert loop.bytes_sent == other.bytes_sent

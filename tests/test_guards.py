@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -348,7 +349,9 @@ def test_a_second_signal_to_the_parent_of_a_process_run_stops_every_worker_at_on
             os.killpg(parent.pid, signal.SIGKILL)
     assert parent.returncode == 130
     assert "asking the 2 worker process(es) to stop after their next logged step" in err
-    assert "stopping 2 worker process(es)" in err and "all 2 workers stopped" in err
+    # the workers still running (one may have finished its clean stop within the 50 ms)
+    assert re.search(r"stopping [12] worker process\(es\)", err), err
+    assert "all 2 workers stopped" in err
     assert "Traceback" not in err
     assert not any(Path(f"/proc/{k}").exists() and "zombie" not in
                    Path(f"/proc/{k}/status").read_text().lower() for k in workers)

@@ -13,7 +13,7 @@ why). What each one checks:
 - ``deterministic``: the same seed gives the same metrics rows (but the wall clock), bytes and
   final parameters, bit for bit.
 - ``seeds differ``: another seed gives other training losses.
-- ``engines``: the loop and vmap engines agree to 1e-6 in float64, with the same bytes.
+- ``engines``: the loop, vmap and threads engines agree to 1e-6 in float64, with the same bytes.
 - ``exact resume``: 3 steps, a checkpoint, a fresh trainer resuming to 6 steps gives the metrics
   rows and final parameters of 6 straight steps, bit for bit.
 - ``processes``: 2 nodes as 2 real processes (gloo) give the in-process parameters to 1e-6
@@ -251,11 +251,16 @@ def check_strategy(
                                   if differ else "seeds 0 and 1 give the same losses")
 
     def engines() -> str:
-        a, b = fit(engine="loop", dtype=torch.float64), fit(engine="vmap", dtype=torch.float64)
-        return same(a, b, exact=False) or (
-            "" if a.bytes_sent == b.bytes_sent else "bytes differ between engines")
+        a = fit(engine="loop", dtype=torch.float64)
+        for engine in ("vmap", "threads"):
+            b = fit(engine=engine, dtype=torch.float64)
+            differ = same(a, b, exact=False) or (
+                "" if a.bytes_sent == b.bytes_sent else "bytes differ between engines")
+            if differ:
+                return f"loop vs {engine}: {differ}"
+        return ""
 
-    _compare(results, "engines", engines, "loop == vmap to 1e-6 (float64)")
+    _compare(results, "engines", engines, "loop == vmap == threads to 1e-6 (float64)")
 
     def resume() -> str:
         with tempfile.TemporaryDirectory(prefix="exogym-check-") as tmp:

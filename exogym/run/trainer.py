@@ -173,7 +173,8 @@ class Trainer:
             eval_at_start: also evaluate the initial model, as a first row at ``step`` 0 (no
                 ``train_loss``), where every curve of :mod:`exogym.lab.compare` starts.
             log_interval: write a metrics row every this many steps (and on evaluation steps).
-            engine: ``"loop"``, ``"vmap"`` or ``"auto"`` (vmap on CUDA, loop elsewhere).
+            engine: ``"loop"``, ``"vmap"``, ``"threads"`` or ``"auto"`` (vmap on CUDA;
+                threads on a CPU for several nodes and intra-op threads; else the loop).
             micro_batch_size: split each node's batch into micro-batches of this many rows and
                 accumulate their gradients (the whole-batch gradient for a per-sample mean loss,
                 less activation memory); None: the whole batch at once.

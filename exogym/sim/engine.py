@@ -11,13 +11,23 @@ on row ``i`` (``torch.func.functional_call``), either
 - ``vmap``: ``torch.func.vmap`` over the node dimension with ``randomness="different"`` (every node
   draws its own dropout masks), then one backward over the sum of the node losses. The nodes are
   independent, so each row of the gradient is exactly that node's gradient.
+- ``threads`` (CPU): the loop's per-node forward and backward, run concurrently by
+  ``min(N, P)`` worker threads that share the process's ``P`` intra-op threads
+  (:mod:`exogym.sim.threads`): every core busy on its own node, as a process per node would be,
+  in one process. Each node draws its random numbers from its own generator, seeded each step
+  from the global generator's state, so the numbers do not depend on thread timing.
 
-Both give the same numbers (to float round-off) for models without randomness; with dropout, the
-loop engine consumes the global RNG node by node, exactly like N separate ``nn.Module`` copies run
-one after the other. On a CPU the loop is the faster engine; on a GPU vmap turns N small models
-into one batched kernel stream. ``auto`` picks vmap on CUDA and the loop elsewhere. If the model
-cannot run under vmap (``.item()``, data-dependent control flow, in-place writes of batched values
-into fresh tensors), the first step falls back to the loop with a warning.
+The engines give the same numbers (to float round-off: the threads engine's kernels run with
+fewer intra-op threads and may sum in another order) for models without randomness; with
+dropout, the loop engine consumes the global RNG node by node, exactly like N separate
+``nn.Module`` copies run one after the other, and vmap and threads draw other masks of the same
+distribution. On a GPU vmap turns N small models into one batched kernel stream; on a CPU with
+several cores, threads is the fastest (docs/benchmarks.md, "Engines"). ``auto`` picks vmap on
+CUDA, threads on a CPU for N >= 2 when torch has 2 or more intra-op threads, else the loop. If
+the model cannot run under vmap (``.item()``, data-dependent control flow, in-place writes of
+batched values into fresh tensors), the first step falls back to the loop with a warning; if it
+draws from the global generator where threads cannot give each node its own (inside a kernel:
+``scaled_dot_product_attention``'s dropout), likewise (``auto``: a log line, no warning).
 
 Model contract: ``model(batch)`` returns a scalar loss tensor, a mapping with a scalar ``"loss"``
 entry (a dict, or a Hugging Face ``ModelOutput``), or an object with a scalar ``.loss`` attribute.
@@ -60,13 +70,15 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 from torch.utils._pytree import tree_flatten, tree_map
 
+from exogym.sim.threads import NodePool, NodeRandomness, node_seeds, pool_shape
+
 __all__ = [
     "ENGINES", "PRECISIONS", "EngineName", "NodeStack", "Precision", "available_memory",
     "check_memory", "loss_of", "metrics_of", "resolve_device", "stack_bytes",
 ]
 
-EngineName = Literal["auto", "loop", "vmap"]
-ENGINES = ("auto", "loop", "vmap")
+EngineName = Literal["auto", "loop", "vmap", "threads"]
+ENGINES = ("auto", "loop", "vmap", "threads")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 Precision = Literal["fp32", "bf16"]
 PRECISIONS = ("fp32", "bf16")
@@ -221,7 +233,8 @@ class NodeStack:
         params: name -> ``[N, *shape]`` leaf tensor (the optimizer's parameters).
         grads: name -> ``[N, *shape]``, also each ``params[name].grad``.
         buffers: name -> ``[N, *shape]`` (BatchNorm running statistics: one per node).
-        engine: ``"loop"`` or ``"vmap"``, the engine in use.
+        engine: ``"loop"``, ``"vmap"`` or ``"threads"``, the engine in use.
+        auto: the engine was chosen by ``engine="auto"`` (a fallback is then not a warning).
         micro_batch_size: rows per micro-batch in :meth:`forward_backward` (gradient
             accumulation, see the module docstring), or None: each node's batch in one pass.
         precision: ``"fp32"``, or ``"bf16"``: forward passes under bfloat16 autocast.
@@ -254,10 +267,16 @@ class NodeStack:
             _check_bf16(self.device)
         self.micro_batch_size = micro_batch_size
         self.precision: Precision = precision
+        self.auto = engine == "auto"
         if engine == "auto":
-            engine = "vmap" if self.device.type == "cuda" else "loop"
-        self.engine: Literal["loop", "vmap"] = engine
+            engine = auto_engine(self.device, num_nodes)
+        if engine == "threads" and self.device.type != "cpu":
+            raise ValueError(f"engine='threads' runs nodes in CPU threads, got device "
+                             f"{self.device}; allowed there: 'vmap', 'loop' or 'auto'")
+        self.engine: Literal["loop", "vmap", "threads"] = engine
         self._vmap_checked = engine != "vmap"
+        self._threads_checked = engine != "threads"
+        self._pool: NodePool | None = None
         # The template module: its own tensors are never used for compute, functional_call swaps
         # in a node's row. Kept on the device so that module code creating tensors "like" its
         # parameters lands there.
@@ -309,6 +328,8 @@ class NodeStack:
         parts = self._micro_batches(batch)
         if active is not None and all(active):
             active = None
+        if self.engine == "threads":
+            return self._threads_step(parts, active)
         if self.engine == "vmap":
             if active is not None:
                 return self._masked_vmap_step(parts, active)
@@ -360,33 +381,95 @@ class NodeStack:
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    def _node_step(self, i: int, parts: list[tuple[float | None, Any]],
+                   module: nn.Module) -> Tensor:
+        """Node ``i``'s forward and backward (every micro-batch) through ``module``, a template
+        (the loop's, or a worker thread's copy); its detached loss."""
+        node_buffers = {name: b[i] for name, b in self.buffers.items()}
+        total: Tensor | None = None
+        for weight, part in parts:
+            node_batch = tree_map(lambda t, i=i: t[i] if isinstance(t, Tensor) else t, part)
+            with self._autocast():
+                out = functional_call(module, (self._node_params[i], node_buffers),
+                                      (node_batch,), tie_weights=self._tied)
+            loss = _upcast(loss_of(out))
+            if weight is None:
+                loss.backward()
+                total = loss.detach()
+            else:
+                (loss * weight).backward()
+                total = _add_scaled(total, loss.detach(), weight)
+        assert total is not None
+        return total
+
     def _loop_step(self, parts: list[tuple[float | None, Any]],
                    active: Sequence[bool] | None = None) -> Tensor:
-        losses: list[Tensor | None] = []
-        for i in range(self.num_nodes):
-            if active is not None and not active[i]:
-                losses.append(None)  # an absent node: reported as 0 below
-                continue
-            node_buffers = {name: b[i] for name, b in self.buffers.items()}
-            total: Tensor | None = None
-            for weight, part in parts:
-                node_batch = tree_map(lambda t, i=i: t[i] if isinstance(t, Tensor) else t, part)
-                with self._autocast():
-                    out = functional_call(self.module, (self._node_params[i], node_buffers),
-                                          (node_batch,), tie_weights=self._tied)
-                loss = _upcast(loss_of(out))
-                if weight is None:
-                    loss.backward()
-                    total = loss.detach()
-                else:
-                    (loss * weight).backward()
-                    total = _add_scaled(total, loss.detach(), weight)
-            assert total is not None
-            losses.append(total)
-        if active is not None:
-            like = next(t for t in losses if t is not None)
-            losses = [torch.zeros_like(like) if t is None else t for t in losses]
-        return torch.stack(losses)  # type: ignore[arg-type]
+        losses: list[Tensor | None] = [
+            None if active is not None and not active[i]  # an absent node: 0 below
+            else self._node_step(i, parts, self.module)
+            for i in range(self.num_nodes)
+        ]
+        return _stack_losses(losses)
+
+    def _threads_step(self, parts: list[tuple[float | None, Any]],
+                      active: Sequence[bool] | None) -> Tensor:
+        """The nodes in the worker threads, each with its own generator (:mod:`.threads`)."""
+        if self._pool is None:
+            workers, per_worker = pool_shape(self.num_nodes, torch.get_num_threads())
+            self._pool = NodePool(workers, per_worker, lambda: copy.deepcopy(self.module))
+        pool = self._pool
+        first = not self._threads_checked
+        if first:  # to undo the step if the model draws from the global generator
+            saved = ({n: b.clone() for n, b in self.buffers.items()},
+                     {n: g.clone() for n, g in self.grads.items()})
+        rng = torch.get_rng_state()
+        seeds = node_seeds(self.num_nodes)
+        training = self.module.training
+        used = [False] * self.num_nodes
+
+        def run(i: int) -> Tensor:
+            module = pool.local()
+            if module.training != training:
+                module.train(training)
+            randomness = NodeRandomness(torch.Generator().manual_seed(seeds[i]))
+            with randomness:
+                loss = self._node_step(i, parts, module)
+            used[i] = randomness.used
+            return loss
+
+        nodes = [i for i in range(self.num_nodes) if active is None or active[i]]
+        done = dict(zip(nodes, pool.map(run, nodes), strict=True))
+        if not torch.equal(torch.get_rng_state(), rng):
+            torch.set_rng_state(rng)
+            if not first:
+                raise RuntimeError(
+                    "engine='threads': the model drew from torch's global random generator "
+                    "inside a node's forward (an operation exogym cannot give each node its "
+                    "own generator, e.g. scaled_dot_product_attention with dropout_p > 0 or "
+                    "nn.MultiheadAttention's dropout); the nodes' draws now depend on thread "
+                    "timing. Run it with engine='loop'.")
+            buffers, grads = saved
+            for name, b in self.buffers.items():
+                b.copy_(buffers[name])
+            for name, g in self.grads.items():
+                g.copy_(grads[name])
+            message = ("the model draws from torch's global random generator in a way exogym "
+                       "cannot give each node its own generator (e.g. "
+                       "scaled_dot_product_attention with dropout_p > 0); running "
+                       "engine='loop'")
+            if self.auto:
+                log.info("engine='auto': %s", message)
+            else:
+                warnings.warn(f"engine='threads': {message}", RuntimeWarning, stacklevel=4)
+            self.engine = "loop"
+            self._threads_checked = True
+            pool.close()
+            self._pool = None
+            return self._loop_step(parts, active)
+        self._threads_checked = True
+        if any(used):  # the next step's masks differ: move the global generator on by one draw
+            torch.randint(2, ())
+        return _stack_losses([done.get(i) for i in range(self.num_nodes)])
 
     def _vmap_step(self, parts: list[tuple[float | None, Any]]) -> Tensor:
         def one_node(params: dict[str, Tensor], buffers: dict[str, Tensor], b: Any) -> Tensor:
@@ -485,6 +568,23 @@ class NodeStack:
         return tree_map(
             lambda t: t.to(dev, non_blocking=True) if isinstance(t, Tensor) else t, batch
         )
+
+
+def auto_engine(device: torch.device, num_nodes: int) -> Literal["loop", "vmap", "threads"]:
+    """``engine="auto"``: vmap on CUDA (N small models become one batched kernel stream);
+    on a CPU, threads when there are several nodes and several intra-op threads to share
+    between them (one small node's kernels do not keep several cores busy), else the loop."""
+    if device.type == "cuda":
+        return "vmap"
+    if device.type == "cpu" and num_nodes >= 2 and torch.get_num_threads() >= 2:
+        return "threads"
+    return "loop"
+
+
+def _stack_losses(losses: list[Tensor | None]) -> Tensor:
+    """``[N]`` losses, an absent node's (None) as 0."""
+    like = next(t for t in losses if t is not None)
+    return torch.stack([torch.zeros_like(like) if t is None else t for t in losses])
 
 
 def _add_scaled(total: Tensor | None, value: Tensor, weight: float) -> Tensor:

@@ -1,0 +1,232 @@
+#!/usr/bin/env python
+"""exogym's engines against plain PyTorch and a process-per-node run, model by model.
+
+For each model in ``--models`` and each N in ``--nodes``, training samples/s (summed over nodes)
+of, side by side in one run:
+
+- ``plain64``: ONE model, ``torch.optim.AdamW``, batch 64 (independent of N; measured once per
+  model): how fast this machine trains the model at all;
+- ``plain64N``: ONE model, AdamW, batch ``64 N``: the same samples per step as N nodes;
+- ``loop``, ``threads``, ``auto`` (exogym's default, which picks one of them): ``Trainer.fit``
+  with DDP (AdamW, every gradient all-reduced each step, no network model), N nodes of batch 64;
+- ``procs``: exogym's process engine (``fit_processes``), one process per node, gloo, one
+  intra-op thread per process: a tuned process-per-node run (the same DDP, over real sockets).
+
+Every (side, model, N, repeat) runs in a fresh subprocess (this script with ``--worker``), so
+each side's peak memory is its own: ``ru_maxrss`` of the worker; for ``procs`` the launcher's plus
+N times the largest worker's (``RUSAGE_CHILDREN``: an upper estimate of the sum). Timing skips
+``--warmup`` steps and the start-up (exogym sides: the wall time between the logged rows of
+steps ``warmup`` and ``warmup + steps``; plain sides: a timer around the timed steps). Repeats
+interleave the sides (forward order, then reverse, ...), the table shows medians. Data: random
+tensors of each model's shapes (speed does not depend on the values), the same in every side.
+
+Models: ``exo_cnn`` (EXO Gym's MNIST CNN: 4 convolutions with BatchNorm, dropout, 1.87 M
+parameters), ``mnist_cnn`` (exogym's MnistCNN, 215 k), ``gpt`` (the Shakespeare task's GPT: 4
+layers x 128, block 64, 0.8 M), ``bn_cnn`` (a 3-convolution BatchNorm CNN, no dropout),
+``dropout_mlp`` (784 -> 512 -> 512 -> 10 with dropout 0.5).
+
+Usage::
+
+    python bench/engines.py --models exo_cnn,gpt --nodes 1,2,4,8 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+BATCH = 64
+SIDES = ("plain64", "plain64N", "loop", "threads", "auto", "procs")
+
+
+def exo_cnn() -> nn.Module:
+    """EXO Gym's example/mnist.py CNN (1,868,234 parameters with the Classifier)."""
+    return nn.Sequential(
+        nn.Conv2d(1, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+        nn.Conv2d(64, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Dropout2d(0.25),
+        nn.Conv2d(64, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(),
+        nn.Conv2d(128, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Dropout2d(0.25),
+        nn.Flatten(), nn.Linear(128 * 7 * 7, 256), nn.ReLU(), nn.Dropout(0.5), nn.Linear(256, 10))
+
+
+def bn_cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(64, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+        nn.Flatten(), nn.Linear(64 * 7 * 7, 10))
+
+
+def dropout_mlp() -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Dropout(0.5),
+                         nn.Linear(512, 512), nn.ReLU(), nn.Dropout(0.5), nn.Linear(512, 10))
+
+
+def build(name: str) -> nn.Module:
+    from exogym import Classifier, MnistCNN
+    from exogym.tasks.gpt import GPT, GPTConfig
+
+    if name == "gpt":
+        return GPT(GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128))
+    nets = {"exo_cnn": exo_cnn, "mnist_cnn": MnistCNN, "bn_cnn": bn_cnn,
+            "dropout_mlp": dropout_mlp}
+    if name not in nets:
+        raise ValueError(f"unknown model {name!r}; allowed: gpt, {', '.join(nets)}")
+    return Classifier(nets[name]())
+
+
+def dataset(name: str, samples: int) -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    if name == "gpt":
+        return TensorDataset(torch.randint(0, 65, (samples, 64), generator=g),
+                             torch.randint(0, 65, (samples, 64), generator=g))
+    return TensorDataset(torch.randn(samples, 1, 28, 28, generator=g),
+                         torch.randint(0, 10, (samples,), generator=g))
+
+
+def _peak_mb(children: int = 0) -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return own + children * child
+
+
+def run_worker(side: str, model: str, n: int, steps: int, warmup: int) -> dict[str, Any]:
+    """One side's samples/s and peak memory (runs in its own process)."""
+    torch.manual_seed(0)
+    total = warmup + steps
+    if side.startswith("plain"):
+        batch = BATCH * (n if side == "plain64N" else 1)
+        net = build(model)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+        data = dataset(model, batch * total).tensors
+        start = 0.0
+        for step in range(total):
+            if step == warmup:
+                start = time.perf_counter()
+            rows = slice(step * batch, (step + 1) * batch)
+            opt.zero_grad(set_to_none=False)
+            out = net((data[0][rows], data[1][rows]))
+            out["loss"].backward()
+            opt.step()
+        seconds = time.perf_counter() - start
+        return {"samples_s": batch * steps / seconds, "peak_mb": _peak_mb()}
+    from exogym import Trainer
+    from exogym.strategy import make
+
+    kwargs = dict(strategy=make("ddp"), num_nodes=n, max_steps=total, batch_size=BATCH,
+                  log_interval=1, network=None, progress=False)
+    data = dataset(model, BATCH * n * total)
+    if side == "procs":
+        from exogym.run.launch import fit_processes
+
+        result = fit_processes(build(model), data, None, backend="gloo", threads=1,
+                               timeout_s=600.0, **kwargs)
+        peak = _peak_mb(children=n)
+        engine = "procs"
+    else:
+        trainer = Trainer(build(model), data)
+        result = trainer.fit(engine=side, **kwargs)
+        peak = _peak_mb()
+        engine = result.engine
+    wall = {row["step"]: row["wall_s"] for row in result.history if "wall_s" in row}
+    seconds = wall[total] - wall[warmup]
+    return {"samples_s": BATCH * n * steps / seconds, "peak_mb": peak, "engine": engine}
+
+
+def _worker_cmd(side: str, model: str, n: int, args: argparse.Namespace) -> list[str]:
+    return [sys.executable, __file__, "--worker", side, "--models", model, "--nodes", str(n),
+            "--steps", str(args.steps), "--warmup", str(args.warmup)]
+
+
+def measure(side: str, model: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run(_worker_cmd(side, model, n, args), capture_output=True, text=True,
+                          env=env, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{side} {model} N={n} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default="exo_cnn,mnist_cnn,gpt,bn_cnn,dropout_mlp")
+    p.add_argument("--nodes", default="1,2,4,8,16,64")
+    p.add_argument("--sides", default=",".join(SIDES))
+    p.add_argument("--steps", type=int, default=4, help="timed steps (default: 4)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default: 2)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--procs-max-nodes", type=int, default=16,
+                   help="the process side only up to this N (memory: one interpreter and "
+                        "torch per node); default 16")
+    p.add_argument("--json", default=None, help="write every measurement here")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    models = args.models.split(",")
+    nodes = [int(x) for x in args.nodes.split(",")]
+    if args.worker is not None:
+        print(json.dumps(run_worker(args.worker, models[0], nodes[0], args.steps, args.warmup)))
+        return 0
+    sides = args.sides.split(",")
+    for side in sides:
+        if side not in SIDES:
+            raise SystemExit(f"unknown side {side!r}; allowed: {', '.join(SIDES)}")
+    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
+          f"{torch.__version__}, {torch.get_num_threads()} intra-op threads; batch {BATCH} per "
+          f"node, DDP/AdamW; {args.warmup} + {args.steps} steps; medians of {args.repeats}",
+          flush=True)
+    records: list[dict[str, Any]] = []
+    for model in models:
+        plain64: list[float] = []
+        print(f"\n## {model}\n\n| N | plain 64 | plain 64N | loop | threads | auto (engine) | "
+              "procs, 1 thread | auto / best plain | auto / procs | peak MB auto / loop / "
+              "procs |\n|---|---|---|---|---|---|---|---|---|---|", flush=True)
+        for n in nodes:
+            todo = [s for s in sides if not (s == "plain64" and plain64)
+                    and not (s == "procs" and (n < 2 or n > args.procs_max_nodes))
+                    and not (s == "plain64N" and n == 1)]
+            runs: dict[str, list[dict[str, Any]]] = {s: [] for s in todo}
+            for rep in range(args.repeats):
+                for side in (todo if rep % 2 == 0 else todo[::-1]):
+                    r = measure(side, model, n, args)
+                    runs[side].append(r)
+                    records.append({"model": model, "nodes": n, "side": side, "repeat": rep, **r})
+            med = {s: statistics.median(r["samples_s"] for r in v) for s, v in runs.items()}
+            peak = {s: max(r["peak_mb"] for r in v) for s, v in runs.items()}
+            if "plain64" in med:
+                plain64 = [med["plain64"]]
+            best_plain = max([*plain64, med.get("plain64N", 0.0)]) or None
+            engine = runs["auto"][0].get("engine", "?") if "auto" in runs else "-"
+
+            def cell(s: str, m: dict[str, float] = med) -> str:
+                return f"{m[s]:.0f}" if s in m else "-"
+
+            ratio_plain = (f"{med['auto'] / best_plain:.2f}" if "auto" in med and best_plain
+                           else "-")
+            ratio_procs = f"{med['auto'] / med['procs']:.2f}" if {"auto", "procs"} <= set(med) \
+                else "-"
+            print(f"| {n} | {plain64[0]:.0f} | {cell('plain64N')} | {cell('loop')} | "
+                  f"{cell('threads')} | {cell('auto')} ({engine}) | {cell('procs')} | "
+                  f"{ratio_plain} | {ratio_procs} | {cell('auto', peak)} / {cell('loop', peak)}"
+                  f" / {cell('procs', peak)} |" if plain64 else f"| {n} | - |", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
