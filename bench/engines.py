@@ -25,9 +25,18 @@ parameters), ``mnist_cnn`` (exogym's MnistCNN, 215 k), ``gpt`` (the Shakespeare 
 layers x 128, block 64, 0.8 M), ``bn_cnn`` (a 3-convolution BatchNorm CNN, no dropout),
 ``dropout_mlp`` (784 -> 512 -> 512 -> 10 with dropout 0.5).
 
+``--profile`` instead times the phases of one exogym step (``--engine``, DDP), in this process:
+the data path (slicing ``[N, 64, ...]`` batches from a pool, ``to_batch_device``), forward and
+backward (``forward_backward``; forward alone is each node's forward on the same batch, its
+graph dropped, timed just before and subtracted: a loop-engine split, ``--engine loop``), the
+strategy's communication (DDP's all-reduce through the communicator, byte counting included)
+and its ``optimizer.step`` over the stacked tensors, and ``zero_grad``; medians over the timed
+steps, percent of the step.
+
 Usage::
 
     python bench/engines.py --models exo_cnn,gpt --nodes 1,2,4,8 --repeats 3
+    python bench/engines.py --profile --engine loop --nodes 1,2,4,8
 """
 
 from __future__ import annotations
@@ -147,6 +156,61 @@ def run_worker(side: str, model: str, n: int, steps: int, warmup: int) -> dict[s
     return {"samples_s": BATCH * n * steps / seconds, "peak_mb": peak, "engine": engine}
 
 
+def profile(model: str, n: int, engine: str, steps: int, warmup: int) -> dict[str, float]:
+    """Median seconds per phase of one step (see the module docstring)."""
+    from torch.func import functional_call
+
+    from exogym.sim.comm import InProcessCommunicator
+    from exogym.sim.engine import NodeStack
+    from exogym.strategy import make
+
+    torch.manual_seed(0)
+    nodes = NodeStack(build(model), n, engine=engine)  # type: ignore[arg-type]
+    comm = InProcessCommunicator(n)
+    strategy = make("ddp")
+    strategy.setup(nodes, comm, warmup + steps)
+    optimizer_step = strategy.optimizer.step  # timed on its own inside the strategy's step
+    spent: dict[str, list[float]] = {k: [] for k in
+                                     ("data", "forward", "backward", "communicate", "optimizer",
+                                      "zero_grad")}
+    inner: list[float] = []
+
+    def timed_optimizer_step(*a: Any, **k: Any) -> Any:
+        t = time.perf_counter()
+        out = optimizer_step(*a, **k)
+        inner.append(time.perf_counter() - t)
+        return out
+
+    strategy.optimizer.step = timed_optimizer_step  # type: ignore[method-assign]
+    xs, ys = dataset(model, BATCH * n * 4).tensors
+    xs, ys = xs.view(4, n, BATCH, *xs.shape[1:]), ys.view(4, n, BATCH, *ys.shape[1:])
+    for step in range(warmup + steps):
+        t0 = time.perf_counter()
+        batch = nodes.to_batch_device((xs[step % 4], ys[step % 4]))
+        t1 = time.perf_counter()
+        for i in range(n):  # forward alone, the graph dropped
+            node_batch = (batch[0][i], batch[1][i])
+            functional_call(nodes.module, ({k: v[i] for k, v in nodes.params.items()},
+                                           {k: v[i] for k, v in nodes.buffers.items()}),
+                            (node_batch,))
+        t2 = time.perf_counter()
+        nodes.forward_backward(batch)
+        t3 = time.perf_counter()
+        inner.clear()
+        strategy.step(step)
+        t4 = time.perf_counter()
+        nodes.zero_grad()
+        t5 = time.perf_counter()
+        if step >= warmup:
+            spent["data"].append(t1 - t0)
+            spent["forward"].append(t2 - t1)
+            spent["backward"].append(max(0.0, (t3 - t2) - (t2 - t1)))
+            spent["optimizer"].append(sum(inner))
+            spent["communicate"].append(t4 - t3 - sum(inner))
+            spent["zero_grad"].append(t5 - t4)
+    return {k: statistics.median(v) for k, v in spent.items()}
+
+
 def _worker_cmd(side: str, model: str, n: int, args: argparse.Namespace) -> list[str]:
     return [sys.executable, __file__, "--worker", side, "--models", model, "--nodes", str(n),
             "--steps", str(args.steps), "--warmup", str(args.warmup)]
@@ -173,12 +237,27 @@ def main(argv: list[str] | None = None) -> int:
                    help="the process side only up to this N (memory: one interpreter and "
                         "torch per node); default 16")
     p.add_argument("--json", default=None, help="write every measurement here")
+    p.add_argument("--profile", action="store_true",
+                   help="time the phases of one step instead (see the module docstring)")
+    p.add_argument("--engine", default="loop", help="the engine --profile times")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     models = args.models.split(",")
     nodes = [int(x) for x in args.nodes.split(",")]
     if args.worker is not None:
         print(json.dumps(run_worker(args.worker, models[0], nodes[0], args.steps, args.warmup)))
+        return 0
+    if args.profile:
+        print(f"# phases of one DDP step, engine {args.engine}, batch {BATCH} per node; "
+              f"medians of {args.steps} steps after {args.warmup}; ms (percent of the step)")
+        for model in models:
+            print(f"\n## {model}\n\n| N | data | forward | backward | communicate | "
+                  "optimizer | zero_grad | step |\n|---|---|---|---|---|---|---|---|")
+            for n in nodes:
+                t = profile(model, n, args.engine, args.steps, args.warmup)
+                total = sum(t.values())
+                cells = " | ".join(f"{1e3 * v:.1f} ({100 * v / total:.0f}%)" for v in t.values())
+                print(f"| {n} | {cells} | {1e3 * total:.0f} |", flush=True)
         return 0
     sides = args.sides.split(",")
     for side in sides:

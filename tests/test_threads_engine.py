@@ -19,7 +19,7 @@ from torch.utils.data import TensorDataset
 
 from exogym import Trainer
 from exogym.sim.engine import NodeStack, auto_engine
-from exogym.sim.threads import NodeRandomness, dropout, node_seeds, pool_shape
+from exogym.sim.threads import NodeRandomness, attention, dropout, node_seeds, pool_shape
 from exogym.strategy import make
 
 
@@ -95,6 +95,27 @@ def test_node_randomness_routes_dropout_and_random_ops_to_the_node_s_generator()
         assert torch.equal(F.dropout(x, 0.3, training=False), x)
         assert torch.equal(F.alpha_dropout(x, 0.3), x)  # training defaults to False there
     assert not mode.used
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"is_causal": True}, {"scale": 0.3},
+                                    {"attn_mask": torch.tensor([[True, False, True]] * 3)},
+                                    {"attn_mask": torch.full((3, 3), -0.5).triu()}])
+def test_attention_is_sdpa_s_math_with_the_node_s_dropout(kwargs: dict) -> None:
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 3, 4, dtype=torch.float64, generator=g) for _ in range(3))
+    if "attn_mask" in kwargs and kwargs["attn_mask"].is_floating_point():
+        kwargs = {"attn_mask": kwargs["attn_mask"].double()}
+    torch.testing.assert_close(attention(q, k, v, **kwargs, generator=torch.Generator()),
+                               F.scaled_dot_product_attention(q, k, v, **kwargs),
+                               rtol=1e-12, atol=1e-12)
+    # with dropout: the weights' mask from the node's generator, scaled by 1 / (1 - p)
+    weights = torch.softmax(q @ k.transpose(-2, -1) / 2.0, dim=-1)  # 1 / sqrt(E), E = 4
+    mask = torch.empty_like(weights).bernoulli_(0.75, generator=torch.Generator().manual_seed(9))
+    mode = NodeRandomness(torch.Generator().manual_seed(9))
+    with mode:
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.25)
+    assert mode.used and 0 < int(mask.sum()) < mask.numel()
+    torch.testing.assert_close(out, (weights * mask / 0.75) @ v, rtol=1e-12, atol=1e-12)
 
 
 def test_node_seeds_depend_on_the_global_state_and_the_node_without_drawing() -> None:
@@ -177,7 +198,8 @@ def test_threads_with_dropout_are_deterministic_and_draw_once_per_step() -> None
 
 
 class GlobalDraw(nn.Module):
-    """Draws from the global generator inside a kernel (SDPA's dropout) from ``late`` on."""
+    """Draws from the global generator where a node's generator cannot reach (inside
+    ``F.gumbel_softmax``, a torch function that draws in its body) from call ``late`` on."""
 
     def __init__(self, late: int = 0) -> None:
         super().__init__()
@@ -186,9 +208,10 @@ class GlobalDraw(nn.Module):
 
     def forward(self, batch: torch.Tensor) -> torch.Tensor:
         self.calls += 1
-        h = self.fc(batch).view(batch.shape[0], 1, 1, 4)
-        p = 0.5 if self.calls > self.late else 0.0
-        return F.scaled_dot_product_attention(h, h, h, dropout_p=p).sum()
+        h = self.fc(batch)
+        if self.calls > self.late:
+            h = F.gumbel_softmax(h)
+        return h.square().mean()
 
 
 def test_a_model_drawing_from_the_global_generator_falls_back_to_the_loop() -> None:

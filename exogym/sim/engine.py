@@ -26,8 +26,9 @@ several cores, threads is the fastest (docs/benchmarks.md, "Engines"). ``auto`` 
 CUDA, threads on a CPU for N >= 2 when torch has 2 or more intra-op threads, else the loop. If
 the model cannot run under vmap (``.item()``, data-dependent control flow, in-place writes of
 batched values into fresh tensors), the first step falls back to the loop with a warning; if it
-draws from the global generator where threads cannot give each node its own (inside a kernel:
-``scaled_dot_product_attention``'s dropout), likewise (``auto``: a log line, no warning).
+draws from the global generator where threads cannot give each node its own
+(``nn.MultiheadAttention``'s dropout, ``F.gumbel_softmax``), likewise (``auto``: a log line, no
+warning).
 
 Model contract: ``model(batch)`` returns a scalar loss tensor, a mapping with a scalar ``"loss"``
 entry (a dict, or a Hugging Face ``ModelOutput``), or an object with a scalar ``.loss`` attribute.
@@ -445,9 +446,8 @@ class NodeStack:
                 raise RuntimeError(
                     "engine='threads': the model drew from torch's global random generator "
                     "inside a node's forward (an operation exogym cannot give each node its "
-                    "own generator, e.g. scaled_dot_product_attention with dropout_p > 0 or "
-                    "nn.MultiheadAttention's dropout); the nodes' draws now depend on thread "
-                    "timing. Run it with engine='loop'.")
+                    "own generator, e.g. nn.MultiheadAttention's dropout or F.gumbel_softmax); "
+                    "the nodes' draws now depend on thread timing. Run it with engine='loop'.")
             buffers, grads = saved
             for name, b in self.buffers.items():
                 b.copy_(buffers[name])
@@ -455,7 +455,7 @@ class NodeStack:
                 g.copy_(grads[name])
             message = ("the model draws from torch's global random generator in a way exogym "
                        "cannot give each node its own generator (e.g. "
-                       "scaled_dot_product_attention with dropout_p > 0); running "
+                       "nn.MultiheadAttention's dropout or F.gumbel_softmax); running "
                        "engine='loop'")
             if self.auto:
                 log.info("engine='auto': %s", message)

@@ -17,6 +17,9 @@ dropout masks from it would draw in whatever order the scheduler ran them: nonde
 Instead, every random operation of a node's forward runs with that node's own
 ``torch.Generator`` (:class:`NodeRandomness`, a thread-local ``TorchFunctionMode``):
 
+- ``F.scaled_dot_product_attention`` with ``dropout_p > 0`` is computed in its math form
+  (:func:`attention`; the form torch's CPU kernel takes for a training step with dropout) with
+  the node's generator;
 - torch's dropout family (``F.dropout``, ``F.dropout1d/2d/3d``, ``F.alpha_dropout``,
   ``F.feature_alpha_dropout`` and the ``torch.dropout``-level functions they call) is computed
   by :func:`dropout` with the node's generator: ATen's own formula (a Bernoulli(1 - p) mask,
@@ -32,8 +35,8 @@ node's index, without drawing from it; after a step in which some node drew rand
 global generator is advanced by one draw, so the next step's masks differ. A model without
 randomness never touches the global generator (the loop engine's numbers, to float round-off);
 the same seed gives the same masks run after run and across a checkpoint (the global state is
-part of it). An operation that draws from the global generator inside its kernel (e.g.
-``scaled_dot_product_attention`` with ``dropout_p > 0``, ``nn.MultiheadAttention``'s dropout) is
+part of it). An operation that draws from the global generator inside its kernel or inside a
+torch function it dispatches to (``nn.MultiheadAttention``'s dropout, ``F.gumbel_softmax``) is
 caught: the global state changed during the step. On the first step the engine then falls back
 to the loop; on a later step (a random branch first taken late) it is an error.
 """
@@ -52,7 +55,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["NodePool", "NodeRandomness", "dropout", "node_seeds", "pool_shape"]
+__all__ = ["NodePool", "NodeRandomness", "attention", "dropout", "node_seeds", "pool_shape"]
 
 T = TypeVar("T")
 
@@ -112,6 +115,32 @@ def dropout(x: Tensor, p: float, training: bool, generator: torch.Generator, *,
     return x.mul_(noise) if inplace else x * noise
 
 
+def attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
+              dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+              enable_gqa: bool = False, *, generator: torch.Generator) -> Tensor:
+    """``F.scaled_dot_product_attention`` in its math form (the form torch's CPU kernel takes
+    for a training step with dropout), its attention-weight dropout drawn from ``generator``:
+    ``dropout(softmax(q k^T * scale + bias)) v``, ``scale = 1 / sqrt(E)`` by default, ``bias``
+    ``-inf`` where ``is_causal`` (position ``t`` sees ``<= t``) or a boolean mask forbids, plus
+    a float mask."""
+    if is_causal and attn_mask is not None:
+        raise ValueError("scaled_dot_product_attention: give attn_mask or is_causal, not both")
+    L, S = query.shape[-2], key.shape[-2]
+    factor = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    bias = torch.zeros(L, S, dtype=query.dtype, device=query.device)
+    if is_causal:
+        allowed = torch.ones(L, S, dtype=torch.bool, device=query.device).tril()
+        bias = bias.masked_fill(~allowed, float("-inf"))
+    if attn_mask is not None:
+        bias = (bias.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool
+                else bias + attn_mask)
+    if enable_gqa:
+        key = key.repeat_interleave(query.shape[-3] // key.shape[-3], -3)
+        value = value.repeat_interleave(query.shape[-3] // value.shape[-3], -3)
+    weights = torch.softmax(query @ key.transpose(-2, -1) * factor + bias, dim=-1)
+    return dropout(weights, dropout_p, True, generator) @ value
+
+
 class NodeRandomness(TorchFunctionMode):
     """Routes a node's random operations to ``generator`` (see the module docstring); ``used``
     turns True when one ran. Push it in the thread that runs the node: torch's function modes
@@ -133,6 +162,8 @@ class NodeRandomness(TorchFunctionMode):
             return func(*args, **{**kwargs, "generator": self.generator})
         if func is F.rrelu:
             return self._rrelu(*args, **kwargs)
+        if func is F.scaled_dot_product_attention:
+            return self._attention(func, args, kwargs)
         return func(*args, **kwargs)
 
     def _dropout(self, func: Any, kind: tuple[bool, bool, bool | None],
@@ -161,6 +192,15 @@ class NodeRandomness(TorchFunctionMode):
             if inplace:
                 return bound["input"].copy_(out)
         return out
+
+    def _attention(self, func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Tensor:
+        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
+                 "enable_gqa")
+        bound = {**dict(zip(names, args, strict=False)), **kwargs}
+        if not bound.get("dropout_p", 0.0):
+            return func(*args, **kwargs)
+        self.used = True
+        return attention(generator=self.generator, **bound)
 
     def _rrelu(self, input: Tensor, lower: float = 1.0 / 8, upper: float = 1.0 / 3,
                training: bool = False, inplace: bool = False) -> Tensor:

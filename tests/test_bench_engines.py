@@ -1,0 +1,46 @@
+"""``bench/engines.py`` runs end to end on a tiny budget: its table rows hold numbers, the engine
+``auto`` chose, and the profile's phases add up to the step."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import torch
+
+from exogym.sim.engine import auto_engine
+
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "engines.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_engines", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_engines_table_compares_auto_with_plain_pytorch(capsys) -> None:
+    bench = _bench()
+    assert bench.main(["--models", "bn_cnn", "--nodes", "2", "--sides", "plain64,loop,auto",
+                       "--repeats", "1", "--steps", "1", "--warmup", "1"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    chosen = auto_engine(torch.device("cpu"), 2)
+    assert re.fullmatch(rf"\d+ \({chosen}\)", cells[5]), row
+    assert float(cells[1]) > 0 and float(cells[3]) > 0 and float(cells[7]) > 0
+
+
+def test_the_profile_splits_a_step_into_its_phases(capsys) -> None:
+    bench = _bench()
+    assert bench.main(["--profile", "--models", "dropout_mlp", "--nodes", "1,2", "--steps", "2",
+                       "--warmup", "1"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if re.match(r"\| [12] \|", line)]
+    assert len(rows) == 2
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        ms = [float(c.split()[0]) for c in cells[1:7]]
+        percents = [int(c.split("(")[1].rstrip("%)")) for c in cells[1:7]]
+        assert abs(sum(ms) - float(cells[7])) <= 1.0 and 97 <= sum(percents) <= 103
