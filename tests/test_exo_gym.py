@@ -137,6 +137,35 @@ def test_readme_custom_algorithm_runs_unchanged() -> None:
     assert len(r.comm_log) == 4 * 5 and sum(c.payload_bytes for c in r.comm_log) == 4 * 256 * 5
 
 
+def test_an_own_per_node_strategy_in_exo_gym_s_shape_runs_unchanged() -> None:
+    from exogym.strategy import Strategy
+    from exogym.strategy.communicate import all_reduce
+
+    class MyReduce(Strategy):  # EXO Gym's strategies build their optimizer in _init_node
+        def __init__(self, optim_spec):
+            super().__init__()
+            self.optim_spec = optim_spec
+
+        def _init_node(self, model, rank, num_nodes):
+            super()._init_node(model, rank, num_nodes)
+            self.optim = self.optim_spec.build(model)
+
+        def step(self):
+            for param in self.model.parameters():
+                all_reduce(param.grad)
+                param.grad /= self.num_nodes
+            self.optim.step()
+            super().step()
+
+    # keywords only, both num_epochs and max_steps (as EXO Gym's example calls fit): EXO Gym's
+    # form, so the model comes back and EXO Gym's defaults (batch 16) apply
+    trainer = Trainer(mlp(), data(512), data(64, 1))
+    out = trainer.fit(num_epochs=1, max_steps=3, strategy=MyReduce(
+        OptimSpec(torch.optim.AdamW, lr=1e-2)), num_nodes=2, device="cpu", progress=False)
+    assert isinstance(out, ModelWrapper)
+    assert (trainer.result.steps, trainer.result.batch_size) == (3, 16)
+
+
 # -- EXO Gym's example/mnist.py: its strategies, its fit call, its CSV reader -------------------
 def test_mnist_example_construction_fit_and_csv_logs(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
@@ -266,6 +295,12 @@ def test_built_ins_convert_to_exogym_s_strategies() -> None:
                         **cos).to_exogym() == DeMo(
         beta=0.9, k=4, s=8, optim=OptimSpec(lr=0.05, weight_decay=0.1), schedule=sched)
     assert DeMoStrategy().to_exogym().optim.lr == 1e-3
+    # optim_spec's other settings are not DeMo's: said, not swallowed (AdamW's class form
+    # brings torch's weight decay 0.01)
+    with pytest.warns(ExoGymWarning, match=r"DeMoStrategy: optim_spec's weight_decay=0\.01, "
+                                           r"betas=\(0\.5, 0\.9\) not used"):
+        d = DeMoStrategy(optim_spec=OptimSpec(torch.optim.AdamW, lr=0.05, betas=(0.5, 0.9)))
+    assert d.to_exogym().optim == OptimSpec(lr=0.05)
     assert SPARTADiLoCoStrategy(inner_optim_spec=adam, p_sparta=0.2, H=5).to_exogym() == \
         SPARTADiLoCo(H=5, p=0.2, policy="random", optim=adam)
     assert SimpleReduceStrategy(adam, max_norm=2.0).to_exogym().max_grad_norm == 2.0

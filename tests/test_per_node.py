@@ -279,11 +279,51 @@ def test_lambda_cosine_is_exo_gym_s_schedule() -> None:
     s = SimpleReduceStrategy(lr_scheduler="lambda_cosine",
                              lr_scheduler_kwargs={"warmup_steps": 2, "cosine_anneal": True})
     s.max_steps = 10
-    # warm-up 0, 0.5; then 0.1 + 0.9 * (1 + cos(pi (t - 2) / 8)) / 2
+    # warm-up (t + 1) / 2: 0.5, 1 (the built-ins' LRSchedule; EXO Gym's t / 2 began at 0);
+    # then 0.1 + 0.9 * (1 + cos(pi (t - 2) / 8)) / 2
     assert [s._lambda_cosine(t) for t in (0, 1, 2, 6, 10)] == pytest.approx(
-        [0.0, 0.5, 1.0, 0.55, 0.1])
+        [0.5, 1.0, 1.0, 0.55, 0.1])
     with pytest.raises(ValueError, match=r"unknown \['warmup'\]"):
         SimpleReduceStrategy(lr_scheduler="lambda_cosine", lr_scheduler_kwargs={"warmup": 2})
+
+
+def test_a_per_node_schedule_is_the_built_in_s() -> None:
+    # SimpleReduceStrategy as it is runs as exogym's DDP with LRSchedule; its per-node subclass
+    # runs its own LambdaLR: the same learning rates step by step, so the same parameters
+    kw = dict(lr_scheduler="lambda_cosine",
+              lr_scheduler_kwargs={"warmup_steps": 3, "cosine_anneal": True})
+    built_in = fit(SimpleReduceStrategy(OptimSpec("adamw", lr=1e-2), **kw), seed=0,
+                   log_interval=1)
+    per_node = fit(PerNodeReduce(OptimSpec("adamw", lr=1e-2), **kw), seed=0, log_interval=1)
+    assert built_in.strategy == "ddp" and per_node.strategy == "PerNodeReduce"
+    lrs = [row["lr"] for row in per_node.history if "lr" in row]
+    assert lrs == pytest.approx([row["lr"] for row in built_in.history if "lr" in row])
+    # a row's lr is the next step's: steps 1 and 2 at 2/3 and 3/3 of lr (step 0 at 1/3, not 0:
+    # the parameters agree only if it was)
+    assert lrs[:2] == pytest.approx([2e-2 / 3, 1e-2])
+    same_parameters(per_node, built_in)
+
+
+def test_optim_spec_builds_over_a_module_as_exo_gym_s() -> None:
+    # EXO Gym's strategies build their own optimizers: self.optim_spec.build(self.model)
+    net = nn.Linear(3, 2)
+    optim = OptimSpec(torch.optim.AdamW, lr=0.5).build(net)
+    assert isinstance(optim, torch.optim.AdamW)
+    assert optim.param_groups[0]["params"] == list(net.parameters())
+    assert (optim.param_groups[0]["lr"], optim.param_groups[0]["weight_decay"]) == (0.5, 0.01)
+
+
+class KeepsGradients(SimpleReduceStrategy):
+    def zero_grad(self) -> None:  # gradient accumulation in EXO Gym: not zeroing
+        pass
+
+    def step(self) -> None:
+        super().step()
+
+
+def test_an_overridden_zero_grad_is_refused_not_ignored() -> None:
+    with pytest.raises(TypeError, match=r"KeepsGradients overrides zero_grad\(\)"):
+        fit(KeepsGradients(OptimSpec("adamw", lr=1e-2)))
 
 
 def test_the_tutorial_s_per_node_strategy_is_its_node_stacked_one() -> None:

@@ -11,7 +11,8 @@ EXO Gym (github.com/exo-explore/gym, read at commit 9fa323c: ``exogym/trainer.py
 :meth:`exogym.Trainer.fit` takes that call as it is when it is **EXO Gym's**: its strategy is
 one of EXO Gym's built-ins (``DiLoCoStrategy``, ..., ``SimpleReduceStrategy``), or a per-node
 strategy (:class:`exogym.strategy.strategy.Strategy`, EXO Gym's kind) with arguments by
-position or any of EXO Gym's own argument names (``val_interval``, ``run_name``, ...). Such a
+position, any of EXO Gym's own argument names (``val_interval``, ``run_name``, ...), or both
+``num_epochs`` and ``max_steps`` (exogym's own form takes one of them). Such a
 call returns what EXO Gym's returns, the trained model (an ``nn.Module``: exogym's global
 model), and keeps the full :class:`exogym.run.result.FitResult` as ``trainer.result``; exogym's
 own arguments (``network``, ``world``, ``engine``, ``out_dir``, ...) may be added to it. A
@@ -96,7 +97,8 @@ _SHARED = ("num_epochs", "max_steps", "batch_size", "checkpoint_interval", "seed
 
 def is_exo_gym_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether a ``fit`` call is EXO Gym's: a per-node strategy (EXO Gym's kind) with arguments
-    by position, an EXO Gym-only argument, or one of EXO Gym's built-in classes. EXO Gym's
+    by position, an EXO Gym-only argument or both ``num_epochs`` and ``max_steps``, or one of
+    EXO Gym's built-in classes. EXO Gym's
     arguments with an exogym (node-stacked) strategy are an error naming exogym's."""
     strategy = kwargs.get("strategy", args[1] if len(args) > 1 else None)
     exo_names = [k for k in EXO_GYM_ONLY if k in kwargs]
@@ -110,7 +112,10 @@ def is_exo_gym_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
                 f"... or a per-node strategy), with strategy {strategy!r}; exogym's fit takes "
                 "keyword arguments" + (f": {renamed}" if renamed else ""))
         return False
-    return bool(args or exo_names) or isinstance(strategy, BuiltinStrategy) \
+    # num_epochs and max_steps together: EXO Gym's example/mnist.py calls fit so, and exogym's
+    # own form refuses the pair, so the call can only mean EXO Gym's
+    both = kwargs.get("num_epochs") is not None and kwargs.get("max_steps") is not None
+    return bool(args or exo_names or both) or isinstance(strategy, BuiltinStrategy) \
         or type(strategy) is SimpleReduceStrategy  # a subclass is a per-node strategy of one's own
 
 

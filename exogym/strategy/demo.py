@@ -57,6 +57,7 @@ Codecs: DeMo's payload is already sparse, so it takes no transport codec (``supp
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -239,6 +240,24 @@ class DeMoStrategy(_exo.BuiltinStrategy):
         name = type(self).__name__
         fields = _exo.shared(name, unused, optim_spec, lr_scheduler, lr_scheduler_kwargs)
         lr = 1e-3 if optim_spec is None else fields["optim"].lr  # EXO Gym's fixed value
+        if optim_spec is not None:
+            _warn_unused_optim(name, fields["optim"])
         super().__init__(DeMo(beta=compression_decay, k=compression_topk, s=compression_chunk,
                               optim=OptimSpec(lr=lr, weight_decay=weight_decay),
                               schedule=fields["schedule"]))
+
+
+def _warn_unused_optim(owner: str, spec: OptimSpec) -> None:
+    """An :class:`exogym.strategy.exo_gym.ExoGymWarning` naming the settings of ``spec`` beyond
+    ``lr`` that DeMo does not use (those that differ from a plain ``OptimSpec(name, lr=lr)``)."""
+    plain = OptimSpec(spec.name, lr=spec.lr)
+    unused = {f: getattr(spec, f) for f in ("weight_decay", "betas", "eps", "momentum",
+                                             "nesterov")
+              if getattr(spec, f) != getattr(plain, f)}
+    if unused:
+        settings = ", ".join(f"{k}={v!r}" for k, v in unused.items())
+        warnings.warn(
+            f"{owner}: optim_spec's {settings} not used: DeMo is its own optimizer (the sign of "
+            f"the decoded DCT momentum), which takes only optim_spec's lr (its step size); "
+            f"DeMo's weight decay is {owner}(weight_decay=)", _exo.ExoGymWarning, stacklevel=4)
+

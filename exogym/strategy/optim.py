@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import torch
+from torch import nn
 
 from exogym.strategy.muon import DEFAULT_EXCLUDE, NS_COEFFICIENTS, NS_DTYPES, SCALES, Muon
 from exogym.utils.validation import check_int, check_number
@@ -153,10 +154,18 @@ class OptimSpec:
             return 2
         return 1 if self.momentum else 0
 
-    def build(self, params: list[torch.Tensor],
+    def build(self, params: list[torch.Tensor] | nn.Module,
               names: Sequence[str] | None = None) -> torch.optim.Optimizer:
-        """The optimizer over ``params`` (node-stacked tensors); ``names`` (one per parameter)
-        let Muon route ``muon_exclude`` matches to AdamW and are unused by the others."""
+        """The optimizer over ``params`` (node-stacked tensors), or over a module's parameters
+        (EXO Gym's ``optim_spec.build(model)``, their names with them); ``names`` (one per
+        parameter) let Muon route ``muon_exclude`` matches to AdamW and are unused by the
+        others."""
+        if isinstance(params, nn.Module):
+            if names is not None:
+                raise ValueError("build(module) takes the parameters' names from the module; "
+                                 "give names only with a list of tensors")
+            named = list(params.named_parameters())
+            names, params = [n for n, _ in named], [p for _, p in named]
         if self.name == "muon":
             return Muon(params, lr=self.lr, muon_lr=self.muon_lr, momentum=self.muon_momentum,
                         nesterov=self.muon_nesterov, ns=self.muon_ns,

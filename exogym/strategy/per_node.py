@@ -193,6 +193,13 @@ class PerNode(StackedStrategy):
         if not isinstance(self.node, NodeStrategy):
             raise TypeError(f"node must be a per-node Strategy (exogym.strategy.strategy), got "
                             f"{type(self.node).__name__}")
+        if type(self.node).zero_grad is not NodeStrategy.zero_grad:
+            # EXO Gym's TrainNode called strategy.zero_grad() before each step; exogym zeroes
+            # every node's row of the stacked gradient itself, so an override would never run
+            raise TypeError(
+                f"{type(self.node).__name__} overrides zero_grad(), which exogym does not call: "
+                "the run zeroes every node's gradients before each step. For gradient "
+                "accumulation use fit(micro_batch_size=...); remove the override")
 
     @property
     def id(self) -> str:  # type: ignore[override]

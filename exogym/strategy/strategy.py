@@ -110,12 +110,17 @@ class Strategy:
 
     def _lambda_cosine(self, step: int) -> float:
         """EXO Gym's schedule: linear warm-up over ``warmup_steps``, then 1, or with
-        ``cosine_anneal`` a cosine from 1 to 0.1 at ``min(max_steps, run's steps)``."""
+        ``cosine_anneal`` a cosine from 1 to 0.1 at ``min(max_steps, run's steps)``.
+
+        The warm-up is ``(t + 1) / W`` for step ``t`` (0-based), as the built-ins'
+        (:class:`exogym.strategy.optim.LRSchedule`), not EXO Gym's ``t / W``, whose first
+        step ran at lr 0: a per-node strategy and the built-in it rewrites take the same
+        learning rates."""
         kw = self.lr_scheduler_kwargs
         warmup = int(kw.get("warmup_steps", 1))
         total = min(int(kw["max_steps"]), self.max_steps) if "max_steps" in kw else self.max_steps
         if step < warmup:
-            return step / max(warmup, 1)
+            return (step + 1) / warmup
         if not kw.get("cosine_anneal", False):
             return 1.0
         progress = (step - warmup) / max(1, total - warmup)
@@ -166,8 +171,7 @@ def build_optimizer(spec: Any, model: nn.Module) -> torch.optim.Optimizer:
     if spec.name not in OPTIMIZERS:  # Muon's implementation reads dim 0 as the node dimension
         raise ValueError(f"optim_spec name={spec.name!r} is a node-stacked optimizer; a per-node "
                          f"strategy's optimizer is one of {sorted(OPTIMIZERS)}")
-    names, params = zip(*model.named_parameters(), strict=True)
-    return spec.build(list(params), names=list(names))
+    return spec.build(model)
 
 
 class SimpleReduceStrategy(Strategy):
