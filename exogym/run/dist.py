@@ -51,8 +51,8 @@ from exogym.sim.sharding import NodeBatches, fetch
 
 __all__ = [
     "COLLECTIVE_TIMEOUT_S", "DistributedCommunicator", "RankContext", "TorchrunEnv",
-    "close_group", "gather_global_state", "join_torchrun", "local_batch", "local_node_ids",
-    "torchrun_env",
+    "close_group", "gather_global_state", "init_group", "join_torchrun", "local_batch",
+    "local_node_ids", "torchrun_env",
 ]
 
 #: Collective timeout of a process group exogym initialises (a rank waiting on a dead peer fails
@@ -139,6 +139,26 @@ def torchrun_env(environ: dict[str, str] | None = None) -> TorchrunEnv | None:
                        env["MASTER_ADDR"], values["MASTER_PORT"])
 
 
+def init_group(backend: str, init_method: str, rank: int, world_size: int,
+               timeout_s: float = COLLECTIVE_TIMEOUT_S) -> None:
+    """``torch.distributed.init_process_group`` with a collective timeout of ``timeout_s``
+    seconds (default :data:`COLLECTIVE_TIMEOUT_S`), after importing ``torch._dynamo``.
+
+    Why the import first: the first ``torch.optim`` optimizer imports ``torch._dynamo``, and
+    that import, made while a default group exists, keeps the group alive after
+    ``destroy_process_group`` (torch 2.13: the group outlived a fit() that built an AdamW,
+    and not one that had imported ``torch._dynamo`` before the group). A group that lives on
+    is destroyed during interpreter shutdown, where its gloo threads occasionally abort the
+    process ("terminate called without an active exception", SIGABRT after a clean run, about
+    one torchrun test in 15 under load). Imported before the group exists, nothing holds it
+    and ``destroy_process_group`` frees it while Python is alive."""
+    import torch._dynamo  # noqa: F401  (see above)
+
+    dist.init_process_group(backend, init_method=init_method, rank=rank,
+                            world_size=world_size,
+                            timeout=timedelta(seconds=timeout_s))
+
+
 def close_group(*, clean: bool) -> None:
     """Destroy this process's default group. ``clean`` (the rank's work ended without an
     error): meet the other ranks at a barrier first, so that no rank closes its connections
@@ -164,9 +184,7 @@ def join_torchrun(env: TorchrunEnv, device: torch.device) -> torch.device:
         backend = "nccl"
     else:
         backend = "gloo"
-    dist.init_process_group(backend, init_method="env://", rank=env.rank,
-                            world_size=env.world_size,
-                            timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    init_group(backend, "env://", env.rank, env.world_size)
     return device
 
 

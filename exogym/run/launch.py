@@ -32,12 +32,10 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor, nn
 from torch.utils.data import Dataset
@@ -47,6 +45,7 @@ from exogym.run.dist import (
     RankContext,
     close_group,
     gather_global_state,
+    init_group,
     local_batch,
 )
 from exogym.run.result import FitResult
@@ -92,8 +91,7 @@ def _entry(
     device = f"cuda:{rank}" if backend == "nccl" else "cpu"
     if backend == "nccl":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, timeout=timedelta(seconds=timeout_s))
+    init_group(backend, f"tcp://127.0.0.1:{port}", rank, world_size, timeout_s)
     clean = False
     try:
         ctx = RankContext(rank, world_size, nodes_per_process, device)
@@ -109,8 +107,8 @@ def _entry(
     finally:
         close_group(clean=clean)
     # The rank's result is on disk and its group closed: leave without the interpreter's
-    # finalization, where a gloo thread still releasing its last tensors can abort the process
-    # (a rare SIGABRT, "terminate called without an active exception", after a clean run).
+    # finalization. init_group removed the known cause of a rare SIGABRT there (a group kept
+    # alive into shutdown); a worker has nothing left to finalize, so it takes no chance.
     multiprocessing.util._exit_function()  # multiprocessing's own clean-up (its semaphores)
     sys.stdout.flush()
     sys.stderr.flush()
