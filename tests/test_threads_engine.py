@@ -135,6 +135,36 @@ def test_pool_shape_splits_the_intra_op_threads() -> None:
     assert pool_shape(64, 16) == (16, 1)
 
 
+def test_the_pool_leaves_the_process_s_thread_count_and_ends_with_its_owner() -> None:
+    import gc
+    import threading
+
+    from exogym.sim.threads import NodePool
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        pool = NodePool(2, 1, lambda: None)
+        assert pool.map(lambda i: (i, torch.get_num_threads()), [0, 1, 2]) == [
+            (0, 1), (1, 1), (2, 1)]
+        seen: list[int] = []  # a thread started later takes the process's count, not 1
+        t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        t.start()
+        t.join()
+        assert seen == [2] and torch.get_num_threads() == 2
+        workers = list(pool._threads)
+        assert all(w.is_alive() for w in workers)
+        del pool
+        gc.collect()
+        for w in workers:
+            w.join(timeout=5)
+        assert not any(w.is_alive() for w in workers)
+        with pytest.raises(ZeroDivisionError):  # a task's error reaches the caller
+            NodePool(1, 1, lambda: None).map(lambda i: 1 // i, [1, 0])
+    finally:
+        torch.set_num_threads(threads)
+
+
 # -- the engine ------------------------------------------------------------------------------------
 def test_auto_picks_threads_for_several_nodes_on_a_cpu() -> None:
     cpu = torch.device("cpu")

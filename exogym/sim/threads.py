@@ -45,9 +45,11 @@ from __future__ import annotations
 
 import hashlib
 import math
+import queue
 import threading
+import weakref
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from typing import Any, TypeVar
 
 import torch
@@ -230,16 +232,33 @@ def pool_shape(num_nodes: int, intra_op_threads: int) -> tuple[int, int]:
 
 class NodePool:
     """``workers`` persistent threads, each with ``threads_per_worker`` intra-op threads, and a
-    per-thread value built on first use by ``make_local`` (the node template module)."""
+    per-thread value built on first use by ``make_local`` (the node template module).
+
+    ``torch.set_num_threads`` also sets the count that threads started later take on their
+    first parallel kernel; the workers therefore take theirs on start-up and the pool puts the
+    process's count back once they have, so that no other thread (a checkpoint writer, the
+    user's own) inherits a worker's.
+    """
 
     def __init__(self, workers: int, threads_per_worker: int,
                  make_local: Callable[[], Any]) -> None:
         self.workers, self.threads_per_worker = workers, threads_per_worker
         self._make_local = make_local
         self._local = threading.local()
-        self._executor = ThreadPoolExecutor(
-            max_workers=workers, thread_name_prefix="exogym-node",
-            initializer=torch.set_num_threads, initargs=(threads_per_worker,))
+        self._tasks: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
+        process_threads = torch.get_num_threads()
+        ready = threading.Barrier(workers + 1)
+        # The threads hold the queue, not the pool: a pool nobody holds is collected, and its
+        # finalizer ends them.
+        self._threads = [threading.Thread(target=_work, args=(self._tasks, threads_per_worker,
+                                                              ready),
+                                          daemon=True, name=f"exogym-node-{k}")
+                         for k in range(workers)]
+        for t in self._threads:
+            t.start()
+        ready.wait()
+        torch.set_num_threads(process_threads)
+        self._finalizer = weakref.finalize(self, _stop, self._tasks, workers)
 
     def local(self) -> Any:
         """This worker thread's value (built on its first call)."""
@@ -249,12 +268,41 @@ class NodePool:
         return value
 
     def map(self, fn: Callable[[int], T], items: Sequence[int]) -> list[T]:
-        """``[fn(i) for i in items]``, run concurrently by the workers; waits for every call to
-        end before raising the first error (in ``items`` order), so that no worker is still
-        writing when the caller goes on."""
-        futures: list[Future[T]] = [self._executor.submit(fn, i) for i in items]
+        """``[fn(i) for i in items]``, run concurrently by the workers (each item to whichever
+        is free); waits for every call to end before raising the first error (in ``items``
+        order), so that no worker is still writing when the caller goes on."""
+        futures: list[Future[T]] = []
+        for i in items:
+            futures.append(Future())
+            self._tasks.put((fn, i, futures[-1]))
         wait(futures)
         return [f.result() for f in futures]
 
     def close(self) -> None:
-        self._executor.shutdown(wait=True)
+        """End the workers (they finish what they hold first)."""
+        self._finalizer()
+        for t in self._threads:
+            t.join()
+
+
+_Task = tuple[Callable[[int], Any], int, Future[Any]]
+
+
+def _work(tasks: queue.SimpleQueue[_Task | None], intra_op_threads: int,
+          ready: threading.Barrier) -> None:
+    """A worker: its intra-op thread count, then tasks until a None."""
+    torch.get_num_threads()  # the thread's first parallel call reads the process's count:
+    torch.set_num_threads(intra_op_threads)  # made now, then this thread's own count set
+    ready.wait()
+    while (task := tasks.get()) is not None:
+        fn, item, future = task
+        try:
+            future.set_result(fn(item))
+        except BaseException as err:  # handed to the caller, raised there
+            future.set_exception(err)
+        del task, fn, future  # hold nothing of the caller's while waiting
+
+
+def _stop(tasks: queue.SimpleQueue[_Task | None], workers: int) -> None:
+    for _ in range(workers):
+        tasks.put(None)
