@@ -287,3 +287,33 @@ def test_fit_with_threads_is_deterministic_and_equals_the_loop_without_dropout()
     for p, q in zip(loop.model.parameters(), threads.model.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
     assert loop.bytes_sent == threads.bytes_sent
+
+
+def test_a_process_that_ran_threads_exits_cleanly() -> None:
+    # The workers end, joined, when their pool goes (here as main() returns, just before the
+    # process exits): a worker thread still ending while the process tears torch down aborted
+    # it ("terminate called without an active exception"; half of such runs before the join).
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import torch
+        from torch import nn
+        from torch.utils.data import TensorDataset
+        from exogym import Classifier, Trainer
+
+        def main():
+            data = TensorDataset(torch.randn(64, 1, 8, 8), torch.randint(0, 3, (64,)))
+            net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Flatten(), nn.Linear(144, 3))
+            r = Trainer(Classifier(net), data).fit(strategy="ddp", num_nodes=4, max_steps=2,
+                                                   batch_size=8, engine="threads",
+                                                   progress=False)
+            assert r.engine == "threads"
+
+        main()
+    """)
+    for _ in range(3):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=120, check=False)
+        assert done.returncode == 0 and "terminate" not in done.stderr, done.stderr[-2000:]

@@ -258,7 +258,9 @@ class NodePool:
             t.start()
         ready.wait()
         torch.set_num_threads(process_threads)
-        self._finalizer = weakref.finalize(self, _stop, self._tasks, workers)
+        # At exit too (weakref.finalize runs at exit): the workers end while Python is whole;
+        # a daemon thread still alive when the process tears torch down aborts it.
+        self._finalizer = weakref.finalize(self, _stop, self._tasks, self._threads)
 
     def local(self) -> Any:
         """This worker thread's value (built on its first call)."""
@@ -281,8 +283,6 @@ class NodePool:
     def close(self) -> None:
         """End the workers (they finish what they hold first)."""
         self._finalizer()
-        for t in self._threads:
-            t.join()
 
 
 _Task = tuple[Callable[[int], Any], int, Future[Any]]
@@ -303,6 +303,9 @@ def _work(tasks: queue.SimpleQueue[_Task | None], intra_op_threads: int,
         del task, fn, future  # hold nothing of the caller's while waiting
 
 
-def _stop(tasks: queue.SimpleQueue[_Task | None], workers: int) -> None:
-    for _ in range(workers):
+def _stop(tasks: queue.SimpleQueue[_Task | None], threads: list[threading.Thread]) -> None:
+    for _ in threads:
         tasks.put(None)
+    for t in threads:
+        if t is not threading.current_thread():
+            t.join()
