@@ -211,9 +211,25 @@ def profile(model: str, n: int, engine: str, steps: int, warmup: int) -> dict[st
     return {k: statistics.median(v) for k, v in spent.items()}
 
 
+# Timed samples per run, about 3 s of plain PyTorch at batch 64 on the 2-core machine of
+# docs/benchmarks.md: a fixed step count would time 0.1 s of a small model at N = 2 (noise).
+TIMED_SAMPLES = {"exo_cnn": 1024, "gpt": 1024, "bn_cnn": 6144, "mnist_cnn": 15360,
+                 "dropout_mlp": 28672}
+
+
+def steps_for(model: str, n: int, args: argparse.Namespace) -> tuple[int, int]:
+    """``(timed steps, warm-up steps)`` of a run of ``model`` on ``n`` nodes: at least
+    ``--steps`` and enough for the model's timed samples; a quarter as many warm-up steps, at
+    least ``--warmup``."""
+    samples = TIMED_SAMPLES.get(model, 0) if args.timed_samples is None else args.timed_samples
+    steps = max(args.steps, -(-samples // (BATCH * n)))
+    return steps, max(args.warmup, steps // 4)
+
+
 def _worker_cmd(side: str, model: str, n: int, args: argparse.Namespace) -> list[str]:
+    steps, warmup = steps_for(model, n, args)
     return [sys.executable, __file__, "--worker", side, "--models", model, "--nodes", str(n),
-            "--steps", str(args.steps), "--warmup", str(args.warmup)]
+            "--steps", str(steps), "--warmup", str(warmup)]
 
 
 def measure(side: str, model: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -230,8 +246,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="exo_cnn,mnist_cnn,gpt,bn_cnn,dropout_mlp")
     p.add_argument("--nodes", default="1,2,4,8,16,64")
     p.add_argument("--sides", default=",".join(SIDES))
-    p.add_argument("--steps", type=int, default=4, help="timed steps (default: 4)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default: 2)")
+    p.add_argument("--steps", type=int, default=4,
+                   help="timed steps, at least (default: 4; more where the model's "
+                        "TIMED_SAMPLES need them)")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="untimed steps first, at least (default: 2; a quarter of the timed "
+                        "steps where that is more)")
+    p.add_argument("--timed-samples", type=int, default=None,
+                   help="timed samples per run, at least (default: the model's TIMED_SAMPLES; "
+                        "0: --steps alone)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--procs-max-nodes", type=int, default=16,
                    help="the process side only up to this N (memory: one interpreter and "
@@ -265,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"unknown side {side!r}; allowed: {', '.join(SIDES)}")
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
           f"{torch.__version__}, {torch.get_num_threads()} intra-op threads; batch {BATCH} per "
-          f"node, DDP/AdamW; {args.warmup} + {args.steps} steps; medians of {args.repeats}",
+          f"node, DDP/AdamW; at least {args.warmup} + {args.steps} steps, more for small "
+          f"models (TIMED_SAMPLES {TIMED_SAMPLES}); medians of {args.repeats}",
           flush=True)
     records: list[dict[str, Any]] = []
     for model in models:
