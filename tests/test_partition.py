@@ -457,3 +457,21 @@ def test_trainer_trains_on_the_partition(tmp_path: Path) -> None:
     assert config["partition"] == "dirichlet:0.1"
     assert config["partition_stats"]["sizes"] == [len(sh) for sh in shards]
     assert sum(map(sum, config["partition_stats"]["label_histogram"])) == 400
+
+
+def test_a_tensor_dataset_is_fetched_in_one_gather_as_collated() -> None:
+    from torch.utils.data import TensorDataset, default_collate
+
+    from exogym.sim.sharding import fetch
+
+    ds = TensorDataset(torch.randn(10, 2, 3), torch.arange(10), torch.rand(10) > 0.5)
+    idx = torch.tensor([7, 0, 3, 3])
+    fast, slow = fetch(ds, idx), default_collate([ds[int(i)] for i in idx])
+    assert type(fast) is type(slow) is list
+    assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(fast, slow, strict=True))
+
+    class Doubled(TensorDataset):  # a subclass may change items: it takes the general path
+        def __getitem__(self, i: int) -> tuple[Tensor, ...]:
+            return tuple(t * 2 for t in super().__getitem__(i))
+
+    assert torch.equal(fetch(Doubled(torch.arange(10)), idx[:2])[0], torch.tensor([14, 0]))

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 from torch.utils._pytree import tree_map
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import Dataset, TensorDataset, default_collate
 
 from exogym.sim.partition import (
     Partition,
@@ -66,6 +66,8 @@ def fetch(dataset: Dataset, indices: Tensor) -> Any:
     """The collated batch of ``dataset`` at ``indices`` (a 1-D int64 tensor)."""
     if isinstance(dataset, BatchDataset):
         return dataset.get_batch(indices)
+    if type(dataset) is TensorDataset:  # default_collate's list, one gather per tensor
+        return [t[indices] for t in dataset.tensors]
     return default_collate([dataset[int(i)] for i in indices])
 
 
