@@ -2,23 +2,30 @@
 """exogym's engines against plain PyTorch and a process-per-node run, model by model.
 
 For each model in ``--models`` and each N in ``--nodes``, training samples/s (summed over nodes)
-of, side by side in one run:
+of, side by side:
 
-- ``plain64``: ONE model, ``torch.optim.AdamW``, batch 64 (independent of N; measured once per
-  model): how fast this machine trains the model at all;
-- ``plain64N``: ONE model, AdamW, batch ``64 N``: the same samples per step as N nodes;
-- ``loop``, ``threads``, ``auto`` (exogym's default, which picks one of them): ``Trainer.fit``
-  with DDP (AdamW, every gradient all-reduced each step, no network model), N nodes of batch 64;
+- ``plain 64``: ONE model, ``torch.optim.AdamW`` as a user writes it, batch 64: how fast this
+  machine trains the model at all;
+- ``plain 64N``: ONE model, AdamW, batch ``64 N``: the same samples per step as N nodes;
+- ``loop``, ``auto`` (exogym's default engine, which picks loop, threads or vmap: the table
+  names it): exogym's engines with DDP (AdamW, every gradient all-reduced each step), N nodes
+  of batch 64, stepped as ``Trainer.fit`` steps them (without its logging and clock);
+- ``fit, auto``: ``Trainer.fit`` itself with the default engine (no network model, a metrics
+  row each step: everything a user's run pays);
 - ``procs``: exogym's process engine (``fit_processes``), one process per node, gloo, one
   intra-op thread per process: a tuned process-per-node run (the same DDP, over real sockets).
 
-Every (side, model, N, repeat) runs in a fresh subprocess (this script with ``--worker``), so
-each side's peak memory is its own: ``ru_maxrss`` of the worker; for ``procs`` the launcher's plus
-N times the largest worker's (``RUSAGE_CHILDREN``: an upper estimate of the sum). Timing skips
-``--warmup`` steps and the start-up (exogym sides: the wall time between the logged rows of
-steps ``warmup`` and ``warmup + steps``; plain sides: a timer around the timed steps). Repeats
-interleave the sides (forward order, then reverse, ...), the table shows medians. Data: random
-tensors of each model's shapes (speed does not depend on the values), the same in every side.
+The first four run in ONE process (``--worker paired``), in ``--rounds`` timed rounds that
+alternate the sides (order reversed every other round): on this machine speed drifts by 10-30%
+over minutes, which separate processes cannot tell from the sides' difference, so ``auto /
+best plain`` is the median over rounds of auto / max(plain 64, plain 64N) of the same round.
+``fit, auto`` and ``procs`` run in fresh processes (this script with ``--worker``), interleaved
+over ``--repeats`` (medians), and a loop ``fit`` once: each has its own peak memory
+(``ru_maxrss`` of the worker; for ``procs`` the launcher's plus N times the largest worker's,
+``RUSAGE_CHILDREN``: an upper estimate of the sum). Timing skips warm-up steps and start-up
+(fit sides: the wall time between the logged rows of the first and last timed steps). Every run
+times about :data:`TIMED_SAMPLES` samples (a round a third of them). Data: random tensors of
+each model's shapes (speed does not depend on the values), the same in every side.
 
 Models: ``exo_cnn`` (EXO Gym's MNIST CNN: 4 convolutions with BatchNorm, dropout, 1.87 M
 parameters), ``mnist_cnn`` (exogym's MnistCNN, 215 k), ``gpt`` (the Shakespeare task's GPT: 4
@@ -35,7 +42,7 @@ steps, percent of the step.
 
 Usage::
 
-    python bench/engines.py --models exo_cnn,gpt --nodes 1,2,4,8 --repeats 3
+    python bench/engines.py --models exo_cnn,gpt --nodes 1,2,4,8,16,64 --repeats 3
     python bench/engines.py --profile --engine loop --nodes 1,2,4,8
 """
 
@@ -50,6 +57,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -57,7 +65,6 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 BATCH = 64
-SIDES = ("plain64", "plain64N", "loop", "threads", "auto", "procs")
 
 
 def exo_cnn() -> nn.Module:
@@ -156,6 +163,79 @@ def run_worker(side: str, model: str, n: int, steps: int, warmup: int) -> dict[s
     return {"samples_s": BATCH * n * steps / seconds, "peak_mb": peak, "engine": engine}
 
 
+def run_paired(model: str, n: int, steps: int, warmup: int, rounds: int) -> dict[str, Any]:
+    """The in-process sides in ONE process, alternating timed rounds of ``steps`` steps (order
+    reversed every other round): samples/s per side and round. This machine's speed drifts by
+    10-30% over minutes, which separate processes cannot tell from an engine's speed; rounds a
+    second or two apart see the same machine, so their ratios are what the table reports."""
+    from exogym.sim.comm import InProcessCommunicator
+    from exogym.sim.engine import NodeStack
+    from exogym.strategy import make
+
+    xs, ys = dataset(model, BATCH * n * 4).tensors  # 4 steps' batches, cycled
+    xs, ys = xs.view(4, n, BATCH, *xs.shape[1:]), ys.view(4, n, BATCH, *ys.shape[1:])
+    sides: dict[str, Callable[[int], float]] = {}
+    engines: dict[str, str] = {}
+
+    def plain(batch_nodes: int) -> Callable[[int], float]:
+        torch.manual_seed(0)
+        net = build(model)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-3)  # as a user writes it
+        x, y = xs.reshape(-1, *xs.shape[3:]), ys.reshape(-1, *ys.shape[3:])
+        rows = BATCH * batch_nodes
+        done = [0]
+
+        def run(k: int) -> float:
+            start = time.perf_counter()
+            for _ in range(k):
+                at = (done[0] * rows) % x.shape[0]
+                opt.zero_grad(set_to_none=False)
+                net((x[at:at + rows], y[at:at + rows]))["loss"].backward()
+                opt.step()
+                done[0] += 1
+            return time.perf_counter() - start
+        return run
+
+    def exo(engine: str) -> Callable[[int], float]:
+        torch.manual_seed(0)
+        nodes = NodeStack(build(model), n, engine=engine)  # type: ignore[arg-type]
+        comm = InProcessCommunicator(n)
+        strategy = make("ddp")
+        strategy.setup(nodes, comm, 10**9)
+        loss_sum = torch.zeros(())
+        done = [0]
+
+        def run(k: int) -> float:  # as Trainer.fit steps, without its logging and clock
+            start = time.perf_counter()
+            for _ in range(k):
+                step = done[0]
+                comm.step = step
+                with nodes.stepping():
+                    losses = nodes.forward_backward(nodes.to_batch_device((xs[step % 4],
+                                                                           ys[step % 4])))
+                    strategy.step(step)
+                    nodes.zero_grad()
+                loss_sum.add_(losses.sum())
+                done[0] += 1
+            engines[engine] = nodes.engine
+            return time.perf_counter() - start
+        return run
+
+    sides["plain64"] = plain(1)
+    if n > 1:
+        sides["plain64N"] = plain(n)
+    sides["loop"] = exo("loop")
+    sides["auto"] = exo("auto")
+    samples = {s: BATCH * (1 if s == "plain64" else n) * steps for s in sides}
+    for run in sides.values():
+        run(warmup)
+    rates: dict[str, list[float]] = {s: [] for s in sides}
+    for r in range(rounds):
+        for s in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
+            rates[s].append(samples[s] / sides[s](steps))
+    return {"rates": rates, "engine": engines["auto"]}
+
+
 def profile(model: str, n: int, engine: str, steps: int, warmup: int) -> dict[str, float]:
     """Median seconds per phase of one step (see the module docstring)."""
     from torch.func import functional_call
@@ -194,13 +274,14 @@ def profile(model: str, n: int, engine: str, steps: int, warmup: int) -> dict[st
                                            {k: v[i] for k, v in nodes.buffers.items()}),
                             (node_batch,))
         t2 = time.perf_counter()
-        nodes.forward_backward(batch)
-        t3 = time.perf_counter()
-        inner.clear()
-        strategy.step(step)
-        t4 = time.perf_counter()
-        nodes.zero_grad()
-        t5 = time.perf_counter()
+        with nodes.stepping():  # as Trainer.fit steps
+            nodes.forward_backward(batch)
+            t3 = time.perf_counter()
+            inner.clear()
+            strategy.step(step)
+            t4 = time.perf_counter()
+            nodes.zero_grad()
+            t5 = time.perf_counter()
         if step >= warmup:
             spent["data"].append(t1 - t0)
             spent["forward"].append(t2 - t1)
@@ -226,16 +307,19 @@ def steps_for(model: str, n: int, args: argparse.Namespace) -> tuple[int, int]:
     return steps, max(args.warmup, steps // 4)
 
 
-def _worker_cmd(side: str, model: str, n: int, args: argparse.Namespace) -> list[str]:
-    steps, warmup = steps_for(model, n, args)
+def _worker_cmd(side: str, model: str, n: int, args: argparse.Namespace,
+                steps: int | None = None, warmup: int | None = None) -> list[str]:
+    if steps is None or warmup is None:
+        steps, warmup = steps_for(model, n, args)
     return [sys.executable, __file__, "--worker", side, "--models", model, "--nodes", str(n),
-            "--steps", str(steps), "--warmup", str(warmup)]
+            "--steps", str(steps), "--warmup", str(warmup), "--rounds", str(args.rounds)]
 
 
-def measure(side: str, model: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
+def measure(side: str, model: str, n: int, args: argparse.Namespace,
+            steps: int | None = None, warmup: int | None = None) -> dict[str, Any]:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    done = subprocess.run(_worker_cmd(side, model, n, args), capture_output=True, text=True,
-                          env=env, check=False)
+    done = subprocess.run(_worker_cmd(side, model, n, args, steps, warmup), capture_output=True,
+                          text=True, env=env, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{side} {model} N={n} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -245,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="exo_cnn,mnist_cnn,gpt,bn_cnn,dropout_mlp")
     p.add_argument("--nodes", default="1,2,4,8,16,64")
-    p.add_argument("--sides", default=",".join(SIDES))
+    p.add_argument("--rounds", type=int, default=5,
+                   help="alternating timed rounds of the in-process sides (default: 5)")
     p.add_argument("--steps", type=int, default=4,
                    help="timed steps, at least (default: 4; more where the model's "
                         "TIMED_SAMPLES need them)")
@@ -268,7 +353,11 @@ def main(argv: list[str] | None = None) -> int:
     models = args.models.split(",")
     nodes = [int(x) for x in args.nodes.split(",")]
     if args.worker is not None:
-        print(json.dumps(run_worker(args.worker, models[0], nodes[0], args.steps, args.warmup)))
+        if args.worker == "paired":
+            out = run_paired(models[0], nodes[0], args.steps, args.warmup, args.rounds)
+        else:
+            out = run_worker(args.worker, models[0], nodes[0], args.steps, args.warmup)
+        print(json.dumps(out))
         return 0
     if args.profile:
         print(f"# phases of one DDP step, engine {args.engine}, batch {BATCH} per node; "
@@ -282,49 +371,48 @@ def main(argv: list[str] | None = None) -> int:
                 cells = " | ".join(f"{1e3 * v:.1f} ({100 * v / total:.0f}%)" for v in t.values())
                 print(f"| {n} | {cells} | {1e3 * total:.0f} |", flush=True)
         return 0
-    sides = args.sides.split(",")
-    for side in sides:
-        if side not in SIDES:
-            raise SystemExit(f"unknown side {side!r}; allowed: {', '.join(SIDES)}")
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
           f"{torch.__version__}, {torch.get_num_threads()} intra-op threads; batch {BATCH} per "
-          f"node, DDP/AdamW; at least {args.warmup} + {args.steps} steps, more for small "
-          f"models (TIMED_SAMPLES {TIMED_SAMPLES}); medians of {args.repeats}",
-          flush=True)
+          f"node, DDP/AdamW; in-process sides: {args.rounds} alternating rounds, medians; fit "
+          f"and procs: separate processes, {args.repeats} interleaved repeats, medians "
+          f"(TIMED_SAMPLES {TIMED_SAMPLES})", flush=True)
     records: list[dict[str, Any]] = []
     for model in models:
-        plain64: list[float] = []
-        print(f"\n## {model}\n\n| N | plain 64 | plain 64N | loop | threads | auto (engine) | "
-              "procs, 1 thread | auto / best plain | auto / procs | peak MB auto / loop / "
-              "procs |\n|---|---|---|---|---|---|---|---|---|---|", flush=True)
+        print(f"\n## {model}\n\n| N | plain 64 | plain 64N | loop | auto (engine) | auto / "
+              "best plain | fit, auto | procs, 1 thread | fit auto / procs | peak MB fit auto "
+              "/ loop / procs |\n|---|---|---|---|---|---|---|---|---|---|", flush=True)
         for n in nodes:
-            todo = [s for s in sides if not (s == "plain64" and plain64)
-                    and not (s == "procs" and (n < 2 or n > args.procs_max_nodes))
-                    and not (s == "plain64N" and n == 1)]
-            runs: dict[str, list[dict[str, Any]]] = {s: [] for s in todo}
+            steps, warmup = steps_for(model, n, args)
+            per_round = max(1, -(-steps // 3))
+            paired = measure("paired", model, n, args, steps=per_round, warmup=warmup)
+            rates = paired["rates"]
+            records.append({"model": model, "nodes": n, "side": "paired", **paired})
+            med = {side: statistics.median(v) for side, v in rates.items()}
+            best = [max(p, q) for p, q in zip(rates["plain64"], rates.get("plain64N",
+                                                                        rates["plain64"]),
+                                               strict=True)]
+            vs_plain = statistics.median(a / b for a, b in zip(rates["auto"], best, strict=True))
+            todo = ["auto"] + (["procs"] if 2 <= n <= args.procs_max_nodes else [])
+            runs: dict[str, list[dict[str, Any]]] = {side: [] for side in [*todo, "loop"]}
             for rep in range(args.repeats):
                 for side in (todo if rep % 2 == 0 else todo[::-1]):
-                    r = measure(side, model, n, args)
-                    runs[side].append(r)
-                    records.append({"model": model, "nodes": n, "side": side, "repeat": rep, **r})
-            med = {s: statistics.median(r["samples_s"] for r in v) for s, v in runs.items()}
-            peak = {s: max(r["peak_mb"] for r in v) for s, v in runs.items()}
-            if "plain64" in med:
-                plain64 = [med["plain64"]]
-            best_plain = max([*plain64, med.get("plain64N", 0.0)]) or None
-            engine = runs["auto"][0].get("engine", "?") if "auto" in runs else "-"
+                    runs[side].append(measure(side, model, n, args))
+            runs["loop"].append(measure("loop", model, n, args))  # its peak memory
+            for side, v in runs.items():
+                records.extend({"model": model, "nodes": n, "side": side, "repeat": k, **r}
+                               for k, r in enumerate(v))
+            fit = {side: statistics.median(r["samples_s"] for r in v) for side, v in runs.items()}
+            peak = {side: max(r["peak_mb"] for r in v) for side, v in runs.items()}
 
-            def cell(s: str, m: dict[str, float] = med) -> str:
-                return f"{m[s]:.0f}" if s in m else "-"
+            def cell(side: str, m: dict[str, float]) -> str:
+                return f"{m[side]:,.0f}" if side in m else "-"
 
-            ratio_plain = (f"{med['auto'] / best_plain:.2f}" if "auto" in med and best_plain
-                           else "-")
-            ratio_procs = f"{med['auto'] / med['procs']:.2f}" if {"auto", "procs"} <= set(med) \
-                else "-"
-            print(f"| {n} | {plain64[0]:.0f} | {cell('plain64N')} | {cell('loop')} | "
-                  f"{cell('threads')} | {cell('auto')} ({engine}) | {cell('procs')} | "
-                  f"{ratio_plain} | {ratio_procs} | {cell('auto', peak)} / {cell('loop', peak)}"
-                  f" / {cell('procs', peak)} |" if plain64 else f"| {n} | - |", flush=True)
+            vs_procs = f"{fit['auto'] / fit['procs']:.2f}" if "procs" in fit else "-"
+            print(f"| {n} | {cell('plain64', med)} | {cell('plain64N', med)} | "
+                  f"{cell('loop', med)} | {cell('auto', med)} ({paired['engine']}) | "
+                  f"{vs_plain:.2f} | {cell('auto', fit)} | {cell('procs', fit)} | {vs_procs} | "
+                  f"{cell('auto', peak)} / {cell('loop', peak)} / {cell('procs', peak)} |",
+                  flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(records, f, indent=1)

@@ -281,12 +281,13 @@ class Run:
         self.comm.step = step
         if s.network is not None and self.clock is None:
             t0 += self._start_clock()  # measuring the step time is not training time
-        if self.timelines is not None:
-            self._asynchronous_step()
-            self.step = done = self.timelines.fastest
-        else:
-            self._compute(step, self._world_step() if self._worldly else None)
-            self.step = done = step + 1
+        with self.nodes.stepping():
+            if self.timelines is not None:
+                self._asynchronous_step()
+                self.step = done = self.timelines.fastest
+            else:
+                self._compute(step, self._world_step() if self._worldly else None)
+                self.step = done = step + 1
         self._log_now = (done % s.log_interval == 0 or done == s.total_steps
                          or self._eval_due)
         if self._log_now and self.device.type == "cuda":

@@ -63,7 +63,7 @@ import contextlib
 import copy
 import logging
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -412,13 +412,45 @@ class NodeStack:
         ]
         return _stack_losses(losses)
 
-    def _threads_step(self, parts: list[tuple[float | None, Any]],
-                      active: Sequence[bool] | None) -> Tensor:
-        """The nodes in the worker threads, each with its own generator (:mod:`.threads`)."""
+    def _node_pool(self) -> NodePool:
+        """The threads engine's workers, started on first use: ``pool_shape`` of the calling
+        thread's intra-op threads."""
         if self._pool is None:
             workers, per_worker = pool_shape(self.num_nodes, torch.get_num_threads())
             self._pool = NodePool(workers, per_worker, lambda: copy.deepcopy(self.module))
-        pool = self._pool
+        return self._pool
+
+    @contextlib.contextmanager
+    def stepping(self) -> Iterator[None]:
+        """Around a training step (:meth:`forward_backward`, the strategy's update, zeroing):
+        with the threads engine, the calling thread computes with one intra-op thread
+        meanwhile, and so opens no parallel region of its own.
+
+        Why: after each parallel region, the OpenMP threads of the thread that opened it spin
+        for some milliseconds waiting for the next (libgomp's default); when the workers start
+        right after the optimizer step, that spinning takes a worker's core. Measured on the
+        2-core machine of docs/benchmarks.md, MNIST CNN, N = 2: the threads engine at 4,600
+        samples/s, 5,800 with the spinning off (``OMP_WAIT_POLICY=PASSIVE``, which in turn
+        slows every single-process run). The step's own tensor work in the calling thread
+        (an optimizer step over the stacked tensors, a reduction over the nodes) is small
+        beside the nodes' forward and backward. The numbers are the same run after run; they
+        may differ from a step taken outside this context at round-off (a reduction split
+        over another number of threads sums in another order). Other engines: no change."""
+        if self.engine != "threads":
+            yield
+            return
+        self._node_pool()  # sized by the caller's thread count, before it drops to one
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
+
+    def _threads_step(self, parts: list[tuple[float | None, Any]],
+                      active: Sequence[bool] | None) -> Tensor:
+        """The nodes in the worker threads, each with its own generator (:mod:`.threads`)."""
+        pool = self._node_pool()
         first = not self._threads_checked
         if first:  # to undo the step if the model draws from the global generator
             saved = ({n: b.clone() for n, b in self.buffers.items()},
