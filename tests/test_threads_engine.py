@@ -204,6 +204,26 @@ def test_threads_give_the_loop_s_gradients_buffers_and_losses(micro: int | None)
         torch.testing.assert_close(ba[name], bb[name], rtol=1e-12, atol=1e-12)
 
 
+def test_a_step_leaves_the_caller_one_intra_op_thread_and_restores_its_count() -> None:
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        nodes = NodeStack(BNNet(), 4, engine="threads")
+        with nodes.stepping():
+            assert torch.get_num_threads() == 1
+            nodes.forward_backward(_batch(4))
+        assert torch.get_num_threads() == 2
+        assert (nodes._pool.workers, nodes._pool.threads_per_worker) == (2, 1)  # sized by 2
+        loop = NodeStack(BNNet(), 4, engine="loop")
+        with loop.stepping():  # other engines: unchanged
+            assert torch.get_num_threads() == 2
+        with pytest.raises(ZeroDivisionError), nodes.stepping():
+            1 // 0
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_threads_with_dropout_are_deterministic_and_draw_once_per_step() -> None:
     torch.manual_seed(0)
     model = BNNet(p=0.5)
