@@ -382,9 +382,11 @@ def main(argv: list[str] | None = None) -> int:
               "best plain | fit, auto | procs, 1 thread | fit auto / procs | peak MB fit auto "
               "/ loop / procs |\n|---|---|---|---|---|---|---|---|---|---|", flush=True)
         for n in nodes:
-            steps, warmup = steps_for(model, n, args)
-            per_round = max(1, -(-steps // 3))
-            paired = measure("paired", model, n, args, steps=per_round, warmup=warmup)
+            samples = TIMED_SAMPLES.get(model, 0) if args.timed_samples is None \
+                else args.timed_samples
+            per_round = max(args.steps // 3, 1, -(-samples // (3 * BATCH * n)))
+            paired = measure("paired", model, n, args, steps=per_round,
+                             warmup=max(1, per_round // 2))
             rates = paired["rates"]
             records.append({"model": model, "nodes": n, "side": "paired", **paired})
             med = {side: statistics.median(v) for side, v in rates.items()}
