@@ -34,11 +34,12 @@ layers x 128, block 64, 0.8 M), ``bn_cnn`` (a 3-convolution BatchNorm CNN, no dr
 
 ``--profile`` instead times the phases of one exogym step (``--engine``, DDP), in this process:
 the data path (slicing ``[N, 64, ...]`` batches from a pool, ``to_batch_device``), forward and
-backward (``forward_backward``; forward alone is each node's forward on the same batch, its
-graph dropped, timed just before and subtracted: a loop-engine split, ``--engine loop``), the
-strategy's communication (DDP's all-reduce through the communicator, byte counting included)
-and its ``optimizer.step`` over the stacked tensors, and ``zero_grad``; medians over the timed
-steps, percent of the step.
+backward (``forward_backward``), the strategy's communication (DDP's all-reduce through the
+communicator, byte counting included) and its ``optimizer.step`` over the stacked tensors, and
+``zero_grad``, each step inside ``NodeStack.stepping()`` as ``Trainer.fit`` takes it; medians
+over the timed steps, ms and percent of the step. With ``--engine loop`` the last column is the
+forward alone (each node's forward on the same batch, its graph dropped, timed separately just
+before the step and not part of it).
 
 Usage::
 
@@ -50,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import resource
@@ -251,8 +253,8 @@ def profile(model: str, n: int, engine: str, steps: int, warmup: int) -> dict[st
     strategy.setup(nodes, comm, warmup + steps)
     optimizer_step = strategy.optimizer.step  # timed on its own inside the strategy's step
     spent: dict[str, list[float]] = {k: [] for k in
-                                     ("data", "forward", "backward", "communicate", "optimizer",
-                                      "zero_grad")}
+                                     ("data", "forward+backward", "communicate", "optimizer",
+                                      "zero_grad", "forward")}
     inner: list[float] = []
 
     def timed_optimizer_step(*a: Any, **k: Any) -> Any:
@@ -268,11 +270,11 @@ def profile(model: str, n: int, engine: str, steps: int, warmup: int) -> dict[st
         t0 = time.perf_counter()
         batch = nodes.to_batch_device((xs[step % 4], ys[step % 4]))
         t1 = time.perf_counter()
-        for i in range(n):  # forward alone, the graph dropped
-            node_batch = (batch[0][i], batch[1][i])
-            functional_call(nodes.module, ({k: v[i] for k, v in nodes.params.items()},
-                                           {k: v[i] for k, v in nodes.buffers.items()}),
-                            (node_batch,))
+        if engine == "loop":  # each node's forward alone on its own views, the graph dropped
+            for i in range(n):
+                functional_call(nodes.module, (nodes._node_params[i],
+                                               {k: v[i] for k, v in nodes.buffers.items()}),
+                                ((batch[0][i], batch[1][i]),))
         t2 = time.perf_counter()
         with nodes.stepping():  # as Trainer.fit steps
             nodes.forward_backward(batch)
@@ -284,8 +286,8 @@ def profile(model: str, n: int, engine: str, steps: int, warmup: int) -> dict[st
             t5 = time.perf_counter()
         if step >= warmup:
             spent["data"].append(t1 - t0)
-            spent["forward"].append(t2 - t1)
-            spent["backward"].append(max(0.0, (t3 - t2) - (t2 - t1)))
+            spent["forward+backward"].append(t3 - t2)
+            spent["forward"].append(t2 - t1 if engine == "loop" else math.nan)
             spent["optimizer"].append(sum(inner))
             spent["communicate"].append(t4 - t3 - sum(inner))
             spent["zero_grad"].append(t5 - t4)
@@ -363,13 +365,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# phases of one DDP step, engine {args.engine}, batch {BATCH} per node; "
               f"medians of {args.steps} steps after {args.warmup}; ms (percent of the step)")
         for model in models:
-            print(f"\n## {model}\n\n| N | data | forward | backward | communicate | "
-                  "optimizer | zero_grad | step |\n|---|---|---|---|---|---|---|---|")
+            print(f"\n## {model}\n\n| N | data | forward + backward | communicate | "
+                  "optimizer | zero_grad | step | of which forward (loop) |\n"
+                  "|---|---|---|---|---|---|---|---|")
             for n in nodes:
                 t = profile(model, n, args.engine, args.steps, args.warmup)
+                forward = t.pop("forward")
                 total = sum(t.values())
                 cells = " | ".join(f"{1e3 * v:.1f} ({100 * v / total:.0f}%)" for v in t.values())
-                print(f"| {n} | {cells} | {1e3 * total:.0f} |", flush=True)
+                alone = "-" if math.isnan(forward) else f"{1e3 * forward:.1f}"
+                print(f"| {n} | {cells} | {1e3 * total:.1f} | {alone} |", flush=True)
         return 0
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
           f"{torch.__version__}, {torch.get_num_threads()} intra-op threads; batch {BATCH} per "

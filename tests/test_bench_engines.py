@@ -39,12 +39,15 @@ def test_the_engines_table_compares_auto_with_plain_pytorch(capsys) -> None:
 
 def test_the_profile_splits_a_step_into_its_phases(capsys) -> None:
     bench = _bench()
-    assert bench.main(["--profile", "--models", "dropout_mlp", "--nodes", "1,2", "--steps", "2",
-                       "--warmup", "1"]) == 0
-    rows = [line for line in capsys.readouterr().out.splitlines() if re.match(r"\| [12] \|", line)]
-    assert len(rows) == 2
-    for row in rows:
-        cells = [c.strip() for c in row.strip("|").split("|")]
-        ms = [float(c.split()[0]) for c in cells[1:7]]
-        percents = [int(c.split("(")[1].rstrip("%)")) for c in cells[1:7]]
-        assert abs(sum(ms) - float(cells[7])) <= 1.0 and 97 <= sum(percents) <= 103
+    for engine, alone in (("loop", r"\d+\.\d"), ("threads", "-")):
+        assert bench.main(["--profile", "--engine", engine, "--models", "dropout_mlp", "--nodes",
+                           "1,2", "--steps", "2", "--warmup", "1"]) == 0
+        rows = [line for line in capsys.readouterr().out.splitlines()
+                if re.match(r"\| [12] \|", line)]
+        assert len(rows) == 2
+        for row in rows:
+            cells = [c.strip() for c in row.strip("|").split("|")]
+            ms = [float(c.split()[0]) for c in cells[1:6]]
+            percents = [int(c.split("(")[1].rstrip("%)")) for c in cells[1:6]]
+            assert abs(sum(ms) - float(cells[6])) <= 0.5 and 97 <= sum(percents) <= 103
+            assert re.fullmatch(alone, cells[7]), row  # the forward alone: loop only
