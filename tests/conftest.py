@@ -6,9 +6,9 @@ import signal
 from collections.abc import Iterator
 
 import pytest
-import torch
 
 from exogym import strategy as strategies
+from exogym.sim.threads import intra_op_threads
 
 # A test run started in the background of a shell inherits SIGINT ignored, and so would the
 # runs it starts: the Ctrl-C tests need Python's own handler.
@@ -20,12 +20,8 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 def single_thread() -> Iterator[None]:
     """Run on one intra-op thread: for the tiny models here, thread hand-offs cost more than the
     math, and a busy 2-core machine makes them much worse. The previous setting is restored."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with intra_op_threads(1):
         yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @pytest.fixture(autouse=True)

@@ -34,6 +34,7 @@ from exogym.lab.compare import (
 from exogym.lab.plots import MISSING_MATPLOTLIB
 from exogym.lab.report import format_table
 from exogym.sim.network import parse_duration
+from exogym.sim.threads import intra_op_threads
 from exogym.tasks.registry import TASKS, Task, get_task
 from exogym.utils.config import ConfigError
 
@@ -52,12 +53,10 @@ def tiny_task() -> Iterator[str]:
     task = Task(id=TINY, description="MNIST, 500 test images", build_model=mnist.build_model,
                 load_data=lambda _dir, _download: (train, small), batch_size=16, lr=1e-3,
                 eval_interval=10)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny model on a shared machine: threads cost more than they give
-    with pytest.MonkeyPatch.context() as mp:
+    # tiny model on a shared machine: threads cost more than they give
+    with intra_op_threads(1), pytest.MonkeyPatch.context() as mp:
         mp.setitem(TASKS, TINY, task)
         yield TINY
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

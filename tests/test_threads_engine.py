@@ -19,7 +19,14 @@ from torch.utils.data import TensorDataset
 
 from exogym import Trainer
 from exogym.sim.engine import NodeStack, auto_engine
-from exogym.sim.threads import NodeRandomness, attention, dropout, node_seeds, pool_shape
+from exogym.sim.threads import (
+    NodeRandomness,
+    attention,
+    dropout,
+    intra_op_threads,
+    node_seeds,
+    pool_shape,
+)
 from exogym.strategy import make
 
 
@@ -141,9 +148,7 @@ def test_the_pool_leaves_the_process_s_thread_count_and_ends_with_its_owner() ->
 
     from exogym.sim.threads import NodePool
 
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
+    with intra_op_threads(2):
         pool = NodePool(2, 1, lambda: None)
         assert pool.map(lambda i: (i, torch.get_num_threads()), [0, 1, 2]) == [
             (0, 1), (1, 1), (2, 1)]
@@ -161,8 +166,6 @@ def test_the_pool_leaves_the_process_s_thread_count_and_ends_with_its_owner() ->
         assert not any(w.is_alive() for w in workers)
         with pytest.raises(ZeroDivisionError):  # a task's error reaches the caller
             NodePool(1, 1, lambda: None).map(lambda i: 1 // i, [1, 0])
-    finally:
-        torch.set_num_threads(threads)
 
 
 # -- the engine ------------------------------------------------------------------------------------
@@ -205,9 +208,7 @@ def test_threads_give_the_loop_s_gradients_buffers_and_losses(micro: int | None)
 
 
 def test_a_step_leaves_the_caller_one_intra_op_thread_and_restores_its_count() -> None:
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
+    with intra_op_threads(2):
         nodes = NodeStack(BNNet(), 4, engine="threads")
         with nodes.stepping():
             assert torch.get_num_threads() == 1
@@ -220,8 +221,6 @@ def test_a_step_leaves_the_caller_one_intra_op_thread_and_restores_its_count() -
         with pytest.raises(ZeroDivisionError), nodes.stepping():
             raise ZeroDivisionError("in a step")
         assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_threads_with_dropout_are_deterministic_and_draw_once_per_step() -> None:

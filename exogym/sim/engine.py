@@ -71,7 +71,13 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 from torch.utils._pytree import tree_flatten, tree_map
 
-from exogym.sim.threads import NodePool, NodeRandomness, node_seeds, pool_shape
+from exogym.sim.threads import (
+    NodePool,
+    NodeRandomness,
+    intra_op_threads,
+    node_seeds,
+    pool_shape,
+)
 
 __all__ = [
     "ENGINES", "PRECISIONS", "EngineName", "NodeStack", "Precision", "available_memory",
@@ -440,12 +446,8 @@ class NodeStack:
             yield
             return
         self._node_pool()  # sized by the caller's thread count, before it drops to one
-        before = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
+        with intra_op_threads(1):
             yield
-        finally:
-            torch.set_num_threads(before)
 
     def _threads_step(self, parts: list[tuple[float | None, Any]],
                       active: Sequence[bool] | None) -> Tensor:

@@ -43,12 +43,13 @@ to the loop; on a later step (a random branch first taken late) it is an error.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import queue
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, wait
 from typing import Any, TypeVar
 
@@ -57,7 +58,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["NodePool", "NodeRandomness", "attention", "dropout", "node_seeds", "pool_shape"]
+__all__ = ["NodePool", "NodeRandomness", "attention", "dropout", "intra_op_threads", "node_seeds",
+           "pool_shape"]
 
 T = TypeVar("T")
 
@@ -221,6 +223,18 @@ def node_seeds(num_nodes: int) -> list[int]:
                        "little") >> 1
         for i in range(num_nodes)
     ]
+
+
+@contextlib.contextmanager
+def intra_op_threads(count: int) -> Iterator[None]:
+    """The calling thread computes with ``count`` intra-op threads (``torch.set_num_threads``)
+    inside the block; the previous count is restored after it, error or not."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def pool_shape(num_nodes: int, intra_op_threads: int) -> tuple[int, int]:
