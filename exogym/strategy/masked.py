@@ -82,7 +82,7 @@ def _adam(optimizer: torch.optim.Optimizer, group: dict, params: list[Tensor], r
     for p in params:
         state = optimizer.state[p]
         if not state:  # the first step of any row: torch's own initial state
-            state["step"] = torch.tensor(0.0)
+            state["step"] = _initial_step(group, p)
             state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         # torch's scalar count stays the largest row's, so that its own step() after the rows
@@ -114,6 +114,16 @@ def _adam(optimizer: torch.optim.Optimizer, group: dict, params: list[Tensor], r
     torch._foreach_mul_(update, sizes)
     new = torch._foreach_sub(decayed, update)
     torch._foreach_copy_(ps, new)
+
+
+def _initial_step(group: dict, p: Tensor) -> Tensor:
+    """Adam's step count as ``torch/optim/adam.py`` creates it: on the parameter's device in
+    float32 for a fused (or capturable) group, whose kernel reads it there; otherwise a CPU
+    scalar of the default float dtype."""
+    if group.get("fused") or group.get("capturable"):
+        return torch.zeros((), dtype=torch.float32, device=p.device)
+    dtype = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+    return torch.tensor(0.0, dtype=dtype)
 
 
 def _sgd(optimizer: torch.optim.Optimizer, group: dict, params: list[Tensor], rows: list[int],
