@@ -123,25 +123,10 @@ def _peak_mb(children: int = 0) -> float:
 
 
 def run_worker(side: str, model: str, n: int, steps: int, warmup: int) -> dict[str, Any]:
-    """One side's samples/s and peak memory (runs in its own process)."""
+    """A ``fit`` side's samples/s and peak memory (``loop``, ``auto``, ``threads``: that engine;
+    ``procs``: the process engine), in its own process."""
     torch.manual_seed(0)
     total = warmup + steps
-    if side.startswith("plain"):
-        batch = BATCH * (n if side == "plain64N" else 1)
-        net = build(model)
-        opt = torch.optim.AdamW(net.parameters(), lr=1e-3, fused=True)
-        data = dataset(model, batch * total).tensors
-        start = 0.0
-        for step in range(total):
-            if step == warmup:
-                start = time.perf_counter()
-            rows = slice(step * batch, (step + 1) * batch)
-            opt.zero_grad(set_to_none=False)
-            out = net((data[0][rows], data[1][rows]))
-            out["loss"].backward()
-            opt.step()
-        seconds = time.perf_counter() - start
-        return {"samples_s": batch * steps / seconds, "peak_mb": _peak_mb()}
     from exogym import Trainer
     from exogym.strategy import make
 
@@ -300,12 +285,16 @@ TIMED_SAMPLES = {"exo_cnn": 1024, "gpt": 1024, "bn_cnn": 6144, "mnist_cnn": 1536
                  "dropout_mlp": 28672}
 
 
+def timed_samples(model: str, args: argparse.Namespace) -> int:
+    """``--timed-samples``, else the model's :data:`TIMED_SAMPLES`."""
+    return TIMED_SAMPLES.get(model, 0) if args.timed_samples is None else args.timed_samples
+
+
 def steps_for(model: str, n: int, args: argparse.Namespace) -> tuple[int, int]:
     """``(timed steps, warm-up steps)`` of a run of ``model`` on ``n`` nodes: at least
     ``--steps`` and enough for the model's timed samples; a quarter as many warm-up steps, at
     least ``--warmup``."""
-    samples = TIMED_SAMPLES.get(model, 0) if args.timed_samples is None else args.timed_samples
-    steps = max(args.steps, -(-samples // (BATCH * n)))
+    steps = max(args.steps, -(-timed_samples(model, args) // (BATCH * n)))
     return steps, max(args.warmup, steps // 4)
 
 
@@ -387,9 +376,7 @@ def main(argv: list[str] | None = None) -> int:
               "best plain | fit, auto | procs, 1 thread | fit auto / procs | peak MB fit auto "
               "/ loop / procs |\n|---|---|---|---|---|---|---|---|---|---|", flush=True)
         for n in nodes:
-            samples = TIMED_SAMPLES.get(model, 0) if args.timed_samples is None \
-                else args.timed_samples
-            per_round = max(args.steps // 3, 1, -(-samples // (3 * BATCH * n)))
+            per_round = max(args.steps // 3, 1, -(-timed_samples(model, args) // (3 * BATCH * n)))
             paired = measure("paired", model, n, args, steps=per_round,
                              warmup=max(1, per_round // 2))
             rates = paired["rates"]
