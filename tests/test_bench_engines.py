@@ -51,3 +51,18 @@ def test_the_profile_splits_a_step_into_its_phases(capsys) -> None:
             percents = [int(c.split("(")[1].rstrip("%)")) for c in cells[1:6]]
             assert abs(sum(ms) - float(cells[6])) <= 0.5 and 97 <= sum(percents) <= 103
             assert re.fullmatch(alone, cells[7]), row  # the forward alone: loop only
+
+
+def test_the_optimizer_table_times_each_implementation() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(SCRIPT.parent / "optimizers.py"), "--models",
+                           "mnist_cnn", "--nodes", "2", "--steps", "1"],
+                          capture_output=True, text=True, timeout=120, check=True)
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| mnist_cnn | 2 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "430,740"  # 2 x MnistCNN's 215,370 parameters, stacked
+    loop, foreach, fused, ratio = (float(c) for c in cells[3:7])
+    assert min(loop, foreach, fused) > 0
+    assert abs(ratio - loop / fused) <= 0.05 * ratio + 0.05
