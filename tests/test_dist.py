@@ -325,3 +325,27 @@ def test_a_raising_worker_ends_the_run_promptly_naming_its_rank(tmp_path: Path) 
     # The rows written before the failure (steps 1 and 2; step 3 raised) are kept.
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
+
+
+def test_the_cause_is_reported_before_a_peers_broken_connection(tmp_path: Path) -> None:
+    """The parent may see rank 0's 'Connection reset by peer' first when rank 1 raised and closed
+    its group: the report names rank 1 and its error (a flaky CI failure, 2026-11-25)."""
+    import pickle
+    from types import SimpleNamespace
+
+    import torch.multiprocessing as mp
+
+    from exogym.run.launch import _root_cause
+
+    files = [tmp_path / "0", tmp_path / "1", tmp_path / "2"]
+    files[0].write_bytes(pickle.dumps("RuntimeError: ... Read error: Connection reset by peer"))
+    files[1].write_bytes(pickle.dumps("FloatingPointError: boom at step 2"))
+    context = SimpleNamespace(error_files=[str(f) for f in files])  # rank 2 wrote nothing
+    seen = mp.ProcessRaisedException("Read error: Connection reset by peer", 0, 1)
+    rank, message = _root_cause(context, seen)
+    assert rank == 1 and "boom at step 2" in message
+    # the first failure seen is kept when it is a cause itself, or when no other rank's is
+    cause = mp.ProcessRaisedException("ValueError: bad", 2, 1)
+    assert _root_cause(context, cause) == (2, "ValueError: bad")
+    files[1].write_bytes(pickle.dumps("Broken pipe"))
+    assert _root_cause(context, seen)[0] == 0

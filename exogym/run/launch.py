@@ -25,6 +25,7 @@ import faulthandler
 import inspect
 import multiprocessing.util
 import os
+import pickle
 import signal
 import socket
 import sys
@@ -115,6 +116,32 @@ def _entry(
     os._exit(0)
 
 
+# When a rank raises, its peers fail a moment later on the broken connection; the first failure
+# the parent sees may be such a consequence. The peers are given this long to end on their own,
+# then every rank's error is read and the cause is preferred over its consequences.
+_GRACE_S = 5.0
+_CONSEQUENCES = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
+                 "Socket Timeout", "gloo/transport")
+
+
+def _root_cause(context: Any, err: mp.ProcessRaisedException) -> tuple[int, str]:
+    """``(rank, message)`` of the failure to report: the first failure seen, unless it is a broken
+    connection to a peer and another rank's error is not (then the lowest such rank)."""
+    if not any(c in str(err) for c in _CONSEQUENCES):
+        return err.error_index, str(err)
+    for rank, path in enumerate(context.error_files):
+        if rank == err.error_index or path is None or not os.access(path, os.R_OK):
+            continue
+        try:
+            with open(path, "rb") as fh:
+                trace = pickle.load(fh)
+        except (OSError, EOFError, pickle.UnpicklingError):
+            continue
+        if not any(c in trace for c in _CONSEQUENCES):
+            return rank, f"\n\n-- Process {rank} terminated with the following error:\n{trace}"
+    return err.error_index, str(err)
+
+
 def launch(
     fn: Callable[..., Any], nprocs: int, *args: Any, nodes_per_process: int = 1,
     backend: str = "auto", timeout_s: float = 60.0, threads: int | None = None,
@@ -156,13 +183,14 @@ def launch(
             )
             with _WorkerSignals(context.processes) as signals:
                 try:
-                    while not context.join(timeout=0.2):
+                    while not context.join(timeout=0.2, grace_period=_GRACE_S):
                         pass
                 except KeyboardInterrupt:
                     signals.stop()
                     raise
         except mp.ProcessRaisedException as err:
-            raise WorkerError(f"exogym worker rank {err.error_index} failed:\n{err}") from None
+            rank, message = _root_cause(context, err)
+            raise WorkerError(f"exogym worker rank {rank} failed:\n{message}") from None
         except mp.ProcessExitedException as err:
             raise WorkerError(f"exogym worker rank {err.error_index} died (exit code "
                               f"{err.exit_code}, signal {err.signal_name}):\n{err}") from None
