@@ -14,14 +14,16 @@ collectives on other networks (:mod:`exogym.sim.clock`); ``estimate`` is the ana
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import math
 import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, TextIO
 
 import torch
 
@@ -39,6 +41,7 @@ from exogym.sim.world import parse_world
 from exogym.tasks.data.download import ChecksumError, DatasetNotFoundError
 from exogym.tasks.registry import TASKS, get_task, plugin_tasks
 from exogym.utils.config import ConfigError, config_fields
+from exogym.utils.signals import InterruptOnSignal, Stopped
 
 __all__ = ["main"]
 
@@ -158,8 +161,48 @@ def _sweep(text: str) -> tuple[str, list[int]]:
     return key, numbers
 
 
+def _network(text: str) -> Network:
+    """``--network``: :func:`parse_network`, with the closest profile suggested for a misspelled
+    one (``home-100mb`` -> ``home-100mbps``)."""
+    try:
+        return parse_network(text)
+    except ValueError as err:
+        name = text.split(",", 1)[0].strip()
+        close = ([] if "=" in name or name in PROFILES
+                 else difflib.get_close_matches(name, PROFILES, n=1))
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise argparse.ArgumentTypeError(f"{err}{hint}") from None
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line (not the usage block): the message, the closest
+    option or value where one is close (``--stpes`` -> ``--steps``), and where the help is."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\nsee `{self.prog} --help`\n")
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as err:
+            close = difflib.get_close_matches(str(value), [str(c) for c in action.choices or ()],
+                                              n=1)
+            if not close:
+                raise
+            raise argparse.ArgumentError(
+                action, f"{err.message} (did you mean {close[0]!r}?)") from None
+
+    def unrecognized(self, extra: Sequence[str]) -> NoReturn:
+        """The error for options this parser does not have, naming the closest one of each."""
+        options = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+        wrong = [t.split("=", 1)[0] for t in extra if t.startswith("--")]
+        close = [m[0] for m in (difflib.get_close_matches(w, options, n=1) for w in wrong) if m]
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        self.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="exogym", description="Simulate distributed training on one machine."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -278,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     swp.add_argument("--repeats", type=_positive_int, default=1,
                      help="seeds per point: SEED..SEED+K-1 (default 1)")
     swp.add_argument("--seed", type=_argtype(_seed), default=0, help="the first seed (default 0)")
-    swp.add_argument("--network", type=_argtype(parse_network), default="datacenter",
+    swp.add_argument("--network", type=_network, default="datacenter",
                      help="simulated network, unless swept (default datacenter)")
     swp.add_argument("--step-time", type=_argtype(_positive_duration), metavar="TIME",
                      help="compute per step per node for the clock (default: measured)")
@@ -352,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     recost = sub.add_parser("recost", help="simulated time of a finished run on other networks")
     recost.add_argument("run_dir", type=_path, metavar="RUN_DIR", help="a run folder")
-    recost.add_argument("--network", action="append", type=_argtype(parse_network),
+    recost.add_argument("--network", action="append", type=_network,
                         help="a network (repeatable; default: every profile)")
     recost.add_argument("--step-time", type=_argtype(_positive_duration), metavar="TIME",
                         help="re-cost with this compute per step instead of the recorded one")
@@ -373,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     work.add_argument("--steps", type=_positive_int, help="steps per node (batches = steps x N)")
     est.add_argument("--compute-time", type=_argtype(parse_duration), default=60.0,
                      metavar="TIME", help="compute per batch on one node (default 1min)")
-    est.add_argument("--network", action="append", type=_argtype(parse_network),
+    est.add_argument("--network", action="append", type=_network,
                      help="a network (repeatable; default: datacenter and home-100mbps)")
     est.add_argument("--strategy", action="append", choices=STRATEGIES,
                      help="repeatable (default: ddp and diloco)")
@@ -411,7 +454,7 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
                    help="bf16: forward passes under bfloat16 autocast (weights, gradients, "
                         "optimizer state and evaluation stay fp32)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    p.add_argument("--network", type=_argtype(parse_network), default="datacenter",
+    p.add_argument("--network", type=_network, default="datacenter",
                    help="simulated network: a profile (see `exogym networks`) or key=value "
                         "items, e.g. bw=1Gbps,latency=5ms (default datacenter)")
     p.add_argument("--world", type=_argtype(parse_world), default=None, metavar="SPEC",
@@ -652,8 +695,7 @@ def cmd_strategies(ids: Sequence[str]) -> int:
     show(common, list(common))
     for sid, cls in classes.items():
         print()
-        doc = (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
-        print(f"{sid}  ({cls.__name__}): {doc}")
+        print(f"{sid}  ({cls.__name__}): {_summary_line(cls)}")
         spec = strategies.describe(sid)
         own = [k for k in spec if k not in common or spec[k][1] != common[k][1]]
         if own:
@@ -661,6 +703,19 @@ def cmd_strategies(ids: Sequence[str]) -> int:
         else:
             print("    (only the shared settings)")
     return 0
+
+
+def _summary_line(cls: type) -> str:
+    """The first line of the strategy's module docstring (a built-in's names its paper), else of
+    its class's own docstring (not the signature a dataclass makes up), else a placeholder."""
+    own = cls.__dict__.get("__doc__") or ""
+    if own.startswith(f"{cls.__name__}("):  # dataclasses' generated ``Name(field=..., ...)``
+        own = ""
+    for doc in (sys.modules[cls.__module__].__doc__, own):
+        lines = (doc or "").strip().splitlines()
+        if lines:
+            return lines[0]
+    return "(no docstring)"
 
 
 def cmd_networks() -> int:
@@ -691,10 +746,20 @@ def cmd_recost(args: argparse.Namespace) -> int:
         raise ValueError(f"{path} is not a complete exogym run summary ({type(err).__name__}: "
                          f"{err})") from None
     step = args.step_time
+    if step is not None and trace.not_recostable is not None:  # who took part would change too
+        raise ValueError(f"this run cannot be re-costed with another compute time per step: "
+                         f"{trace.not_recostable}; train it again with --step-time {step:g}s")
     # the run's own network, re-costed too (with --step-time the recorded report would not compare)
     ran = trace.cost(ran_on, step)
     networks: list[Network] = args.network or [
         net for net in PROFILES.values() if net.spec() != ran.network_spec]
+    if not args.network and trace.not_recostable is not None:
+        raise ValueError(f"this run cannot be re-costed on another network: "
+                         f"{trace.not_recostable}; train it again with --network NAME on each "
+                         "network to compare")
+    for net in networks:  # before any output; FitResult.recost refuses the same
+        if net.spec() != ran_on.spec():
+            trace.check_recostable(net)
     print(f"run       {args.run_dir}: {strategy_id}, {trace.num_nodes} nodes, "
           f"{trace.steps:,} steps, {len(trace.records):,} collectives, "
           f"{_bytes(sent)} sent per node")
@@ -862,33 +927,53 @@ def _attach_negative_values(parser: argparse.ArgumentParser, argv: list[str]) ->
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: TextIO | None = None, line: str | None = None) -> None:
+    """A warning as one line, ``exogym: warning: MESSAGE`` (not Python's ``FILE:LINE:
+    CATEGORY: MESSAGE`` and the source line): the command line's user did not write the code
+    that warns."""
+    print(f"exogym: warning: {message}", file=file if file is not None else sys.stderr)
+
+
+@contextmanager
+def _cli_process() -> Iterator[None]:
+    """What the command line sets for its process, restored on exit (``main`` may run inside
+    another program, a test): one-line warnings, and SIGINT / SIGTERM raising
+    :class:`exogym.utils.signals.Stopped` wherever no training loop handles them."""
+    shown = warnings.showwarning
+    warnings.showwarning = _show_warning
+    try:
+        with InterruptOnSignal():
+            yield
+    finally:
+        warnings.showwarning = shown
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The arguments; an unknown option is an error of its subcommand's parser (which knows the
+    options to suggest), not of ``exogym``'s."""
     parser = build_parser()
     raw = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(_attach_negative_values(parser, raw))
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    args, extra = parser.parse_known_args(_attach_negative_values(parser, raw))
+    if extra:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        sub.choices[args.command].unrecognized(extra)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``exogym``'s entry point: the exit status (0, 1 a failed run or check, 2 bad usage, 130
+    stopped by a signal)."""
+    with _cli_process():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    """Parse, run the command, and turn the errors users cause into one line and a status."""
     try:
-        if args.command == "run":
-            return cmd_run(args)
-        if args.command == "sample":
-            return cmd_sample(args)
-        if args.command == "strategies":
-            return cmd_strategies(args.ids)
-        if args.command == "networks":
-            return cmd_networks()
-        if args.command == "recost":
-            return cmd_recost(args)
-        if args.command == "estimate":
-            return cmd_estimate(args)
-        if args.command == "compare":
-            return cmd_compare(args)
-        if args.command == "check":
-            return cmd_check(args)
-        if args.command == "sweep":
-            return cmd_sweep(args)
-        if args.command == "bench":
-            return cmd_bench(args)
-        return cmd_tasks()
+        args = _parse(argv)
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        return _COMMANDS[args.command](args)
     except NonFiniteLossError as err:  # training ran and diverged: a failed run, not bad usage
         print(f"exogym: error: {err}", file=sys.stderr)
         return 1
@@ -896,19 +981,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             FileNotFoundError, ValueError, ImportError, MemoryError, CheckpointError) as err:
         print(f"exogym: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `exogym strategies | head` (before OSError: it is one)
+        sys.stdout = None  # type: ignore[assignment]
+        return 0
     except OSError as err:  # a path that cannot be written or read: one line naming it
         where = f"{err.filename}: " if err.filename else ""
         print(f"exogym: error: {where}{err.strerror or err}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # `exogym strategies | head`
-        sys.stdout = None  # type: ignore[assignment]
-        return 0
     except RunInterrupted as err:  # stopped cleanly: says where the checkpoint is
         print(f"exogym: {err}", file=sys.stderr)
         return 130
-    except KeyboardInterrupt:
+    except Stopped as err:  # a signal while no training loop ran: nothing to checkpoint
+        print(f"exogym: {err.signal.name}: stopped (no training step was running, nothing to "
+              "checkpoint)", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:  # a second signal during training: aborted at once
         print("exogym: interrupted", file=sys.stderr)
         return 130
+
+
+_COMMANDS: dict[str, Any] = {
+    "run": cmd_run, "sample": cmd_sample, "strategies": lambda a: cmd_strategies(a.ids),
+    "networks": lambda a: cmd_networks(), "recost": cmd_recost, "estimate": cmd_estimate,
+    "compare": cmd_compare, "check": cmd_check, "sweep": cmd_sweep, "bench": cmd_bench,
+    "tasks": lambda a: cmd_tasks(),
+}
 
 
 if __name__ == "__main__":

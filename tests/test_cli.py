@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -124,3 +128,134 @@ def test_run_with_process_engine(tmp_path: Path) -> None:
     # 2 averagings of the 861,480 parameter bytes; ring with N = 2: 2 (N-1)/N P = P per sync.
     assert summary["bytes_sent_per_node"] == [2 * 861_480] * 2
     assert 0.0 <= summary["final"]["eval_accuracy"] <= 1.0
+
+
+# -- issue 25: the command line's messages ----------------------------------------------------
+def test_recost_refuses_a_run_whose_world_ran_on_simulated_time(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A world decided by simulated time (mtbf) cannot be replayed on another network, nor with
+    another compute time: the command refuses as FitResult.recost does, with its message."""
+    from exogym.sim.clock import ClockTrace
+    from exogym.sim.network import parse_network
+
+    out = tmp_path / "world"
+    assert run("--strategy", "ddp", "--nodes", "2", "--steps", "4", "--batch-size", "8",
+               "--world", "mtbf=1s,mttr=0.5s", "--step-time", "10ms", "--eval-interval", "4",
+               "--out", str(out)) == 0
+    capsys.readouterr()
+    trace = ClockTrace.from_dict(json.loads((out / "summary.json").read_text())["clock"]["trace"])
+    assert trace.not_recostable is not None
+    with pytest.raises(ValueError) as expected:  # what the Python API says
+        trace.check_recostable(parse_network("home-100mbps"))
+    for args, message in (
+            (["--network", "home-100mbps"], str(expected.value)),
+            ([], "cannot be re-costed on another network: its world (mtbf=1s,mttr=0.5s) decides "
+                 "who is up by simulated time"),
+            (["--network", "datacenter", "--step-time", "1s"],
+             "cannot be re-costed with another compute time per step")):
+        assert main(["recost", str(out), *args]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""  # no table
+        assert captured.err.startswith("exogym: error: ") and captured.err.count("\n") == 1
+        assert message in captured.err
+    assert main(["recost", str(out), "--network", "datacenter"]) == 0  # its own: the recorded
+
+
+def test_strategies_shows_a_user_class_without_docstrings(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the file's folder goes first on it
+    (tmp_path / "nodoc_strategies.py").write_text(
+        "from dataclasses import dataclass\n\nfrom exogym.strategy import DiLoCo\n\n\n"
+        "@dataclass(kw_only=True)\nclass Bare(DiLoCo):\n    pass\n\n\n"
+        "@dataclass(kw_only=True)\nclass Told(DiLoCo):\n"
+        '    """DiLoCo, told apart.\n\n    More.\n    """\n')
+    assert main(["strategies", f"{tmp_path}/nodoc_strategies.py:Bare",
+                 f"{tmp_path}/nodoc_strategies.py:Told"]) == 0
+    text = capsys.readouterr().out
+    assert "Bare  (Bare): (no docstring)\n" in text
+    assert "Told  (Told): DiLoCo, told apart.\n" in text
+    sys.modules.pop("nodoc_strategies", None)
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (("--nodes", "0"), "argument --nodes: expected an integer >= 1, got 0"),
+        (("--stpes", "10"), "unrecognized arguments: --stpes 10 (did you mean --steps?)"),
+        (("--network", "home-100mb"), "unknown network profile 'home-100mb'"),
+        (("--lr", "inf"), "argument --lr: expected a finite number > 0, got 'inf'"),
+        (("--precision", "bf61"), "invalid choice: 'bf61' (choose from 'fp32', 'bf16') (did you "
+                                  "mean 'bf16'?)"),
+    ],
+)
+def test_usage_errors_are_one_line_and_a_hint(
+        args: tuple[str, ...], error: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", *args])
+    assert exit_.value.code == 2
+    first, hint = capsys.readouterr().err.splitlines()  # not argparse's usage block
+    assert first.startswith("exogym run: error: ") and error in first
+    assert hint == "see `exogym run --help`"
+    if args[0] == "--network":
+        assert first.endswith("(did you mean 'home-100mbps'?)")
+
+
+def test_a_misspelled_command_is_one_line_with_a_suggestion(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["rnu"])
+    assert exit_.value.code == 2
+    first, hint = capsys.readouterr().err.splitlines()
+    assert first.startswith("exogym: error: argument COMMAND: invalid choice: 'rnu'")
+    assert first.endswith("(did you mean 'run'?)") and hint == "see `exogym --help`"
+
+
+def test_warnings_are_one_line_in_the_cli_only(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    shown = warnings.showwarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        assert run("--strategy", "diloco", "--set", "H=2", "--nodes", "2", "--steps", "3",
+                   "--batch-size", "8", "--eval-interval", "3", "--out", str(tmp_path / "r")) == 0
+    err = capsys.readouterr().err
+    assert ("exogym: warning: diloco: 3 steps is not a multiple of H=2: the last 1 local steps "
+            "never reach the global model\n") in err
+    assert "warnings.warn" not in err and "UserWarning" not in err and ".py:" not in err
+    assert warnings.showwarning is shown  # a library user's warnings are left alone
+
+
+_SIGNALLED = """
+import os, signal, sys
+import exogym.cli as cli
+
+real = cli.make_sink
+def make_sink(spec):  # the first sink is made before the data loads: set-up, not training
+    os.kill(os.getpid(), signal.SIGTERM)
+    return real(spec)
+cli.make_sink = make_sink
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_while_a_run_sets_up_stops_it_with_a_message(tmp_path: Path) -> None:
+    """A SIGTERM that arrives before the training loop (here: from the process itself while it
+    makes its sinks, so no timing is assumed) ends the run with a message and status 130, as
+    Ctrl-C does, never a silent death by the signal (-15 / 143)."""
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-c", _SIGNALLED, "run", "--data-dir", str(SHARED_DATA),
+         "--no-download", "--no-progress", "--steps", "2", "--nodes", "2", "--batch-size", "8",
+         "--csv", "--out", str(out)],
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 130, (done.returncode, done.stderr)
+    assert done.returncode != -signal.SIGTERM
+    assert done.stderr == ("exogym: SIGTERM: stopped (no training step was running, nothing to "
+                           "checkpoint)\n"), done.stderr
+    assert not (out / "metrics.jsonl").exists()
+
+
+def test_main_restores_the_signal_handlers() -> None:
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    assert main(["networks"]) == 0
+    assert {sig: signal.getsignal(sig) for sig in before} == before

@@ -1,4 +1,10 @@
-"""Ctrl-C (SIGINT) and SIGTERM handled for the length of a ``with`` block, in the main thread."""
+"""Ctrl-C (SIGINT) and SIGTERM handled for the length of a ``with`` block, in the main thread.
+
+:class:`StopSignals` is the base: a subclass says what a signal does. :class:`InterruptOnSignal`
+is the command line's outermost one: a signal that arrives while no training loop handles it
+(set-up, data loading, between runs) raises :class:`Stopped`, so that SIGTERM ends the process as
+Ctrl-C does (``finally`` blocks run, one message) instead of killing it silently.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,7 @@ import signal
 import threading
 from typing import Any
 
-__all__ = ["STOP_SIGNALS", "StopSignals"]
+__all__ = ["STOP_SIGNALS", "InterruptOnSignal", "StopSignals", "Stopped"]
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -37,3 +43,20 @@ class StopSignals:
     def handle(self, sig: signal.Signals) -> None:
         """What a signal does (raise to abort the block)."""
         raise NotImplementedError
+
+
+class Stopped(KeyboardInterrupt):
+    """A stop signal raised by :class:`InterruptOnSignal`; ``signal`` says which."""
+
+    def __init__(self, sig: signal.Signals) -> None:
+        super().__init__(sig.name)
+        self.signal = sig
+
+
+class InterruptOnSignal(StopSignals):
+    """While the block runs, SIGINT and SIGTERM raise :class:`Stopped` (a KeyboardInterrupt) at
+    once, wherever the main thread is. A training loop inside the block installs its own
+    handlers (stop after the current step, with a checkpoint) and restores these when it ends."""
+
+    def handle(self, sig: signal.Signals) -> None:
+        raise Stopped(sig)
