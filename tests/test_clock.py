@@ -24,6 +24,7 @@ from exogym.sim.clock import (
     resolve_step_time,
 )
 from exogym.sim.comm import CommRecord
+from exogym.sim.compute import host_cores
 from exogym.sim.network import Network, parse_network
 from exogym.strategy.base import Strategy
 from exogym.strategy.ddp import DDP
@@ -305,42 +306,53 @@ def test_the_clock_changes_no_training_number() -> None:
         assert torch.equal(a, b)
 
 
-class SlowTraining(nn.Module):
-    """Tiny, plus ``sleep_s`` in every training forward (not in evaluation mode)."""
+def burn(cpu_s: float) -> None:
+    """Keep this thread's CPU busy for ``cpu_s`` seconds of its own CPU time."""
+    end = time.thread_time() + cpu_s
+    while time.thread_time() < end:
+        pass
 
-    def __init__(self, sleep_s: float) -> None:
+
+class SlowTraining(nn.Module):
+    """Tiny, plus ``cpu_s`` of CPU work in every training forward (not in evaluation mode)."""
+
+    def __init__(self, cpu_s: float) -> None:
         super().__init__()
-        self.tiny, self.sleep_s = Tiny(), sleep_s
+        self.tiny, self.cpu_s = Tiny(), cpu_s
 
     def forward(self, x: Tensor) -> Tensor:
         if self.training:
-            time.sleep(self.sleep_s)
+            burn(self.cpu_s)
         return self.tiny(x)
 
 
 class SlowLoading(TensorDataset):
-    """A dataset that takes ``sleep_s`` per sample read."""
+    """A dataset that takes ``cpu_s`` of CPU work per sample read."""
 
-    def __init__(self, base: TensorDataset, sleep_s: float) -> None:
+    def __init__(self, base: TensorDataset, cpu_s: float) -> None:
         super().__init__(*base.tensors)
-        self.sleep_s = sleep_s
+        self.cpu_s = cpu_s
 
     def __getitem__(self, i: int) -> tuple[Tensor, ...]:
-        time.sleep(self.sleep_s)
+        burn(self.cpu_s)
         return super().__getitem__(i)
 
 
 def test_measured_compute_is_each_training_step_as_it_took() -> None:
-    # Each node-step sleeps 30 ms in its training forward (evaluation mode does not: a probe
-    # on an eval-mode copy would miss it) and 8 x 2 ms reading its batch: every step measures
-    # at least 46 ms per node. The clock charges each step what it took: its compute is the sum
-    # of the measured steps, c their mean, and a replay of the trace gives the same clock.
+    # Each node-step spends 30 ms of CPU in its training forward (evaluation mode does not: a
+    # probe on an eval-mode copy would miss it) and 8 x 2 ms reading its batch: every step
+    # measures at least 46 ms of CPU per node, priced over the C cores the run has. The clock
+    # charges each step what it took: its compute is the sum of the measured steps, c their
+    # mean, and a replay of the trace gives the same clock.
     torch.manual_seed(0)
     r = fit(DiLoCo(H=4), model=Classifier(SlowTraining(0.03)), network="bw=1Gbps,latency=0s",
             max_steps=8, log_interval=8, trainer_data=SlowLoading(TRAIN, 0.002))
     seconds = [row[0] for row in r.trace.step_seconds]
+    cores = host_cores(torch.get_num_threads())
     assert r.trace.node_process == (0, 0, 0)  # one process
-    assert len(seconds) == 8 and min(seconds) >= 0.046 and max(seconds) < 1.0
+    assert len(seconds) == 8 and min(seconds) >= 0.046 / cores and max(seconds) < 1.0
+    assert r.trace.compute_method.startswith(f"CPU time of the step's training work per node "
+                                             f"/ {cores} core")
     assert r.clock.compute_source == "measured"
     assert r.clock.step_time_s == pytest.approx(sum(seconds) / 8, rel=1e-12)
     assert r.clock.node_compute_s == pytest.approx((sum(seconds),) * 3, rel=1e-12)

@@ -320,6 +320,7 @@ class FitResult:
             "sim_time_s": c.total_s, "sim_compute_s": c.compute_s, "sim_comm_s": c.comm_s,
             "sim_idle_s": c.idle_s, "utilization": c.utilization,
             "step_time_s": c.step_time_s, "compute_source": c.compute_source,
+            "compute_method": self.trace.compute_method,
             "clock": {"report": c.to_dict(), "trace": self.trace.to_dict()},
         }
 
@@ -357,9 +358,12 @@ class FitResult:
             c = self.clock
             lines.append(f"sim clock   {self.network.name} ({self.network.describe()}): "
                          f"{c.line()}")
+            how = c.compute_source
+            if self.trace is not None and self.trace.compute_method:
+                how += f": {self.trace.compute_method}"
             lines.append(f"            compute {format_duration(c.step_time_s)} per step per node "
-                         f"({c.compute_source}); on another network: exogym recost RUN_DIR "
-                         "--network NAME")
+                         f"({how})")
+            lines.append("            on another network: exogym recost RUN_DIR --network NAME")
         if self.out_dir:
             lines.append(f"written to  {self.out_dir}")
         return "\n".join(lines)

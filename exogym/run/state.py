@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import random
 import time
 import warnings
@@ -54,8 +55,9 @@ from exogym.run.dist import (
 from exogym.run.events import Timelines, same_or_before
 from exogym.run.result import FitResult, MetricsWriter, NonFiniteLossError
 from exogym.run.sinks import MultiSink
-from exogym.sim.clock import ClockTrace, SimClock, measure_step_time, node_processes
+from exogym.sim.clock import ClockTrace, SimClock, node_processes
 from exogym.sim.comm import Communicator, InProcessCommunicator
+from exogym.sim.compute import StepMeter, calibrate_step_time, host_cores
 from exogym.sim.engine import EngineName, NodeStack, Precision, metrics_of
 from exogym.sim.network import Network
 from exogym.sim.partition import Partition
@@ -184,6 +186,9 @@ class Run:
         # steps; until then this process's values wait in _timing, from step _timing_from on
         # (_window: the wall clock and transport time when the first of them started).
         self.measured = False
+        self.meter = StepMeter(device, host_cores(torch.get_num_threads(), 1 if ranks is None
+                                                  else _processes_here(ranks)))
+        self.compute_method: str | None = None  # how measured compute was priced
         self.step_seconds: list[list[float]] = []
         self._timing: list[float] = []
         self._timing_from = 0
@@ -306,6 +311,7 @@ class Run:
         communicates; the clock advances their time."""
         s, nodes = self.settings, self.nodes
         start, transport = time.perf_counter(), self.comm.transport_s
+        mark = self.meter.start() if self.measured else None
         self.comm.active = active
         local = None if active is None else [active[i] for i in self.comm.node_ids]
         batch = nodes.to_batch_device(self._next_batch(active))
@@ -316,12 +322,12 @@ class Run:
                 self._ops.append(["c", step, _bits(active)])
         self.strategy.step(step)
         nodes.zero_grad()
-        if self.measured:  # this step's compute per node, real transport excluded (no sync:
+        if mark is not None:  # this step's compute per node, real transport excluded (no sync:
             # on a GPU, _catch_up scales the host times to the synchronised window)
             if not self._timing:
                 self._window = (start, transport)
-            spent = time.perf_counter() - start - (self.comm.transport_s - transport)
-            self._timing.append(spent / nodes.num_nodes)
+            self._timing.append(self.meter.stop(mark, nodes.num_nodes,
+                                                self.comm.transport_s - transport))
         self.loss_sum += losses.sum()
         self.loss_count += 1
         self.loss_nodes += s.num_nodes if active is None else sum(active)
@@ -453,7 +459,7 @@ class Run:
                 records=tuple(self.comm.log[:self._fed]),
                 speeds=tuple(self.clock.speeds) if not s.world.perfect else None,
                 ops=tuple(tuple(op) for op in self._ops) if self._ops is not None else None,
-                not_recostable=self._not_recostable(),
+                not_recostable=self._not_recostable(), compute_method=self.compute_method,
                 step_seconds=(tuple(tuple(row) for row in self.step_seconds)
                               if self.measured else None))
         model = copy.deepcopy(self.model).to(self.device)
@@ -545,7 +551,8 @@ class Run:
             "rng": _rng_state(self.device),
             "clock": clock,
             "step_time_s": self.step_time_s,
-            "measured": {"on": self.measured, "step_seconds": _plain(self.step_seconds)},
+            "measured": {"on": self.measured, "step_seconds": _plain(self.step_seconds),
+                         "method": self.compute_method},
             "fed": self._fed,
             "metrics": {"history": _plain(self.history), "loss_sum": self.loss_sum,
                         "loss_count": self.loss_count, "loss_nodes": self.loss_nodes,
@@ -583,6 +590,7 @@ class Run:
         measured = state.get("measured") or {"on": False, "step_seconds": []}
         self.measured = bool(measured["on"])
         self.step_seconds = [[float(v) for v in row] for row in measured["step_seconds"]]
+        self.compute_method = measured.get("method")
         self._timing, self._timing_from = [], self.step
         self._fed = int(state["fed"])
         if state["clock"] is not None:
@@ -632,21 +640,34 @@ class Run:
             # Measured from this run's own steps, each as it took (nobody's presence depends on
             # time, so the clock can lag and catch up at log steps).
             self.measured, self._timing_from = True, self.step
+            self.compute_method = f"{self.meter.method}, each step as it took"
             self.clock = self._new_clock(1.0)  # step_time_s: the running mean, at catch-up
             self._feed()  # set-up collectives (step -1)
             return time.perf_counter() - m0
-        if self.step_time_s is None:  # time steers the run from its first step: a probe of
-            # one node's step alone, on a copy, before it; RNG restored
-            if self.lead:
-                batch = tree_map(lambda t: t.to(self.device) if isinstance(t, Tensor) else t,
-                                 self.batches.peek(0))
-                self.step_time_s = measure_step_time(
-                    self.model, batch, self.strategy.optim, self.device,
-                    micro_batch_size=s.micro_batch_size, precision=s.precision)
-            self.step_time_s = _from_lead(self.step_time_s, self.ranks)
+        if self.step_time_s is None:  # time steers the run from its first step
+            self.step_time_s = self._calibrate()
         self.clock = self._new_clock(self.step_time_s)
         self._feed()  # set-up collectives (step -1)
         return time.perf_counter() - m0
+
+    def _calibrate(self) -> float:
+        """``c`` priced before the run from real training steps of its engine on a copy of the
+        model (:func:`calibrate_step_time`); rank 0's price in a process run."""
+        s, nodes = self.settings, min(self.nodes.num_nodes, 2 * self.meter.cores)
+        value = None
+        if self.lead:
+            batch = tree_map(lambda t: t.to(self.device) if isinstance(t, Tensor) else t,
+                             self.batches.peek(0))
+            with warnings.catch_warnings():  # an engine's fallback warns once, in the run
+                warnings.simplefilter("ignore")
+                value = calibrate_step_time(
+                    self.model, batch, self.strategy.optim, self.device, nodes=nodes,
+                    engine=self.nodes.engine, cores=self.meter.cores,
+                    micro_batch_size=s.micro_batch_size, precision=s.precision)
+        self.compute_method = (f"{self.meter.method}, the median of timed training steps "
+                               f"before the run ({self.nodes.engine} engine, {nodes} "
+                               f"node{'s' * (nodes != 1)}, after warm-up)")
+        return float(_from_lead(value, self.ranks))
 
     def _catch_up(self) -> None:
         """Give the clock the steps computed since the last call, each with its measured compute
@@ -992,6 +1013,12 @@ def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     random.setstate((version, tuple(rest[0]), rest[1]))
     name, keys, *tail = state["numpy"]
     np.random.set_state((name, keys.cpu().numpy().astype(np.uint32), *tail))
+
+
+def _processes_here(ranks: RankContext) -> int:
+    """This run's processes on this host: torchrun's ``LOCAL_WORLD_SIZE``, else every rank
+    (exogym's own launcher starts them all here)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", ranks.world_size))
 
 
 def _from_lead(value: Any, ranks: RankContext | None) -> Any:

@@ -1,25 +1,19 @@
 """The simulated wall clock: compute per node per step plus the network time of every collective.
 
-Compute model. One node's training step (forward, backward, optimizer step) takes ``c`` seconds:
-
-- measured (the default): every training step as it took, as the run computes it (data loading,
-  forward, backward, the optimizer and the strategy's local work; a process run's real transport
-  excluded), divided by the nodes the process computed; the clock lags behind the steps and catches
-  up at log steps (:meth:`SimClock.compute` with ``seconds``), so each row's time is complete (on a
-  GPU the steps' host times, which are launch times, are scaled to the wall time of the steps
-  between two log steps, read after the synchronisation the run makes there: no synchronisation per
-  step). In a process run every rank measures its own nodes and the ranks exchange the values at
-  those steps: a slower process is a straggler the others wait for, as in the real run. ``c`` (the
-  report's ``step_time_s``) is the mean; the trace keeps every step's values, so a replay on the
-  same network gives the same clock. Measured times vary from run to run like wall time; give
-  ``step_time`` for clocks that repeat exactly. When simulated time steers the run from its first
-  step (an asynchronous strategy, a world with failures, a deadline), the clock cannot lag:
-  :func:`measure_step_time` then times one node's step alone on a copy of the model in eval mode
-  before the run (the fastest of up to 20 steps within about a second; the global RNG is saved and
-  restored; cached per model, batch shape, optimizer, device and thread count);
-- given: ``step_time`` seconds (``--step-time 1.5s``);
-- from FLOPs: ``c = flops_per_sample * batch_size / device_flops`` (training FLOPs, forward and
-  backward: about ``6 * parameters * tokens`` per sample for a transformer).
+Compute model (:mod:`exogym.sim.compute`). One node's training step (forward, backward, optimizer
+step) takes ``c`` seconds: measured (the default; the time one node's step takes on the share of
+this machine one node is given), given (``step_time``) or from FLOPs. Measured compute where
+nobody's presence depends on time lags behind the steps: each step's measured ``c`` reaches the
+clock at log steps (:meth:`SimClock.compute` with ``seconds``), so each row's time is complete
+(on a GPU the steps' host times, which are launch times, are scaled to the wall time of the steps
+between two log steps, read after the synchronisation the run makes there: no synchronisation
+per step). In a process run every rank measures its own nodes and the ranks exchange the values
+at those steps: a slower process is a straggler the others wait for, as in the real run. ``c``
+(the report's ``step_time_s``) is the mean; the trace keeps every step's values, so a replay on
+the same network gives the same clock. When simulated time steers the run from its first step
+(an asynchronous strategy, a world with failures, a deadline), the clock cannot lag: ``c`` is
+priced before the run from real training steps (:func:`exogym.sim.compute.
+calibrate_step_time`).
 
 Node ``i`` computes at ``network.node_speeds(N)[i]`` times that speed: ``c_i = c / speed_i``.
 
@@ -48,19 +42,16 @@ The report gives the means over nodes (equal for identical nodes) and
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, astuple, dataclass, fields, replace
-from typing import Any, Protocol
-
-import torch
-from torch import nn
-from torch.utils._pytree import tree_flatten, tree_map
+from typing import Any
 
 from exogym.sim.comm import CommRecord
-from exogym.sim.engine import NodeStack, Precision
+from exogym.sim.compute import measure_step_time, resolve_step_time
 from exogym.sim.network import Network, format_duration, parse_duration, parse_network
 
+# measure_step_time and resolve_step_time are re-exported: the compute model lived here before
+# exogym.sim.compute.
 __all__ = [
     "ClockReport",
     "ClockTrace",
@@ -70,120 +61,6 @@ __all__ = [
     "measure_step_time",
     "resolve_step_time",
 ]
-
-
-class OptimizerBuilder(Protocol):
-    """What :func:`measure_step_time` needs of an optimizer config (``exogym.strategy.optim.
-    OptimSpec`` is one): ``build(params)``; its ``repr`` identifies it in the cache."""
-
-    def build(self, params: list[torch.Tensor]) -> torch.optim.Optimizer: ...
-
-
-# -- compute model -------------------------------------------------------------------------------
-def resolve_step_time(
-    step_time: float | str | None = None, flops_per_sample: float | None = None,
-    device_flops: float | None = None, batch_size: int = 1,
-) -> tuple[float | None, str]:
-    """``(seconds per step, source)`` from the given options; ``(None, "measured")`` when none is
-    given (the trainer then measures). Giving both a step time and FLOPs is an error."""
-    flops = (flops_per_sample, device_flops)
-    if step_time is not None:
-        if any(v is not None for v in flops):
-            raise ValueError("give step_time or flops_per_sample/device_flops, not both")
-        value = parse_duration(step_time) if isinstance(step_time, str) else step_time
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                math.isfinite(value) and value > 0):
-            raise ValueError(f"step_time must be > 0 seconds (or a string like '1.5s'), "
-                             f"got {step_time!r}")
-        return float(value), "given"
-    if all(v is None for v in flops):
-        return None, "measured"
-    if any(v is None for v in flops):
-        raise ValueError(
-            "the FLOPs compute model needs both flops_per_sample and device_flops, got "
-            f"flops_per_sample={flops_per_sample!r}, device_flops={device_flops!r}")
-    for name, value in (("flops_per_sample", flops_per_sample), ("device_flops", device_flops)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                math.isfinite(value) and value > 0):
-            raise ValueError(f"{name} must be a number > 0, got {value!r}")
-    assert flops_per_sample is not None and device_flops is not None
-    return flops_per_sample * batch_size / device_flops, "flops"
-
-
-_MEASURED: dict[tuple[Any, ...], float] = {}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
-def _measure_key(model: nn.Module, batch: Any, optim: OptimizerBuilder,
-                 device: torch.device) -> tuple[Any, ...]:
-    cls = type(model)
-    tensors = tuple((k, tuple(v.shape), str(v.dtype)) for k, v in model.state_dict().items())
-    leaves, spec = tree_flatten(batch)
-    shapes = tuple((tuple(t.shape), str(t.dtype)) if isinstance(t, torch.Tensor) else repr(t)
-                   for t in leaves)
-    opt = repr(optim)
-    return (cls.__module__, cls.__qualname__, tensors, str(spec), shapes, opt, str(device),
-            torch.get_num_threads())
-
-
-def measure_step_time(model: nn.Module, batch: Any, optim: OptimizerBuilder,
-                      device: torch.device | str = "cpu", *, repeats: int = 20,
-                      budget_s: float = 1.0, micro_batch_size: int | None = None,
-                      precision: Precision = "fp32") -> float:
-    """Seconds of one node's training step alone: forward, backward, optimizer step.
-
-    Runs on a deep copy of ``model`` (the caller's module and the run are untouched) with
-    ``batch`` (one node's batch, already on ``device``): two warm-up steps, then the fastest of
-    up to ``repeats`` timed steps, as many as fit in ``budget_s`` seconds but at least 3. The
-    fastest is the least disturbed by other load; a short burst of contention on a shared
-    machine can slow a few steps tenfold. The copy is in eval mode (the model contract holds in
-    both modes: it returns a loss), so the timing is not a training forward: dropout draws no
-    random numbers and code that acts only in training (a model that records its training
-    batches) does not run; dropout and batch-norm statistics are a negligible part of a step.
-    The global RNG (CPU and CUDA) is restored afterwards anyway. Cached per model class, tensor
-    shapes, batch shapes, optimizer, device and thread count.
-    """
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 3:
-        raise ValueError(f"repeats must be an integer >= 3, got {repeats!r}")
-    if not budget_s > 0:
-        raise ValueError(f"budget_s must be > 0 seconds, got {budget_s!r}")
-    device = torch.device(device)
-    key = (*_measure_key(model, batch, optim, device), micro_batch_size, precision)
-    if key in _MEASURED:
-        return _MEASURED[key]
-    cpu_rng = torch.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    try:
-        # One node, as the run computes it (micro-batches, autocast), in eval mode.
-        nodes = NodeStack(model, 1, device=device, engine="loop",
-                          micro_batch_size=micro_batch_size, precision=precision)
-        nodes.module.eval()
-        opt = optim.build(list(nodes.params.values()))
-        stacked = tree_map(lambda t: t.unsqueeze(0) if isinstance(t, torch.Tensor) else t, batch)
-        times: list[float] = []
-        timed = 0.0
-        while len(times) < 2 + 3 or (len(times) < 2 + repeats and timed < budget_s):
-            _sync(device)
-            start = time.perf_counter()
-            nodes.forward_backward(stacked)
-            opt.step()
-            nodes.zero_grad()
-            _sync(device)
-            times.append(time.perf_counter() - start)
-            timed += times[-1] if len(times) > 2 else 0.0
-        value = min(times[2:])
-    finally:
-        torch.set_rng_state(cpu_rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state_all(cuda_rng)
-    _MEASURED[key] = value
-    return value
 
 
 # -- the clock -----------------------------------------------------------------------------------
@@ -584,7 +461,8 @@ class ClockTrace:
         step_seconds: measured compute: per step, the seconds of a node's step on each process
             (one value in a one-process run; the nodes are split evenly over the processes, in
             order: :attr:`node_process`). None: every step took ``step_time_s`` (given, from
-            FLOPs, or a probe).
+            FLOPs, or priced before the run).
+        compute_method: how measured compute was priced (None: given or from FLOPs).
     """
 
     num_nodes: int
@@ -597,6 +475,7 @@ class ClockTrace:
     ops: tuple[tuple[Any, ...], ...] | None = None
     not_recostable: str | None = None
     step_seconds: tuple[tuple[float, ...], ...] | None = None
+    compute_method: str | None = None
 
     @property
     def node_process(self) -> tuple[int, ...] | None:
@@ -688,6 +567,8 @@ class ClockTrace:
             out["not_recostable"] = self.not_recostable
         if self.step_seconds is not None:
             out["step_seconds"] = [list(row) for row in self.step_seconds]
+        if self.compute_method is not None:
+            out["compute_method"] = self.compute_method
         return out
 
     @classmethod
@@ -704,4 +585,5 @@ class ClockTrace:
                    not_recostable=data.get("not_recostable"),
                    step_seconds=(tuple(tuple(float(v) for v in row)
                                        for row in data["step_seconds"])
-                                 if data.get("step_seconds") is not None else None))
+                                 if data.get("step_seconds") is not None else None),
+                   compute_method=data.get("compute_method"))
