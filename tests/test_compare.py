@@ -410,3 +410,24 @@ def test_the_bytes_and_time_plots_keep_the_points_before_the_first_sync(
     assert [x for _, x in steps] == [[0.0, 10.0, 20.0]] * 2
     for label, xs in sent:  # DiLoCo has sent nothing until its first sync at step 10
         assert xs[0] == 0.0 and len(xs) == 3, label
+
+
+def test_a_setting_for_an_unknown_label_names_it_and_the_labels(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``dilocco.H=10`` names a label that is not compared (a typo of ``diloco``): an error that
+    says so, not "every strategy lacks the key 'dilocco.H'"."""
+    with pytest.raises(ConfigError) as err:
+        resolve_strategies(["ddp", "diloco"], [("dilocco.H", "10")])
+    assert str(err.value) == (
+        "setting dilocco.H=10 names label 'dilocco', which is not compared (did you mean "
+        "'diloco'?); labels: ddp, diloco (a setting for every strategy has no label: H=10)")
+    with pytest.raises(ConfigError, match=r"names strategy 'diloco-h1', which is not compared "
+                                          r"\(did you mean 'diloco-h10'\?\); labels: diloco, "
+                                          r"diloco-h10"):
+        resolve_strategies(["diloco", "diloco-h10"], [("diloco-h1.H", "10")])
+    assert resolve_strategies(["diloco"], [("optim.lr", "2e-3")])["diloco"].optim.lr == 2e-3
+    assert main(["compare", "--strategies", "ddp,diloco", "--set", "dilocco.H=10", "--steps", "1",
+                 "--out", str(tmp_path / "x")]) == 2
+    assert "names label 'dilocco', which is not compared (did you mean 'diloco'?)" in (
+        capsys.readouterr().err)
+    assert not (tmp_path / "x").exists()

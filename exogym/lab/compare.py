@@ -160,14 +160,21 @@ def resolve_strategies(
         ids[label] = sid
     common: dict[str, tuple[str, Any]] = {}  # raw key -> (text for messages, value)
     own: dict[str, dict[str, tuple[str, Any]]] = {label: {} for label in labels}
+    # the prefixes of nested keys (optim.lr): LABEL.KEY with another prefix names a label
+    groups = {k.partition(".")[0] for sid in set(ids.values())
+              for k in config_fields(strategies.get(sid)) if "." in k}
     for key, value in _items(overrides):
         prefix, dot, rest = key.partition(".")
         if dot and prefix in ids:
             own[prefix][rest] = _once(own[prefix], rest, value, f"{key}={value}", prefix)
             continue
-        if dot and _looks_like_label(prefix):
-            raise ConfigError(f"setting {key}={value} names strategy {prefix!r}, which is not "
-                              f"compared; labels: {', '.join(labels)}")
+        if dot and (_looks_like_label(prefix) or prefix not in groups):
+            close = difflib.get_close_matches(prefix, labels, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            what = "strategy" if _looks_like_label(prefix) else "label"
+            raise ConfigError(f"setting {key}={value} names {what} {prefix!r}, which is not "
+                              f"compared{hint}; labels: {', '.join(labels)} (a setting for "
+                              f"every strategy has no label: {rest}={value})")
         common[key] = _once(common, key, value, f"{key}={value}", None)
     built: dict[str, Strategy] = {}
     for label, sid in ids.items():
