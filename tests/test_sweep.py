@@ -120,3 +120,29 @@ def test_cli_sweep_prints_the_table(task, tmp_path, capsys):
     assert "trained 2 run(s), read 0 finished one(s)" in printed
     assert main(args) == 0  # again: everything is read back
     assert "trained 0 run(s), read 2 finished one(s)" in capsys.readouterr().out
+
+
+def test_a_misspelled_grid_axis_gets_the_closest_key(task, tmp_path, capsys):
+    with pytest.raises(ConfigError, match=r"grid axis 'outer_lrr' is neither a key of diloco nor "
+                                          r"one of nodes, network \(did you mean 'outer_lr'\?\)"):
+        sweep(task, "diloco", {"outer_lrr": ["0.3"]}, out_dir=tmp_path / "a")
+    with pytest.raises(ConfigError, match=r"\(did you mean 'nodes'\?\)"):
+        sweep(task, "diloco", {"ndoes": ["2"]}, out_dir=tmp_path / "b")
+    assert main(["sweep", "--task", task, "--grid", "Hh=1,2", "--out", str(tmp_path / "c")]) == 2
+    assert "grid axis 'Hh' is neither a key of diloco nor one of nodes, network (did you mean " \
+           "'H'?)" in capsys.readouterr().err
+    assert not any((tmp_path / d).exists() for d in "abc")
+
+
+def test_the_table_shows_accuracy_as_a_percentage_as_compare_does():
+    from exogym.lab.sweep import format_markdown
+
+    point = SweepPoint(0, {"H": "10"}, (), {
+        "eval_loss": Stat((0.5, 0.7)), "eval_accuracy": Stat((0.97, 0.99)),
+        "bytes_sent_per_node": Stat((2e6, 2e6)), "sim_time_s": Stat((3.0, 3.0))})
+    result = SweepResult("t", "diloco", {"H": ["10"]}, (0, 1), (point,), point, Path("."), 2, 0,
+                         None)
+    row = next(line for line in format_markdown(result).splitlines() if "| **p000**" in line)
+    # accuracy: mean 98%, sample std sqrt(2 * 0.01^2 / 1) = 1.414%; loss: 0.6 ± 0.1414
+    assert row == ("| **p000** | **10** | **0.6000 ± 0.1414** | **98.00% ± 1.41%** | **2.00 MB** "
+                   "| **3.0 s** |")

@@ -32,6 +32,7 @@ __all__ = [
     "Stat",
     "format_json",
     "format_markdown",
+    "format_metric",
     "format_table",
 ]
 
@@ -312,7 +313,9 @@ def _fmt_bytes(n: float) -> str:
     return format_bytes(n)
 
 
-def _fmt_metric(key: str) -> Any:
+def format_metric(key: str) -> Any:
+    """How a final metric ``key`` is shown in a table (a function of its value): accuracy and
+    utilization as a percentage with 2 decimals, anything else (a loss, a perplexity) with 4."""
     if "accuracy" in key or key == "utilization":
         return lambda v: f"{100 * v:.2f}%"
     return lambda v: f"{v:.4f}"
@@ -331,7 +334,7 @@ def _fmt_count(v: float) -> str:
 
 _FORMATS: dict[str, Any] = {
     "bytes_sent_per_node": _fmt_bytes, "sim_time_s": _fmt_time,
-    "utilization": _fmt_metric("utilization"), "samples_per_s": lambda v: f"{v:,.0f}",
+    "utilization": format_metric("utilization"), "samples_per_s": lambda v: f"{v:,.0f}",
     "wall_time_s": _fmt_time,
 }
 
@@ -366,7 +369,7 @@ def format_table(c: Comparison) -> list[str]:
             note = "no improvement" + ("" if stuck == runs else f" ({stuck}/{runs} runs)")
             to_target = [f"{cell}; {note}" if cell not in ("-", "not reached") else note
                          for cell in to_target]
-        cells = [f"`{r.label}`", *(_cell(r.metrics[k], _fmt_metric(k)) for k in evals),
+        cells = [f"`{r.label}`", *(_cell(r.metrics[k], format_metric(k)) for k in evals),
                  *to_target,
                  *(_cell(r.metrics[k], _FORMATS[k]) for k in RUN_METRICS)]
         if c.world is not None:

@@ -25,6 +25,7 @@ strategy, grid or setting) is an error listing what differs.
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import json
 import math
@@ -40,7 +41,7 @@ import torch
 
 from exogym import strategy as strategies
 from exogym.lab.compare import default_eval_interval
-from exogym.lab.report import CurvePoint, RunOutcome, Stat
+from exogym.lab.report import CurvePoint, RunOutcome, Stat, format_metric
 from exogym.run.result import check_out_dir, read_json
 from exogym.sim.network import Network, parse_network
 from exogym.tasks.registry import get_task
@@ -178,8 +179,10 @@ def sweep(
     axes = {k: [str(v) for v in vs] for k, vs in grid.items()}
     for key in axes:
         if key not in RUN_AXES and key not in keys:
+            close = difflib.get_close_matches(key, [*keys, *RUN_AXES], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(f"grid axis {key!r} is neither a key of {strategy} nor one of "
-                              f"{', '.join(RUN_AXES)}; its keys: {', '.join(keys)}")
+                              f"{', '.join(RUN_AXES)}{hint}; its keys: {', '.join(keys)}")
     fixed = {k: str(v) for k, v in (overrides or {}).items()}
     both = sorted(set(fixed) & set(axes))
     if both:
@@ -282,10 +285,12 @@ def _point(index: int, settings: dict[str, str], runs: list[RunOutcome]) -> Swee
     return SweepPoint(index=index, settings=settings, runs=tuple(runs), metrics=metrics)
 
 
-def _cell(stat: Stat, fmt: str) -> str:
+def _cell(stat: Stat, key: str) -> str:
+    """A final metric's mean (± std over repeats), shown as ``exogym compare`` shows it."""
+    fmt = format_metric(key)
     if stat.n == 1:
-        return format(stat.mean, fmt)
-    return f"{format(stat.mean, fmt)} ± {format(stat.std, fmt)}"
+        return fmt(stat.mean)
+    return f"{fmt(stat.mean)} ± {fmt(stat.std)}"
 
 
 def format_markdown(result: SweepResult) -> str:
@@ -300,7 +305,7 @@ def format_markdown(result: SweepResult) -> str:
              "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for p in result.points:
         cells = [f"p{p.index:03d}", *p.settings.values(),
-                 *(_cell(p.metrics[k], ".4f") for k in evals),
+                 *(_cell(p.metrics[k], k) for k in evals),
                  f"{p.metrics['bytes_sent_per_node'].mean / 1e6:,.2f} MB",
                  f"{p.metrics['sim_time_s'].mean:,.1f} s"]
         if p is result.best:
