@@ -13,6 +13,7 @@ import argparse
 import torch
 
 from exogym import Trainer
+from exogym.sim.network import format_duration
 from exogym.strategy import make
 from exogym.tasks import get_task
 
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{sid:>7}: eval loss {result.final['eval_loss']:.4f}  accuracy "
               f"{result.final['eval_accuracy']:.2%}  sent/node "
               f"{max(result.bytes_sent) / 1e6:8.2f} MB  {args.network}: "
-              f"{result.clock.total_s / 60:.1f} min")
+              f"{format_duration(result.clock.total_s)}")
 
 
 if __name__ == "__main__":

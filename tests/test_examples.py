@@ -4,6 +4,7 @@ every example runs on a tiny budget."""
 from __future__ import annotations
 
 import os
+import re
 import runpy
 import sys
 from pathlib import Path
@@ -78,6 +79,8 @@ def test_the_mnist_example_trains_the_five_strategies(capsys, monkeypatch):
     assert [line.split(":")[0].strip() for line in out] == [
         "ddp", "sparta", "diloco", "fedavg", "demo"]
     assert all("home-100mbps" in line and "accuracy" in line for line in out)
+    # the simulated time in units that fit it (10 steps: seconds, not "0.0 min")
+    assert all(re.search(r"home-100mbps: [0-9.]+ (ms|s)$", line) for line in out), out
 
 
 def test_the_cifar_example_trains_one_node_against_two(capsys, monkeypatch):
