@@ -141,8 +141,10 @@ def test_the_server_link_queues_pushes_first_come_first_served() -> None:
     """Two 1 MB pushes at t = 0 over 8 Mbit/s links (1 s each), latency 0.1 s: the second
     waits for the first to be through the server's downlink; replies likewise."""
     clock = SimClock(parse_network("bw=8Mbps,latency=0.1s,efficiency=1,hop_latency=0s"), 2, 1.0)
-    assert clock.push(0, 1e6) == pytest.approx(1.1)
-    assert clock.push(1, 1e6) == pytest.approx(2.1)
+    clock.push(0, 1e6)
+    clock.push(1, 1e6)
+    (n0, a0), (n1, a1) = clock.serve_pushes(0.0)
+    assert (n0, n1) == (0, 1) and (a0, a1) == pytest.approx((1.1, 2.1))
     clock.reply(0, 1e6, at=1.1)
     clock.reply(1, 1e6, at=2.1)
     assert clock.t == pytest.approx([2.2, 3.2])

@@ -14,8 +14,12 @@ train_step` repeats, in simulated time order:
    fixed);
 3. otherwise the free nodes whose clocks equal the earliest (to a relative ``1e-9``) compute one
    step together (one masked step of the node-stacked engine); those that finish their round
-   push, and each push becomes an arrival at the time the simulated network delivers it
-   (:meth:`exogym.sim.clock.SimClock.push`). Ties between arrivals go in push order.
+   push and wait for the reply. A push queues for the server's downlink, which serves pushes
+   first come, first served by the simulated time each was ready; it is served (and becomes an
+   arrival at the time the network delivers it) once no push can be ready before it, i.e. when
+   the free nodes' clocks have passed its ready time
+   (:meth:`exogym.sim.clock.SimClock.serve_pushes`). Ties between arrivals go in service
+   order.
 
 With equal speeds every node is due at the same instant at every step: the loop is the
 lockstep loop. The run's ``step`` is the fastest node's count (``--steps`` is its budget);
@@ -62,11 +66,11 @@ class Timelines:
     def fastest(self) -> int:
         return max(self.steps)
 
-    def push(self, node: int, arrival: float) -> None:
-        """Node ``node`` pushed; its update arrives at ``arrival``. It waits for the reply."""
+    def arrive(self, node: int, arrival: float) -> None:
+        """Node ``node``'s push (it waits for the reply since it pushed) has been served by the
+        server's downlink and arrives at ``arrival``."""
         bisect.insort(self.in_flight, (arrival, self.pushes, node))
         self.pushes += 1
-        self.waiting[node] = True
 
     def next_arrival(self) -> tuple[float, int, int] | None:
         return self.in_flight[0] if self.in_flight else None

@@ -345,6 +345,9 @@ class Run:
             free = [i for i in range(n) if not tl.waiting[i]]
             start = min((clock.t[i] for i in free), default=math.inf)
             arrival = tl.next_arrival()
+            for node, at in clock.serve_pushes(min(start, arrival[0] if arrival else math.inf)):
+                tl.arrive(node, at)
+            arrival = tl.next_arrival()
             if arrival is not None and same_or_before(arrival[0], start):
                 self._deliver(*tl.pop_arrival())
                 continue
@@ -356,9 +359,12 @@ class Run:
             if pushed:
                 sizes = [r.payload_bytes for r in self.comm.log[-len(pushed):]]
                 for node, size in zip(pushed, sizes, strict=True):
-                    tl.push(node, clock.push(node, size))
+                    clock.push(node, size)
+                    tl.waiting[node] = True
                 pushed.clear()
         if target >= self.settings.total_steps:
+            for node, at in clock.serve_pushes(math.inf, final=True):
+                tl.arrive(node, at)
             while tl.in_flight:
                 self._deliver(*tl.pop_arrival())
 

@@ -162,6 +162,9 @@ class SimClock:
         # A parameter server's link (asynchronous strategies): when its downlink (pushes in)
         # and uplink (models out) are next free; messages queue on it first come, first served.
         self.server_free = [0.0, 0.0]
+        # Pushes waiting for the downlink: (ready time, sequence number, node, bytes).
+        self.push_queue: list[tuple[float, int, int, float]] = []
+        self.pushes_queued = 0
         self.pending: list[_Pending] = []
         self._times: dict[tuple[str, int, int], float] = {}
 
@@ -183,6 +186,8 @@ class SimClock:
                 "node_comm": list(self.node_comm), "node_idle": list(self.node_idle),
                 "node_down": list(self.node_down), "link_free": list(self.link_free),
                 "last_release": self.last_release, "server_free": list(self.server_free),
+                "push_queue": [list(p) for p in self.push_queue],
+                "pushes_queued": self.pushes_queued,
                 "pending": [(p.tag, p.end, p.deadline_step, p.members) for p in self.pending]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -193,6 +198,9 @@ class SimClock:
             setattr(self, key, [float(v) for v in state[key]])
         self.last_release = float(state["last_release"])
         self.server_free = [float(v) for v in state.get("server_free", (0.0, 0.0))]
+        self.push_queue = [(float(t), int(k), int(i), float(b))
+                           for t, k, i, b in state.get("push_queue", ())]
+        self.pushes_queued = int(state.get("pushes_queued", 0))
         self.pending = [_Pending(tag, float(end), deadline,
                                  tuple(members) if members is not None else None)
                         for tag, end, deadline, members in state["pending"]]
@@ -302,19 +310,39 @@ class SimClock:
         self.node_comm[dst] += end - start
         self.t[dst] = end
 
-    def push(self, node: int, payload_bytes: float) -> float:
-        """Node ``node`` sends ``payload_bytes`` to the parameter server, from its own time;
-        when the message has arrived. The server's downlink carries one message at a time,
-        first come, first served (a push that finds it busy queues): the transfer takes
-        ``8S / (eff * min(up_node, down_server))`` (the server's link has the network's base
-        bandwidths), then one latency. The node's clock does not move (it waits for the reply,
-        :meth:`reply`)."""
+    def push(self, node: int, payload_bytes: float) -> None:
+        """Node ``node`` sends ``payload_bytes`` to the parameter server, ready at its own time
+        (its clock does not move: it waits for the reply, :meth:`reply`). The push queues for
+        the server's downlink; :meth:`serve_pushes` says when it arrives."""
+        self.push_queue.append((self.t[node], self.pushes_queued, node, float(payload_bytes)))
+        self.pushes_queued += 1
+
+    def serve_pushes(self, until: float, *, final: bool = False) -> list[tuple[int, float]]:
+        """Serve the queued pushes that can no longer be preceded: ``[(node, arrival time)]``
+        in service order. The server's downlink serves pushes first come, first served in
+        simulated time (by the time each was ready, ties in push order), one at a time; each
+        transfer takes ``8S / (eff * min(up_node, down_server))`` (the server's link has the
+        network's base bandwidths) from when both the downlink and the node's uplink are free,
+        then one latency.
+
+        ``until`` is the earliest time at which a push not yet made could be ready: the
+        earliest clock of the nodes free to compute and the earliest arrival in flight (a node
+        waiting for the server computes again only after its own push has arrived). A push
+        ready no later than that is served; each arrival served lowers the bound in turn.
+        ``final``: no push follows (the run's end): every queued push is served."""
         net = self.network
-        start = max(self.t[node], self.link_free[node], self.server_free[0])
-        done = start + net.transfer_s(payload_bytes, self.up_bps[node],
-                                      net.down_bps or net.up_bps)
-        self.link_free[node] = self.server_free[0] = done
-        return done + net.message_latency_s
+        self.push_queue.sort()
+        served = []
+        while self.push_queue and self.push_queue[0][0] <= until:
+            at, _, node, size = self.push_queue.pop(0)
+            start = max(at, self.link_free[node], self.server_free[0])
+            done = start + net.transfer_s(size, self.up_bps[node], net.down_bps or net.up_bps)
+            self.link_free[node] = self.server_free[0] = done
+            arrival = done + net.message_latency_s
+            served.append((node, arrival))
+            if not final:
+                until = min(until, arrival)
+        return served
 
     def reply(self, node: int, payload_bytes: float, at: float) -> None:
         """The server sends ``payload_bytes`` (the model) to ``node`` from time ``at``, through
