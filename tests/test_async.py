@@ -21,6 +21,7 @@ from exogym import Trainer
 from exogym.sim.clock import SimClock
 from exogym.sim.network import parse_network
 from exogym.strategy import make
+from exogym.strategy.async_local_sgd import dylu_steps
 from exogym.strategy.optim import OptimSpec
 
 FAST = "bw=1000000Gbps,latency=0s,efficiency=1,hop_latency=0s"
@@ -116,7 +117,7 @@ def test_fedbuff_trace_buffers_k_updates_weighted_by_staleness() -> None:
 def test_dylu_scales_local_steps_by_speed_and_equal_speeds_keep_h() -> None:
     s = make("async_local_sgd", H=10, dylu=True)
     fit(s, nodes=4, steps=10, speeds="1:1:0.5:0.25", model=Slope())
-    assert [s.local_steps(i) for i in range(4)] == [10, 10, 5, 3]  # ceil(10 * 0.25) = 3
+    assert [s.local_steps(i) for i in range(4)] == [10, 10, 5, 2]  # floor(10 * 0.25) = 2
     plain = make("async_local_sgd", H=10, dylu=False, optim=sgd())
     dylu = make("async_local_sgd", H=10, dylu=True, optim=sgd())
     a = fit(plain, nodes=2, steps=20, speeds="")
@@ -206,3 +207,36 @@ def test_a_push_carries_the_buffers_the_server_adopts() -> None:
     r = fit(make("async_local_sgd", H=2, optim=sgd()), nodes=2, steps=4, speeds="",
             model=SlopeBN())
     assert r.bytes_sent == [40.0, 40.0] and r.bytes_received == [40.0, 40.0]
+
+
+@pytest.mark.parametrize(("rounding", "expected"), [("floor", [8, 5, 3]), ("ceil", [8, 6, 4])])
+def test_dylu_rounds_down_as_the_paper_or_up_as_halos(rounding: str, expected: list[int]) -> None:
+    """Speeds 1 : 0.7 : 0.45, H = 8: H v_w / v_max = 8, 5.6, 3.6; the paper's floor gives
+    [8, 5, 3] (the default), HALoS's ceil [8, 6, 4]."""
+    kwargs = {} if rounding == "floor" else {"dylu_rounding": rounding}
+    s = make("async_local_sgd", H=8, dylu=True, optim=sgd(), **kwargs)
+    assert s.dylu_rounding == rounding
+    fit(s, nodes=3, steps=8, speeds="1:0.7:0.45")
+    assert s.speeds == [1.0, 0.7, 0.45]
+    assert [s.local_steps(i) for i in range(3)] == expected
+    assert [dylu_steps(8, [0.5, 0.35, 0.225], i, rounding) for i in range(3)] == expected
+
+
+def test_dylu_takes_at_least_one_step_and_integers_stay_integers() -> None:
+    # H v_w / v_max = 10 * 0.05 = 0.5: floor 0, so 1 step (a node that never pushed would be
+    # lost to the server); 100 * 0.29 = 28.999999999999996 in floats is 29, both ways
+    assert dylu_steps(10, [1.0, 0.05], 1) == 1
+    assert dylu_steps(10, [1.0, 0.05], 1, "ceil") == 1
+    assert dylu_steps(100, [1.0, 0.29], 1) == 29
+    assert dylu_steps(100, [1.0, 0.29], 1, "ceil") == 29
+
+
+def test_the_default_outer_optimizer_is_delayed_nesterov_and_bad_options_are_named() -> None:
+    s = make("async_local_sgd")
+    assert (s.outer, s.dylu, s.dylu_rounding) == ("delayed_nesterov", False, "floor")
+    with pytest.raises(ValueError, match=r"dylu_rounding must be one of \['floor', 'ceil'\], "
+                                         r"got 'round'"):
+        make("async_local_sgd", dylu_rounding="round")
+    with pytest.raises(ValueError, match=r"outer must be one of \['delayed_nesterov', "
+                                         r"'nesterov'\], got 'adam'"):
+        make("async_local_sgd", outer="adam")

@@ -36,7 +36,6 @@ Choices common to every server method here (each method's docstring adds its own
 from __future__ import annotations
 
 import abc
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -159,9 +158,3 @@ class ServerStrategy(Strategy):
         """``H``: the fastest node's round (the run's steps are its steps)."""
         return self.H
 
-
-def dylu_steps(H: int, speeds: Sequence[float], node: int) -> int:
-    """Dynamic Local Updates (Liu et al. 2024, section 4.2): ``H_i = max(1, ceil(H * v_i /
-    max_j v_j))``, so that every node's round takes about the fastest node's time (HALoS's
-    ``--rescale_num_local_steps``, ``simulation/common.py``)."""
-    return max(1, math.ceil(H * speeds[node] / max(speeds) - 1e-9))
