@@ -3,6 +3,7 @@ every example runs on a tiny budget."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import runpy
@@ -107,3 +108,46 @@ def test_the_per_node_example_equals_the_node_stacked_methods(capsys, monkeypatc
     loss = [float(line.split("loss ")[1].split(",")[0]) for line in out]
     assert loss[0] == pytest.approx(loss[1], abs=2e-4) and loss[2] == pytest.approx(loss[3],
                                                                                    abs=2e-4)
+
+
+# -- examples/my_method.py: the README's "your own method" ------------------------------------
+TOPK = f"{EXAMPLES}/my_method.py:TopKDiLoCo"
+
+
+def _cli(*args: str) -> int:
+    from exogym.cli import main
+
+    return main([*args, "--data-dir", str(SHARED_DATA), "--no-download", "--no-progress",
+                 "--eval-samples", "64"])
+
+
+def test_my_method_runs_through_the_cli_and_sends_top_k(tmp_path):
+    out = tmp_path / "run"
+    assert _cli("run", "--task", "mnist", "--strategy", TOPK, "--set", "H=2", "--nodes", "2",
+                "--steps", "4", "--batch-size", "8", "--eval-interval", "4",
+                "--out", str(out)) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["strategy"] == "TopKDiLoCo"
+    hyper = summary["hyperparameters"]
+    assert (hyper["H"], hyper["codec"], hyper["error_feedback"]) == (2, "topk:0.01", True)
+    # 2 outer steps, each an all-gather among N = 2 of the MNIST CNN's top 1% per tensor:
+    # k = ceil(n / 100) of n = 400, 16, 12800, 32, 200704, 128, 1280, 10 -> 2,158 entries,
+    # each a fp32 value and an int32 index: S = 8 x 2,158 = 17,264 bytes; (N-1) S per node.
+    assert summary["bytes_sent_per_node"] == [2 * 17_264] * 2
+
+
+def test_my_method_is_labelled_by_its_class_in_compare(tmp_path):
+    out = tmp_path / "cmp"
+    assert _cli("compare", "--task", "mnist", "--strategies", f"{TOPK},{TOPK}-h2",
+                "--set", "TopKDiLoCo-h2.H=2", "--set", "TopKDiLoCo.H=4", "--nodes", "2",
+                "--steps", "4", "--batch-size", "8", "--out", str(out)) == 0
+    runs = {json.loads(p.read_text())["hyperparameters"]["H"]: p.parent.name
+            for p in (out / "runs").glob("*/summary.json")}
+    assert runs == {4: "TopKDiLoCo-seed0", 2: "TopKDiLoCo-h2-seed0"}
+
+
+def test_my_method_refuses_another_codec():
+    with pytest.raises(ConfigError, match=r"codec must be topk:F .* got 'int8'"):
+        make(TOPK, codec="int8")
+    with pytest.raises(ConfigError, match="error_feedback"):
+        make(TOPK, q="0.1")  # DiLoCo's own check: dropping and error feedback do not mix
