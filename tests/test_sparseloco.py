@@ -120,6 +120,53 @@ def test_three_outer_steps_by_hand_mean_aggregation():
     assert comm.bytes_sent == [3 * 2061.0] * 2
 
 
+class Lost:
+    """A timeline that loses the messages of ``lost`` (node ids) at every synchronisation."""
+
+    def __init__(self, lost: set[int]) -> None:
+        self.lost = lost
+
+    def arrivals(self, active, deadline):
+        heard = [(active is None or active[i]) and i not in self.lost for i in range(3)]
+        return None if all(heard) else heard
+
+
+def test_absent_nodes_neither_accumulate_nor_send_and_lost_messages_leave_the_accumulator():
+    # Prepare: theta = [1, 2, 3, 4], N = 3; node 2 holds an accumulator e_2 = [.4, 0, 0, 0]
+    s = sparse()
+    nodes, comm = build(s, (1.0, 2.0, 3.0, 4.0), n=3)
+    s.error["w"][2] = t([0.4, 0.0, 0.0, 0.0])
+
+    # Execute: node 2 is down (computed nothing: its gradient row is zero, its parameters stay)
+    comm.active = [True, True, False]
+    step_with(s, nodes, [[10.0, 0.0, 0.0, 5.0], [0.0, 20.0, 5.0, 0.0], [0.0] * 4], 0)
+
+    # Assert: the mean over the M = 2 senders, as in the 2-node test: theta = [.5, 1, 2.75,
+    # 3.75]; nodes 0 and 1 restart from it, node 2 keeps its parameters and its accumulator
+    # (down, it accumulates nothing); the all-gather is among nodes 0 and 1 only: (M-1) S each
+    theta1 = t([0.5, 1.0, 2.75, 3.75])
+    assert torch.allclose(s.global_state()["w"], theta1, **TOL)
+    assert torch.allclose(nodes.params["w"], torch.stack([theta1, theta1, t([1.0, 2.0, 3.0,
+                                                                            4.0])]), **TOL)
+    assert torch.allclose(s.error["w"][2], t([0.4, 0.0, 0.0, 0.0]), **TOL)
+    assert comm.log[-1].members == 0b011 and comm.bytes_sent == [2061.0, 2061.0, 0.0]
+
+    # Execute: every node computes; node 1's message is lost. Delta_0 = 0.1 [3, 1, 0, 0],
+    # Delta_1 = [0, 0, .2, .4]; node 2 did not restart (zero gradient): Delta_2 = theta1 -
+    # [1, 2, 3, 4] = [-.5, -1, -.25, -.25], and e_2 = .5 [.4, 0, 0, 0] + Delta_2
+    comm.active, comm.timeline = None, Lost({1})
+    step_with(s, nodes, [[3.0, 1.0, 0.0, 0.0], [0.0, 0.0, 2.0, 4.0], [0.0] * 4], 1)
+
+    # Assert: e_2 = [-.3, -1, -.25, -.25] sends -1 (chunk 0) and -.25 (chunk 1, the first of
+    # the tie), keeping [-.3, 0, 0, -.25]; node 1 sent .4 (lost in transit) and keeps
+    # [0, 0, .2, 0]; node 0 sends .3 and keeps [0, .1, 0, 0]. Delta = mean over nodes 0 and 2:
+    # ([.3, 0, 0, 0] + [0, -1, -.25, 0]) / 2 = [.15, -.5, -.125, 0]
+    assert torch.allclose(s.global_state()["w"], t([0.35, 1.5, 2.875, 3.75]), **TOL)
+    assert torch.allclose(s.error["w"], t([[0.0, 0.1, 0.0, 0.0], [0.0, 0.0, 0.2, 0.0],
+                                           [-0.3, 0.0, 0.0, -0.25]]), **TOL)
+    assert comm.log[-1].members == 0b101
+
+
 def test_senders_aggregation_averages_each_entry_over_its_senders():
     # Prepare / Execute: step 0 of the test above; every entry has exactly one sender
     s = sparse(aggregation="senders")

@@ -34,6 +34,14 @@ With ``R`` nodes and the global parameters ``theta^(t-1)``, each outer step ``t`
    DiLoCo's outer Nesterov momentum), and every node restarts from ``theta^(t)``; each node keeps
    its inner optimizer state.
 
+Absent nodes (a world), as in DiLoCo: ``R`` becomes the ``M`` nodes whose messages arrive (the
+all-gather runs among them, ``(M-1) * S`` bytes each, nothing for the others), and only they
+restart from ``theta^(t)``; an outer step where no message arrives changes nothing. A node that
+is down accumulates nothing (steps 2 and 4 skip it); a node whose message was lost or cut by a
+``deadline`` did send, so what it sent leaves its accumulator and is lost with the message. A
+node back up gets ``theta^(t)`` from a live peer and an empty accumulator (:meth:`SparseLoCo.
+recover`).
+
 Defaults: the production ``hparams.json``: ``H`` = 30 (``inner_steps``), ``beta`` = 0.95
 (``momentum_decay``), ``k`` = 64 per chunk and ``s`` = 64 (``topk_compression``, ``target_chunk``:
 64 x 64 = 4,096-entry chunks), ``alpha`` = 1 (``outer_learning_rate``), 2-bit values
@@ -222,29 +230,54 @@ class SparseLoCo(Strategy):
 
     @torch.no_grad()
     def outer_step(self) -> None:
-        """Accumulate, compress and send every node's pseudo-gradient; step and restart."""
+        """Accumulate, compress and send every node's pseudo-gradient; step and restart (absent
+        nodes: the module docstring)."""
+        members = self.arrivals()  # a world's: the active nodes whose messages arrive
+        computed = self.active  # local rows that took this round's last step (None: all)
         names = list(self.nodes.params)
         payload: list[Tensor] = []
         for name in names:
             p, e, lay = self.nodes.params[name], self.error[name], self.layouts[name]
+            before = e.clone() if computed is not None else None
             e.mul_(self.beta).add_(self.global_params[name].unsqueeze(0) - p)         # 2
             idx, val = lay.top_k(_chunks(e, lay))                                      # 3
             n = val.shape[0]
             codes, shift, lookup = quantize(val.reshape(n, -1), self.bits, self.sigmas)
             sent = _dequantize(codes, shift, lookup).view_as(val)
             e.sub_(_unchunk(lay.scatter(idx, sent), lay))                              # 4
+            if before is not None:  # a node that is down accumulates nothing
+                e.copy_(torch.where(computed.view(-1, *([1] * (e.dim() - 1))), e, before))
             payload += [pack_bits(idx.reshape(n, -1), index_bits(lay.area)),
                         pack_bits(codes, self.bits), torch.cat([shift, lookup], dim=1)]
-        gathered = self.comm.all_gather(payload, tag="sparseloco")                    # 5
+        if members is not None and not any(members):
+            return  # nobody's message arrives: no outer step, every node keeps its parameters
+        gathered = self.comm.all_gather(payload, tag="sparseloco", members=members)   # 5
+        senders = None if members is None else torch.tensor(members, device=self.nodes.device)
         for j, name in enumerate(names):
             lay = self.layouts[name]
-            delta = self._aggregate(lay, *gathered[3 * j: 3 * j + 3])
+            parts = gathered[3 * j: 3 * j + 3]
+            if senders is not None:
+                parts = [t[senders] for t in parts]
+            delta = self._aggregate(lay, *parts)
             theta = self.global_params[name]
             theta.sub_(delta, alpha=self.alpha)                                        # 6
-            restart_rows(self.nodes.params[name], theta)
+            keep = None if members is None else self.comm.local_rows(members, theta.device)
+            restart_rows(self.nodes.params[name], theta, keep)
         buffers = list(self.nodes.float_buffers.values())
-        means = list(self.comm.all_reduce(buffers, "mean", tag="buffers")) if buffers else []
-        self.adopt_buffers(means, self.global_buffers)
+        means = (list(self.comm.all_reduce(buffers, "mean", tag="buffers", members=members))
+                 if buffers else [])
+        self.adopt_buffers(means, self.global_buffers,
+                           None if members is None
+                           else self.comm.local_rows(members, self.nodes.device))
+
+    def recover(self, node: int, donor: int) -> None:
+        """A node back up gets the global model from a live peer (DiLoCo's recovery) and an empty
+        error-feedback accumulator: what it had accumulated and not sent is lost with it."""
+        self.recover_from_global(node, donor, self.global_params, self.global_buffers)
+        row = self._row(node)
+        if row is not None:
+            for e in self.error.values():
+                e[row].zero_()
 
     def _aggregate(self, lay: ChunkLayout, packed_idx: Tensor, packed_codes: Tensor,
                    meta: Tensor) -> Tensor:
