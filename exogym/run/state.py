@@ -853,14 +853,20 @@ class Run:
 
     def _recover(self, nodes: list[int]) -> None:
         """Live recovery of ``nodes`` from a live peer each (the lowest-numbered node that is
-        up and in sync), point to point, charged on the clock."""
+        up and in sync), point to point, charged on the clock. When every node that is up is
+        coming back (all were down at once), none is in sync: the one that failed last holds
+        the newest state, goes on from its own (event ``resume_own``), and the others recover
+        from it."""
         n = self.settings.num_nodes
         synced = [j for j in range(n) if not self.down[j] and j not in nodes]
+        if not synced and n > 1:
+            newest = max(nodes, key=lambda j: (self._last_failure(j), -j))
+            self._event("resume_own", newest)
+            synced, nodes = [newest], [j for j in nodes if j != newest]
         for node in nodes:
-            donor = synced[0] if synced else next(j for j in range(n) if not self.down[j]
-                                                  and j != node) if n > 1 else None
-            if donor is None:
+            if not synced:
                 continue
+            donor = synced[0]
             received = self.comm.bytes_received[node]
             start = self._time(node)
             self.strategy.recover(node, donor)
@@ -871,6 +877,11 @@ class Run:
             self.counts["recovery_bytes"] += got
             self.counts["recovery_time_s"] += took
             self._event("recovery", node, donor=donor, bytes=got, duration_s=took)
+
+    def _last_failure(self, node: int) -> int:
+        """The step of ``node``'s last failure (-1: none)."""
+        return max((e["step"] for e in self.events if e["node"] == node
+                    and e["event"] == "fail"), default=-1)
 
     def arrivals(self, active: list[bool] | None, deadline: str | None) -> list[bool] | None:
         """The :class:`~exogym.sim.comm.Timeline` the strategies ask at a synchronisation: the
