@@ -267,3 +267,19 @@ def test_checkpoint_resume_is_exact(tmp_path: Path, average: str):
 def test_checkpoint_resume_with_muon_is_exact(tmp_path: Path):
     check_checkpoint_resume(
         lambda: DESLOC(K_x=2, K_u=3, K_v=4, optim=OptimSpec(name="muon")), tmp_path)
+
+
+def test_an_absent_node_is_neither_averaged_in_nor_charged_and_keeps_its_values():
+    # Prepare: w = [1, 2] on 3 nodes, SGD lr 0.1 momentum 0.5, parameters averaged every step
+    s = DESLOC(K_x=1, K_u=100, K_v=100, optim=OptimSpec(name="sgd", lr=0.1, momentum=0.5))
+    nodes, comm = build(s, (1.0, 2.0), n=3)
+
+    # Execute: node 2 is down (computed nothing: zero gradient, no optimizer step)
+    comm.active = [True, True, False]
+    step_with(s, nodes, [[1.0, 0.0], [0.0, 2.0], [0.0, 0.0]], 0)
+
+    # Assert: nodes 0 and 1 step to [0.9, 2], [1, 1.8] and average among themselves to
+    # [0.95, 1.9]; node 2 keeps [1, 2]; a ring of M = 2: 2 (M-1)/M * 16 = 16 bytes each, none
+    # for node 2
+    assert torch.allclose(nodes.params["w"], t([[0.95, 1.9], [0.95, 1.9], [1.0, 2.0]]), **TOL)
+    assert comm.log[-1].members == 0b011 and comm.bytes_sent == [16.0, 16.0, 0.0]

@@ -55,6 +55,12 @@ step there is ``u / (0 + eps)``, ``1e4``-``1e5`` times ``lr``. On the MNIST CNN 
 (both moments averaged together, so ``v`` is shared from the first ``u`` average on) ends at
 98.44% with either placement. ``--set K_v=24`` gives the paper's ratio.
 
+Absent nodes (a world), as in SPARTA: each due average is the mean over the nodes whose
+messages arrive (a ring among those ``M``, one draw of message losses per step with an average),
+written into their rows only; a node that is down, lost its message or was cut by a ``deadline``
+keeps its own values. A node back up copies a live peer's parameters, buffers and optimizer state
+(:meth:`Strategy.recover`).
+
 The global model (evaluated, deployed) is the mean of the nodes' parameters and float buffers
 (what a final parameter sync would give; node 0's integer buffers): between two parameter
 averages no node holds it. Computing it is an evaluation-side view, not counted as traffic.
@@ -79,7 +85,7 @@ from typing import ClassVar, Literal
 import torch
 from torch import Tensor
 
-from exogym.strategy.base import Strategy, positive_int
+from exogym.strategy.base import Strategy, positive_int, restart_rows
 
 __all__ = ["DESLOC", "FIRST_MOMENTS", "SECOND_MOMENTS"]
 
@@ -158,14 +164,33 @@ class DESLOC(Strategy):
             self._average_due(t)
 
     def _average_due(self, t: int) -> None:
-        """Average every state whose period divides the 1-based step ``t``, each on its own."""
-        if t % self.u_period == 0:
-            self._average_state(FIRST_MOMENTS, "first_moment")
-        if t % self.v_period == 0:
-            self._average_state(SECOND_MOMENTS, "second_moment")
+        """Average every state whose period divides the 1-based step ``t``, each on its own,
+        among the nodes whose messages arrive (one draw of a world's losses per step)."""
+        due = [(t % self.u_period == 0, FIRST_MOMENTS, "first_moment"),
+               (t % self.v_period == 0, SECOND_MOMENTS, "second_moment")]
+        if not (any(d for d, _, _ in due) or t % self.K_x == 0):
+            return
+        members = self.arrivals()
+        if members is not None and not any(members):
+            return
+        for is_due, keys, tag in due:
+            if is_due:
+                self._average(self.moments(keys), tag, members)
         if t % self.K_x == 0:
             tensors = list(self.nodes.params.values()) + list(self.nodes.float_buffers.values())
-            self.comm.all_reduce_(tensors, "mean", tag="params")
+            self._average(tensors, "params", members)
+
+    def _average(self, tensors: list[Tensor], tag: str, members: list[bool] | None) -> None:
+        """The mean over ``members`` (None: all) replaces their rows; the others keep theirs."""
+        if not tensors:
+            return
+        if members is None:
+            self.comm.all_reduce_(tensors, "mean", tag=tag)
+            return
+        means = self.comm.all_reduce(tensors, "mean", tag=tag, members=members)
+        keep = self.comm.local_rows(members, self.nodes.device)
+        for x, mean in zip(tensors, means, strict=True):
+            restart_rows(x, mean, keep)
 
     def moments(self, keys: tuple[str, ...]) -> list[Tensor]:
         """The inner optimizer's node-stacked state tensors stored under ``keys``, in parameter
@@ -175,11 +200,6 @@ class DESLOC(Strategy):
             state = self.optimizer.state.get(p, {})
             out += [state[k] for k in keys if isinstance(state.get(k), Tensor)]
         return out
-
-    def _average_state(self, keys: tuple[str, ...], tag: str) -> None:
-        tensors = self.moments(keys)
-        if tensors:
-            self.comm.all_reduce_(tensors, "mean", tag=tag)
 
     def global_state(self) -> dict[str, Tensor]:
         """The node mean of the parameters and float buffers; node 0's integer buffers."""
