@@ -28,7 +28,7 @@ from exogym.strategy import make
 
 HERE = Path(__file__).resolve().parent
 SHARED_DATA = Path(os.environ.get("EXOGYM_DATA_DIR") or HERE.parents[1] / "shared" / "data")
-WALL = {"wall_s", "train_time_s", "wall_time_s", "samples_per_s", "out_dir"}
+WALL = {"wall_s", "train_time_s", "wall_time_s", "samples_per_s", "out_dir", "resumed_from"}
 
 
 def _rows(run_dir: Path) -> list[dict[str, Any]]:
@@ -117,6 +117,23 @@ def test_a_resumed_run_may_be_extended_and_a_finished_run_continued(tmp_path: Pa
     assert checkpoint_steps(run)[0] == 3 * T
     with pytest.raises(ValueError, match=r"max_steps=3 is before the checkpoint's step 12"):
         build(cases()["diloco"]).fit(resume=run, max_steps=3, progress=False)
+
+
+def test_an_extended_run_warns_about_h_and_its_summary_says_where_it_resumed(
+        tmp_path: Path) -> None:
+    # DiLoCo H = 2: 2T = 8 steps, extended to 3T + 1 = 13 (not a multiple of H)
+    run = tmp_path / "run"
+    first = fit_case("diloco", "loop", run)
+    with pytest.warns(UserWarning, match=r"13 steps is not a multiple of H=2: the last 1 "):
+        longer = build(cases()["diloco"]).fit(resume=run, max_steps=3 * T + 1, progress=False)
+    assert longer.resumed_from == {"step": 2 * T, "checkpoint": str(
+        run / "checkpoints" / f"step-{2 * T:08d}")}
+    assert f"resumed     at step {2 * T} from {run}" in longer.summary()
+    assert first.resumed_from is None and "resumed" not in first.summary()
+    # wall time adds up the sessions: never less than the training time in it
+    assert longer.wall_time_s >= longer.train_time_s >= first.train_time_s
+    walls = [r["wall_s"] for r in longer.history]
+    assert walls == sorted(walls)
 
 
 def test_resuming_another_run_is_an_error_listing_the_differences(tmp_path: Path) -> None:

@@ -211,7 +211,9 @@ class FitResult:
         num_nodes, steps, batch_size: the run's shape (batch size per node).
         samples: training samples processed, all nodes together.
         train_time_s: wall time of the training steps (evaluation excluded).
-        wall_time_s: wall time of the whole fit.
+        wall_time_s: wall time of the whole fit. Both add up every session of a resumed run.
+        resumed_from: ``{"step", "checkpoint"}`` where this session continued the run (None:
+            it started here).
         bytes_sent, bytes_received: per node, cumulative.
         comm_log: every collective (for network models).
         engine, device, seed, out_dir: how it ran.
@@ -267,6 +269,7 @@ class FitResult:
     clock: ClockReport | None = None
     trace: ClockTrace | None = field(default=None, repr=False)
     processes: int = 1
+    resumed_from: dict[str, Any] | None = None
 
     @property
     def samples_per_s(self) -> float:
@@ -300,6 +303,7 @@ class FitResult:
             "collectives": len(self.comm_log),
             "engine": self.engine,
             "processes": self.processes,
+            "resumed_from": self.resumed_from,
             "device": self.device,
             "seed": self.seed,
             "out_dir": str(self.out_dir) if self.out_dir else None,
@@ -345,6 +349,9 @@ class FitResult:
             f"traffic     per node sent {_fmt_bytes(max(sent))}, received "
             f"{_fmt_bytes(max(recv))} (max over nodes; {len(self.comm_log)} collectives)"
         )
+        if self.resumed_from is not None:
+            lines.append(f"resumed     at step {self.resumed_from['step']:,} from "
+                         f"{self.resumed_from['checkpoint']} (times: every session together)")
         if self.world is not None:
             lines.append(f"world       {self.world['spec']}: {world_line(self.world)}")
         if self.asynchronous is not None:

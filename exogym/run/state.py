@@ -146,6 +146,9 @@ class Run:
         self.strategy = strategy
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.wall_start = time.perf_counter()
+        # Where this session continued the run from ({"step", "checkpoint"}), set by the
+        # trainer after load_state_dict; None: the run started here.
+        self.resumed_from: dict[str, Any] | None = None
 
         torch.manual_seed(s.seed)
         self.batches = batches if batches is not None else NodeBatches(
@@ -487,7 +490,7 @@ class Run:
                                   if self.eval_set is not self.eval_full else None),
             network=s.network, clock=report, trace=trace,
             processes=1 if self.ranks is None else self.ranks.world_size,
-            nonfinite=self.nonfinite,
+            nonfinite=self.nonfinite, resumed_from=self.resumed_from,
             world=(None if not self._worldly else
                    {"spec": s.world.spec(), "description": s.world.describe(),
                     **self.counts, "events": len(self.events)}),
@@ -563,7 +566,8 @@ class Run:
             "metrics": {"history": _plain(self.history), "loss_sum": self.loss_sum,
                         "loss_count": self.loss_count, "loss_nodes": self.loss_nodes,
                         "first_bad": self.first_bad, "nonfinite": _plain(self.nonfinite),
-                        "train_time_s": self.train_time_s},
+                        "train_time_s": self.train_time_s,
+                        "wall_time_s": time.perf_counter() - self.wall_start},
             "world": {"down": list(self.down), "late": list(self.late),
                       "events": _plain(self.events), "counts": dict(self.counts),
                       "syncs": self._syncs, "ops": _plain(self._ops)},
@@ -620,6 +624,8 @@ class Run:
         self.first_bad.copy_(m["first_bad"])
         self.nonfinite = m["nonfinite"]
         self.train_time_s = float(m["train_time_s"])
+        # wall time goes on from the sessions before (rows' wall_s stay increasing)
+        self.wall_start = time.perf_counter() - float(m.get("wall_time_s", 0.0))
         _set_rng_state(state["rng"], self.device)
 
     # -- internals -----------------------------------------------------------------------------

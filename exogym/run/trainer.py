@@ -407,6 +407,8 @@ class Trainer:
                       checkpointing=checkpointing.to_dict())
             _check_same_run(saved, run.config, where)
             run.load_state_dict(state)
+            run.resumed_from = {"step": int(state["step"]), "checkpoint": str(where)}
+            _check_sync(strategy, max_steps, True, warn=run.lead and max_steps != saved["steps"])
             result = _drive(run, int(state["step"]), checkpointing, kwargs["handle_signals"])
             clean = True
             return result
