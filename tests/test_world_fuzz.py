@@ -30,6 +30,7 @@ from test_conformance import small
 
 from exogym import Trainer
 from exogym.run.checkpoint import load_checkpoint
+from exogym.sim.world import parse_world
 from exogym.strategy import make, registry
 
 EXAMPLES = int(os.environ.get("EXOGYM_FUZZ_EXAMPLES", "12"))
@@ -170,18 +171,28 @@ def test_drawn_worlds_finish_or_stop_clearly_charge_no_down_node_and_resume(
 
 
 def test_every_node_down_at_once_waits_and_the_last_to_fail_goes_on_from_its_own_state() -> None:
-    # Node 0 fails at step 2, node 1 at step 3: nobody is up, the run waits for the quorum
-    # (min_nodes=1). Node 0 is back at 1 s with no live peer: it goes on from its own state
-    # (an event, no recovery); node 1, back at 1.2 s, recovers from it (a crash before: the
-    # recovery looked for a live donor that did not exist).
+    # 0.1 s a step: node 0 fails at 0.25 s (before its step at 0.3 s), node 1 at 0.35 s: nobody
+    # is up, the run jumps to the next return (min_nodes=1). Node 0 is back at 1 s with no live
+    # peer: it goes on from its own state (an event, no recovery); node 1, back at 1.2 s,
+    # recovers from it (before: the recovery looked for a live donor that did not exist).
     torch.manual_seed(1)
     r = Trainer(Net(), data(), data()).fit(
         strategy=make("diloco", H=2), num_nodes=2, max_steps=20, batch_size=4,
-        network="home-100mbps", step_time=0.1, world="fail=0@2,fail=1@3,rejoin=0@1s,"
-        "rejoin=1@1.2s", progress=False)
+        network="home-100mbps", step_time=0.1, world="fail=0@0.25s,fail=1@0.35s,"
+        "rejoin=0@1s,rejoin=1@1.2s", progress=False)
     kinds = [(e["event"], e["node"]) for e in r.events]
-    assert kinds[:5] == [("fail", 0), ("fail", 1), ("quorum_wait", 1), ("rejoin", 0),
-                         ("resume_own", 0)]
-    assert ("recovery", 1) in kinds and r.world["recoveries"] == 1
+    assert kinds == [("fail", 0), ("fail", 1), ("rejoin", 0), ("resume_own", 0),
+                     ("rejoin", 1), ("recovery", 1)]
+    assert [e["step"] for e in r.events][:2] == [3, 4]
+    assert r.world["recoveries"] == 1
     assert [e["donor"] for e in r.events if e["event"] == "recovery"] == [0]
 
+
+def test_a_rejoin_in_another_unit_than_its_failure_is_refused_by_name() -> None:
+    # fail by step, rejoin by time: the failure would never end (each unit is its own source)
+    with pytest.raises(ValueError, match=r"rejoin=0@1.0s ends no failure of node 0 given by "
+                                         r"time \(its failure fail=0@2 is by step"):
+        parse_world("fail=0@2,rejoin=0@1s")
+    with pytest.raises(ValueError, match=r"rejoin=1@5 ends no failure of node 1 given by step"):
+        parse_world("rejoin=1@5")
+    assert parse_world("fail=0@2,rejoin=0@5,fail=1@1s,rejoin=1@2s").events

@@ -245,6 +245,18 @@ class World:
         for e in self.events:
             if e.kind not in ("fail", "rejoin") or (e.step is None) == (e.time_s is None):
                 raise ValueError(f"bad event {e!r}")
+        for e in self.events:  # a rejoin ends a failure given in its own unit (step or time)
+            by_step = e.step is not None
+            if e.kind == "rejoin" and not any(
+                    f.kind == "fail" and f.node == e.node and (f.step is not None) == by_step
+                    for f in self.events):
+                other = [f.spec() for f in self.events if f.kind == "fail" and f.node == e.node]
+                raise ValueError(
+                    f"{e.spec()} ends no failure of node {e.node} given by "
+                    f"{'step' if by_step else 'time'}"
+                    + (f" (its failure {', '.join(other)} is by "
+                       f"{'time' if by_step else 'step'}: give both as steps or both as "
+                       "times)" if other else ""))
 
     # -- what the run asks -----------------------------------------------------------------
     @property
