@@ -2,8 +2,8 @@
 tiny fixed run, recorded in ``tests/golden/trajectories.json``, must not change unless a change
 means to change them, on any machine.
 
-The runs are in float64: data, initial weights (drawn in float64: float32 draws differ by an
-ulp between kernels), every strategy's state, MuLoCo's Newton-Schulz iteration
+The runs are in float64: data, initial weights (drawn in float64: float32 draws differ between
+ATen's kernels, data by up to 4e-5), every strategy's state, MuLoCo's Newton-Schulz iteration
 (``optim.muon_ns_dtype=fp64``). The summation orders that differ between CPUs, kernel choices
 (``ATEN_CPU_CAPABILITY``, MKL's code paths) and thread counts then move a number by float64
 rounding errors (1.1e-16 each), not float32 ones (6e-8). What is compared (:data:`TOLERANCES`):
@@ -81,7 +81,7 @@ def threads() -> Iterator[None]:
 
 
 def golden_data() -> TensorDataset:
-    """resume_cases' data drawn in float64 (float32 draws differ by an ulp between kernels)."""
+    """resume_cases' data, drawn in float64 (float32 ``randn`` differs between ATen's kernels)."""
     x = torch.randn(120, 6, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     return Labelled(x, x[:, :3].argmax(1))
 
