@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -321,3 +322,41 @@ def test_bad_network_fields_and_calls() -> None:
         net.collective_time("all_reduce", 10, 0)
     with pytest.raises(ValueError, match="payload_bytes must be >= 0"):
         net.collective_time("all_reduce", -1, 2)
+
+
+# -- a misspelled profile or key: parse_network names the closest (the CLI, sweeps, the API) ------
+@pytest.mark.parametrize(
+    ("spec", "hint"),
+    [
+        ("home-100mb", " (did you mean 'home-100mbps'?)"),
+        ("Datacenter", " (did you mean 'datacenter'?)"),
+        ("cloud-10gb,latency=5ms", " (did you mean 'cloud-10g'?)"),
+        ("home-100mbps,latncy=50ms", " (did you mean 'latency'?)"),
+        ("bw=1Gbps,node_sped=1:2", " (did you mean 'node_speed'?)"),
+        ("dialup", ""),  # nothing close: no guess, the list of profiles only
+        ("bw=1Gbps,colour=red", ""),
+    ],
+)
+def test_a_misspelled_profile_or_key_names_the_closest(spec: str, hint: str) -> None:
+    with pytest.raises(ValueError) as err:
+        parse_network(spec)
+    message = str(err.value)
+    assert message.startswith("unknown network ")
+    if hint:
+        assert message.endswith(hint)
+    else:
+        assert "did you mean" not in message
+
+
+def test_a_sweeps_misspelled_network_names_the_closest(tmp_path: Path) -> None:
+    """A grid's ``network=`` values are parsed by parse_network before anything trains."""
+    from exogym.lab.sweep import parse_grid, sweep
+    from exogym.utils.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        sweep("mnist", "diloco", parse_grid(["network=datacenter,home-100mb"]),
+              out_dir=tmp_path / "sweep", max_steps=2)
+    assert str(err.value).startswith("grid point p001 (network=home-100mb): unknown network "
+                                     "profile 'home-100mb'")
+    assert str(err.value).endswith(" (did you mean 'home-100mbps'?)")
+    assert not (tmp_path / "sweep").exists()

@@ -45,9 +45,10 @@ units (bits vs bytes, decimal prefixes)::
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
@@ -568,7 +569,8 @@ def parse_network(spec: str | Network | None = None) -> Network:
         name = items.pop(0)
         if name not in PROFILES:
             raise ValueError(f"unknown network profile {name!r}; profiles: {', '.join(PROFILES)}"
-                             "; or give key=value items such as 'bw=1Gbps,latency=5ms'")
+                             "; or give key=value items such as 'bw=1Gbps,latency=5ms'"
+                             f"{_did_you_mean(name, PROFILES)}")
         base = PROFILES[name]
     values: dict[str, Any] = {}
     for item in items:
@@ -578,7 +580,7 @@ def parse_network(spec: str | Network | None = None) -> Network:
             raise ValueError(f"expected key=value in network spec {spec!r}, got {item!r}")
         if key not in _SPEC_KEYS:
             raise ValueError(f"unknown network key {key!r} in {spec!r}; allowed: "
-                             f"{', '.join(_SPEC_KEYS)}")
+                             f"{', '.join(_SPEC_KEYS)}{_did_you_mean(key, _SPEC_KEYS)}")
         try:
             _parse_item(key, value, values)
         except ValueError as err:  # name the item: "latency=5: a duration needs a unit ..."
@@ -592,6 +594,13 @@ def parse_network(spec: str | Network | None = None) -> Network:
         return base
     values.setdefault("name", f"{base.name}+")  # a modified profile is no longer the profile
     return replace(base, **values)
+
+
+def _did_you_mean(word: str, allowed: Iterable[str]) -> str:
+    """`` (did you mean 'X'?)`` with the allowed value closest to a misspelled ``word``, or ``""``
+    where none is close (difflib's ratio >= 0.6)."""
+    close = difflib.get_close_matches(word, list(allowed), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _parse_item(key: str, value: str, values: dict[str, Any]) -> None:
