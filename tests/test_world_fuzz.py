@@ -63,12 +63,18 @@ def worlds(draw: st.DrawFn) -> Drawn:
     if draw(st.booleans()):  # failures and repairs of about a few steps (0.1 s each)
         items.append(f"mtbf={draw(st.sampled_from(['0.2s', '0.5s', '2s']))}")
         items.append(f"mttr={draw(st.sampled_from(['0.05s', '0.3s', '1s']))}")
-    for _ in range(draw(st.integers(0, 2))):
+    for _ in range(draw(st.integers(0, 2))):  # explicit failures, by step or by time
         node = draw(st.integers(0, n - 1))
-        when = draw(st.sampled_from(["1", "3", "6", "0.25s", "0.5s"]))
+        if draw(st.booleans()):
+            fail = draw(st.integers(0, STEPS - 1))
+            back = str(draw(st.integers(fail + 1, STEPS + 1)))
+            when = str(fail)
+        else:
+            when = draw(st.sampled_from(["0.05s", "0.25s", "0.5s"]))
+            back = draw(st.sampled_from(["0.6s", "1.2s"]))
         items.append(f"fail={node}@{when}")
         if draw(st.booleans()):
-            items.append(f"rejoin={node}@{draw(st.sampled_from(['0.6s', '1.2s', '5']))}")
+            items.append(f"rejoin={node}@{back}")
     if draw(st.booleans()):
         items.append(f"drop={draw(st.sampled_from([0.1, 0.5]))}")
     if draw(st.booleans()):

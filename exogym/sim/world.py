@@ -250,7 +250,8 @@ class World:
             if e.kind == "rejoin" and not any(
                     f.kind == "fail" and f.node == e.node and (f.step is not None) == by_step
                     for f in self.events):
-                other = [f.spec() for f in self.events if f.kind == "fail" and f.node == e.node]
+                other = list(dict.fromkeys(f.spec() for f in self.events
+                                           if f.kind == "fail" and f.node == e.node))
                 raise ValueError(
                     f"{e.spec()} ends no failure of node {e.node} given by "
                     f"{'step' if by_step else 'time'}"

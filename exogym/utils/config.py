@@ -178,4 +178,5 @@ def apply_overrides(cls: type, overrides: Mapping[str, Any]) -> Any:
     except ConfigError:
         raise
     except (ValueError, TypeError) as err:
-        raise ConfigError(f"{cls.__name__}: {err}") from err
+        prefix = "" if str(err).startswith(f"{cls.__name__}:") else f"{cls.__name__}: "
+        raise ConfigError(f"{prefix}{err}") from err
