@@ -10,15 +10,26 @@ sinks, real processes), :mod:`exogym.lab` (many runs: compare, estimate, sample)
 >>> from exogym.strategy import DiLoCo
 >>> result = Trainer(model, train_ds, val_ds).fit(strategy=DiLoCo(H=100), num_nodes=4,
 ...                                               max_steps=500)
+
+``import exogym`` imports neither torch nor any layer: each public name is imported on first use
+(PEP 562), so that the command line can handle SIGINT / SIGTERM before the seconds torch takes to
+import (:func:`exogym.cli.main`).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 import exogym._aliases  # noqa: F401  (old module paths: exogym.trainer, exogym.data.mnist, ...)
-from exogym.compat import DilocoSimulator
-from exogym.run.result import FitResult
-from exogym.run.trainer import Trainer
-from exogym.strategy import register
-from exogym.strategy.optim import LRSchedule, OptimSpec
-from exogym.tasks.models import Classifier, MnistCNN
+
+if TYPE_CHECKING:
+    from exogym.compat import DilocoSimulator
+    from exogym.run.result import FitResult
+    from exogym.run.trainer import Trainer
+    from exogym.strategy import register
+    from exogym.strategy.optim import LRSchedule, OptimSpec
+    from exogym.tasks.models import Classifier, MnistCNN
 
 __version__ = "0.1.0"
 __all__ = [
@@ -32,3 +43,27 @@ __all__ = [
     "__version__",
     "register",
 ]
+
+# public name -> the module it is imported from on first use
+_EXPORTS: dict[str, str] = {
+    "Classifier": "exogym.tasks.models",
+    "DilocoSimulator": "exogym.compat",
+    "FitResult": "exogym.run.result",
+    "LRSchedule": "exogym.strategy.optim",
+    "MnistCNN": "exogym.tasks.models",
+    "OptimSpec": "exogym.strategy.optim",
+    "Trainer": "exogym.run.trainer",
+    "register": "exogym.strategy",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value  # imported once: later look-ups do not come here
+        return value
+    raise AttributeError(f"module 'exogym' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

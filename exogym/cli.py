@@ -9,6 +9,11 @@ as one rank of a multi-process job (:meth:`exogym.Trainer.fit` joins torchrun's 
 from a language-model run (:mod:`exogym.lab.sample`); ``recost`` replays a finished run's recorded
 collectives on other networks (:mod:`exogym.sim.clock`); ``estimate`` is the analytic calculator of
 :mod:`exogym.lab.estimate`.
+
+Importing this module imports no torch (only the standard library and torch-free exogym modules):
+:func:`main` handles SIGINT / SIGTERM before anything heavy is imported, so a signal in the
+seconds torch takes to import ends the command with a message and status 130 too. Everything else
+is imported inside the function that needs it.
 """
 
 from __future__ import annotations
@@ -23,27 +28,24 @@ import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
-import torch
-
-from exogym import strategy as strategies
-from exogym.lab.estimate import DTYPES, STRATEGIES, parse_count
-from exogym.run.checkpoint import CheckpointError
-from exogym.run.dist import torchrun_env
-from exogym.run.result import NonFiniteLossError
 from exogym.run.sinks import make_sink
-from exogym.run.state import RunInterrupted
-from exogym.sim.engine import ENGINES, PRECISIONS
-from exogym.sim.network import PROFILES, Network, parse_duration, parse_network
-from exogym.sim.partition import parse_partition
-from exogym.sim.world import parse_world
-from exogym.tasks.data.download import ChecksumError, DatasetNotFoundError
-from exogym.tasks.registry import TASKS, get_task, plugin_tasks
 from exogym.utils.config import ConfigError, config_fields
 from exogym.utils.signals import InterruptOnSignal, Stopped
 
+if TYPE_CHECKING:
+    from exogym.sim.network import Network
+    from exogym.tasks import Task
+
 __all__ = ["main"]
+
+
+def get_task(spec: str) -> Task:
+    """:func:`exogym.tasks.registry.get_task` (imported on first use: it imports torch)."""
+    from exogym.tasks.registry import get_task as get
+
+    return get(spec)
 
 
 def _positive_int(text: str) -> int:
@@ -67,6 +69,8 @@ def _positive_float(text: str) -> float:
 
 
 def _positive_duration(text: str) -> float:
+    from exogym.sim.network import parse_duration
+
     value = parse_duration(text)
     if not value > 0:
         raise ValueError(f"expected a duration > 0, e.g. 30ms, got {text!r}")
@@ -123,6 +127,8 @@ def _argtype(parse):  # type: ignore[no-untyped-def]
 
 def _flops(text: str) -> float:
     """``"312T"``, ``"312TFLOPS"``, ``"3.12e14"`` -> FLOP/s (or FLOPs)."""
+    from exogym.lab.estimate import parse_count
+
     raw = text.strip()
     for suffix in ("flop/s", "flops", "flop"):
         if raw.lower().endswith(suffix):
@@ -162,16 +168,14 @@ def _sweep(text: str) -> tuple[str, list[int]]:
 
 
 def _network(text: str) -> Network:
-    """``--network``: :func:`parse_network`, with the closest profile suggested for a misspelled
-    one (``home-100mb`` -> ``home-100mbps``)."""
+    """``--network``: :func:`exogym.sim.network.parse_network` (whose error names the closest
+    profile to a misspelled one: ``home-100mb`` -> ``home-100mbps``)."""
+    from exogym.sim.network import parse_network
+
     try:
         return parse_network(text)
     except ValueError as err:
-        name = text.split(",", 1)[0].strip()
-        close = ([] if "=" in name or name in PROFILES
-                 else difflib.get_close_matches(name, PROFILES, n=1))
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise argparse.ArgumentTypeError(f"{err}{hint}") from None
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -202,6 +206,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The whole command line (it imports the strategy and task registries, and so torch)."""
+    from exogym import strategy as strategies
+    from exogym.lab.estimate import DTYPES, STRATEGIES, parse_count
+    from exogym.sim.engine import ENGINES
+    from exogym.sim.network import parse_duration
+
     parser = _Parser(
         prog="exogym", description="Simulate distributed training on one machine."
     )
@@ -435,6 +445,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_training_options(p: argparse.ArgumentParser) -> None:
     """The options of how every run trains, shared by ``run`` and ``compare``."""
+    from exogym.sim.engine import PRECISIONS
+    from exogym.sim.partition import parse_partition
+    from exogym.sim.world import parse_world
+    from exogym.tasks.registry import TASKS
+
     p.add_argument("--task", default="mnist",
                    help=f"task id ({', '.join(TASKS)}), or your own: path/to/file.py:NAME or "
                         "package.module:NAME, a Task or a function returning one")
@@ -478,6 +493,10 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import torch
+
+    from exogym import strategy as strategies
+    from exogym.run.dist import torchrun_env
     from exogym.run.result import check_out_dir
     from exogym.run.trainer import Trainer
     from exogym.sim.engine import check_memory, resolve_device
@@ -588,6 +607,9 @@ _RESUME_OPTIONS = {"resume", "steps", "data_dir", "no_download", "no_progress",
 def _resume_run(args: argparse.Namespace) -> int:
     """``exogym run --resume RUN_DIR``: rebuild the recorded run (task, data, sinks) and
     continue it from its newest usable checkpoint."""
+    import torch
+
+    from exogym.run.dist import torchrun_env
     from exogym.run.result import read_json
     from exogym.run.trainer import Trainer
 
@@ -681,6 +703,8 @@ def _default_out(name: str) -> Path:
 def cmd_strategies(ids: Sequence[str]) -> int:
     """The settings every strategy shares, once; then each strategy's own (and any shared one
     whose default it changes)."""
+    from exogym import strategy as strategies
+
     chosen = list(ids) or strategies.registry()
     classes = {sid: strategies.get(sid) for sid in chosen}  # an unknown id: error, listing all
     common = config_fields(strategies.Strategy)
@@ -719,6 +743,8 @@ def _summary_line(cls: type) -> str:
 
 
 def cmd_networks() -> int:
+    from exogym.sim.network import PROFILES
+
     for net in PROFILES.values():
         print(f"{net.name:<13} {net.describe()}")
         print(f"{'':<13} {net.description}")
@@ -731,7 +757,7 @@ def cmd_networks() -> int:
 def cmd_recost(args: argparse.Namespace) -> int:
     from exogym.run.result import read_json
     from exogym.sim.clock import ClockTrace
-    from exogym.sim.network import format_duration
+    from exogym.sim.network import PROFILES, format_duration, parse_network
 
     path = args.run_dir / "summary.json"
     summary = read_json(path, "RUN_DIR must be a finished run's folder")
@@ -787,6 +813,7 @@ def _bytes(n: float) -> str:
 
 def cmd_estimate(args: argparse.Namespace) -> int:
     from exogym import estimate as est
+    from exogym.sim.network import PROFILES, parse_duration
 
     if args.plot:
         from exogym.lab.plots import require_matplotlib
@@ -888,6 +915,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_tasks() -> int:
+    from exogym.tasks.registry import TASKS, plugin_tasks
+
     for task in TASKS.values():
         print(f"{task.id}: {task.description} (batch {task.batch_size}/node, lr {task.lr})")
     for name, entry in plugin_tasks().items():  # installed packages' (entry points)
@@ -938,15 +967,16 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
 @contextmanager
 def _cli_process() -> Iterator[None]:
     """What the command line sets for its process, restored on exit (``main`` may run inside
-    another program, a test): one-line warnings, and SIGINT / SIGTERM raising
-    :class:`exogym.utils.signals.Stopped` wherever no training loop handles them."""
-    shown = warnings.showwarning
-    warnings.showwarning = _show_warning
-    try:
-        with InterruptOnSignal():
+    another program, a test): SIGINT / SIGTERM raising :class:`exogym.utils.signals.Stopped`
+    wherever no training loop handles them (first, before anything else runs), and one-line
+    warnings."""
+    with InterruptOnSignal():
+        shown = warnings.showwarning
+        warnings.showwarning = _show_warning
+        try:
             yield
-    finally:
-        warnings.showwarning = shown
+        finally:
+            warnings.showwarning = shown
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -963,13 +993,30 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``exogym``'s entry point: the exit status (0, 1 a failed run or check, 2 bad usage, 130
-    stopped by a signal)."""
+    stopped by a signal).
+
+    The signal handling is the first thing it does, before torch is imported (by
+    :func:`_main`), so that a SIGTERM at any moment after it ends the command with one line and
+    130, never silently (143)."""
     with _cli_process():
-        return _main(argv)
+        try:
+            return _main(argv)
+        except Stopped as err:  # a signal while no training loop ran: nothing to checkpoint
+            print(f"exogym: {err.signal.name}: stopped (no training step was running, nothing "
+                  "to checkpoint)", file=sys.stderr)
+            return 130
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    """Parse, run the command, and turn the errors users cause into one line and a status."""
+    """Parse, run the command, and turn the errors users cause into one line and a status; a
+    signal (:class:`Stopped`) is left to :func:`main`."""
+    # torch comes with these: imported here, after main's signal handling (a signal during the
+    # import raises Stopped, for main), and before the try whose handlers name them
+    from exogym.run.checkpoint import CheckpointError
+    from exogym.run.result import NonFiniteLossError
+    from exogym.run.state import RunInterrupted
+    from exogym.tasks.data.download import ChecksumError, DatasetNotFoundError
+
     try:
         args = _parse(argv)
         logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -991,10 +1038,8 @@ def _main(argv: Sequence[str] | None) -> int:
     except RunInterrupted as err:  # stopped cleanly: says where the checkpoint is
         print(f"exogym: {err}", file=sys.stderr)
         return 130
-    except Stopped as err:  # a signal while no training loop ran: nothing to checkpoint
-        print(f"exogym: {err.signal.name}: stopped (no training step was running, nothing to "
-              "checkpoint)", file=sys.stderr)
-        return 130
+    except Stopped:  # for main, which handles one before this function's imports too
+        raise
     except KeyboardInterrupt:  # a second signal during training: aborted at once
         print("exogym: interrupted", file=sys.stderr)
         return 130

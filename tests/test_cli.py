@@ -259,3 +259,90 @@ def test_main_restores_the_signal_handlers() -> None:
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     assert main(["networks"]) == 0
     assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+# -- a signal in the seconds torch takes to import ----------------------------------------------
+_HEAVY = ("torch", "numpy")
+
+
+def test_importing_the_cli_or_the_package_imports_no_torch() -> None:
+    """``exogym.cli`` (what the console script and ``python -m exogym`` import before ``main``
+    runs) and ``exogym`` import neither torch nor numpy; the package's public names come on first
+    use, and are the very objects of their modules."""
+    code = (
+        "import sys\n"
+        "import exogym, exogym.cli\n"
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({_HEAVY!r})))\n"
+        "print(sorted(set(exogym.__all__) - set(dir(exogym))))\n"
+        "from exogym import Trainer, FitResult, register\n"
+        "import exogym.run.trainer, exogym.run.result, exogym.strategy, exogym.trainer\n"
+        "print('torch' in sys.modules, Trainer is exogym.run.trainer.Trainer,\n"
+        "      FitResult is exogym.run.result.FitResult, register is exogym.strategy.register,\n"
+        "      exogym.trainer is exogym.run.trainer)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[]", "[]", "True True True True True"]
+
+
+_WAITS_FOR_A_SIGNAL = '''
+import time
+
+from torch import nn
+
+from exogym.tasks import Task
+from exogym.tasks.models import Classifier
+
+
+def _wait(data_dir, download):  # never returns: the run can only end by the test's signal
+    while True:
+        time.sleep(1)
+
+
+def make_task():
+    return Task(id="waits", description="waits for a signal", load_data=_wait,
+                build_model=lambda: Classifier(nn.Linear(2, 2)))
+'''
+
+
+def _imported(line: str) -> str:
+    """The module of a ``-X importtime`` line (``import time: 12 | 34 |   torch.version``); ``""``
+    for another line (the table's header, the command's own output)."""
+    fields = line.removeprefix("import time:").split("|")
+    return fields[2].strip() if len(fields) == 3 and fields[0].strip().isdigit() else ""
+
+
+def test_sigterm_while_torch_imports_stops_with_a_message(tmp_path: Path) -> None:
+    """``python -m exogym run`` handles SIGTERM before it imports torch: the test sends it as
+    soon as the child reports (``-X importtime``) that the first torch module has been imported,
+    i.e. while torch is still importing. Whenever the signal lands from then on (torch's import,
+    parsing, set-up: the task's data never loads, so the run cannot end on its own), the process
+    ends with one message and status 130, never silently by the signal (-15 / 143)."""
+    (tmp_path / "waits_task.py").write_text(_WAITS_FOR_A_SIGNAL)
+    child = subprocess.Popen(
+        [sys.executable, "-X", "importtime", "-m", "exogym", "run", "--no-progress",
+         "--task", f"{tmp_path}/waits_task.py:make_task", "--strategy", "ddp", "--nodes", "2",
+         "--steps", "2", "--out", str(tmp_path / "run")],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stderr is not None
+        seen: list[str] = []
+        while not (seen and seen[-1].split(".")[0] == "torch"):
+            line = child.stderr.readline()
+            assert line, f"the child ended before importing torch: {''.join(seen)}"
+            if _imported(line):
+                seen.append(_imported(line))
+        child.send_signal(signal.SIGTERM)
+        out, err = child.communicate(timeout=300)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    assert "exogym.cli" in seen and "exogym.utils.signals" in seen  # before any torch module
+    assert child.returncode == 130, (child.returncode, err[-2000:])
+    messages = [line for line in err.splitlines() if not line.startswith("import time:")]
+    assert messages == ["exogym: SIGTERM: stopped (no training step was running, nothing to "
+                        "checkpoint)"], err[-2000:]
+    assert out == ""
+    assert not (tmp_path / "run").exists()
