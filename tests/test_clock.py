@@ -473,3 +473,38 @@ def test_run_command_reports_the_simulated_time(
         main(["run", "--network", "bw=1Gbit"])
     assert exit_.value.code == 2
     assert "unknown bandwidth unit 'Gbit'" in capsys.readouterr().err
+
+
+# -- a run that cannot be re-costed says so, in the API, the command and its summary -------------
+def test_a_run_that_cannot_be_recosted_refuses_another_step_time(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A world decided by simulated time: another compute time per step moves every failure and
+    recovery in time, and so who took part, as another network does. FitResult.recost refuses
+    both (the recorded network and compute replay as before), with exogym recost's words, and the
+    summary says why instead of suggesting exogym recost."""
+    out = tmp_path / "world"
+    r = fit(DDP(), network="home-100mbps", world="mtbf=1s,mttr=0.5s", step_time=0.01,
+            out_dir=out)
+    why = ("its world (mtbf=1s,mttr=0.5s) decides who is up by simulated time, which another "
+           "network would change")
+    assert r.trace is not None and r.trace.not_recostable == why
+    assert r.recost("home-100mbps") == r.clock  # its own network and compute: the recorded
+    refusal = (f"this run cannot be re-costed with another compute time per step: {why}; train "
+               "it again with --step-time 1s")
+    for network in ("home-100mbps", "datacenter"):
+        with pytest.raises(ValueError) as err:
+            r.recost(network, step_time_s=1.0)
+        assert str(err.value) == refusal
+    with pytest.raises(ValueError, match=r"^this run cannot be re-costed on another network: "):
+        r.recost("datacenter")
+    capsys.readouterr()
+    assert main(["recost", str(out), "--network", "home-100mbps", "--step-time", "1s"]) == 2
+    assert capsys.readouterr().err == f"exogym: error: {refusal}\n"  # the command says the same
+    summary = r.summary()
+    assert f"            cannot be re-costed by exogym recost: {why}" in summary.splitlines()
+    assert "exogym recost RUN_DIR" not in summary
+    plain = fit(DDP(), network="home-100mbps", step_time=0.01)
+    assert plain.trace is not None and plain.trace.not_recostable is None
+    assert ("            on another network: exogym recost RUN_DIR --network NAME"
+            in plain.summary().splitlines())
+    assert "cannot be re-costed" not in plain.summary()

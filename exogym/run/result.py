@@ -277,10 +277,22 @@ class FitResult:
 
     def recost(self, network: Network | str, step_time_s: float | None = None) -> ClockReport:
         """The simulated time of this run on another network (no retraining): the recorded
-        collectives and compute per step replayed on ``network``."""
+        collectives and compute per step replayed on ``network``, with ``step_time_s`` of
+        compute per step per node instead of the recorded compute if given.
+
+        Raises:
+            ValueError: no simulated clock; or the run cannot be re-costed
+                (``trace.not_recostable``: who took part was decided by simulated time) and
+                ``network`` is another than its own or ``step_time_s`` is given (another compute
+                time moves every event in time, and so who took part) — as ``exogym recost``.
+        """
         if self.trace is None:
             raise ValueError("this run has no simulated clock (it ran with network=None)")
         net = parse_network(network)
+        why = self.trace.not_recostable
+        if step_time_s is not None and why is not None:
+            raise ValueError(f"this run cannot be re-costed with another compute time per step: "
+                             f"{why}; train it again with --step-time {step_time_s:g}s")
         if self.network is None or net.spec() != self.network.spec():
             self.trace.check_recostable(net)
         return self.trace.cost(net, step_time_s)
@@ -370,7 +382,12 @@ class FitResult:
                 how += f": {self.trace.compute_method}"
             lines.append(f"            compute {format_duration(c.step_time_s)} per step per node "
                          f"({how})")
-            lines.append("            on another network: exogym recost RUN_DIR --network NAME")
+            if self.trace is not None and self.trace.not_recostable is not None:
+                lines.append(f"            cannot be re-costed by exogym recost: "
+                             f"{self.trace.not_recostable}")
+            else:
+                lines.append("            on another network: exogym recost RUN_DIR --network "
+                             "NAME")
         if self.out_dir:
             lines.append(f"written to  {self.out_dir}")
         return "\n".join(lines)
