@@ -353,3 +353,72 @@ def test_the_cause_is_reported_before_a_peers_broken_connection(tmp_path: Path) 
     assert _root_cause(context, cause) == (2, "ValueError: bad")
     files[1].write_bytes(pickle.dumps("Broken pipe"))
     assert _root_cause(context, seen)[0] == 0
+
+
+# -- a signal while the workers are spawned or start --------------------------------------------
+class _NeverUnpickled:
+    """An argument whose unpickling in a worker never ends (an hour's sleep): the worker stays
+    in its start, before ``_entry``, where SIGINT would kill it and no signal is kept."""
+
+    def __reduce__(self) -> tuple[Any, tuple[float]]:
+        return (time.sleep, (3600.0,))
+
+
+def _never_runs(ctx: RankContext, blocker: Any) -> None:
+    raise AssertionError("the worker's argument never unpickles")
+
+
+@pytest.mark.parametrize("when", ["while spawning", "while the workers start"])
+def test_a_signal_before_the_workers_keep_it_stops_the_run_and_every_worker(
+        when: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGINT to the parent while the workers are spawned (after the first one started), or
+    once they all exist but have not reached the point where they keep a signal for their first
+    step: launch kills every worker it started (none has trained), joins them and raises
+    Stopped, so that nothing waits for them (they are not daemons). The signal comes from the
+    process itself at that point (signal.raise_signal), so no timing is assumed."""
+    import multiprocessing
+    import signal
+    from multiprocessing.context import SpawnProcess
+
+    import torch.multiprocessing as mp
+
+    from exogym.utils.signals import Stopped
+
+    started: list[Any] = []
+    real_start, real_start_processes = SpawnProcess.start, mp.start_processes
+
+    def start(self: Any) -> None:
+        real_start(self)
+        started.append(self)
+        if when == "while spawning" and len(started) == 1:
+            signal.raise_signal(signal.SIGINT)  # rank 1 is not spawned yet
+
+    def start_processes(*args: Any, **kwargs: Any) -> Any:
+        context = real_start_processes(*args, **kwargs)
+        join = context.join
+
+        def join_signalled(*a: Any, **k: Any) -> Any:
+            signal.raise_signal(signal.SIGINT)
+            return join(*a, **k)
+
+        if when == "while the workers start":
+            context.join = join_signalled
+        return context
+
+    monkeypatch.setattr(SpawnProcess, "start", start)
+    monkeypatch.setattr(mp, "start_processes", start_processes)
+    before = set(multiprocessing.active_children())
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with pytest.raises(KeyboardInterrupt) as err:  # Stopped is one; so is a stray Ctrl-C
+            launch(_never_runs, 2, _NeverUnpickled(), backend="gloo", timeout_s=30.0, threads=1)
+        assert isinstance(err.value, Stopped) and err.value.signal == signal.SIGINT, err.value
+        assert len(started) == 2  # a spawn is not cut half-way: then both are stopped
+        assert [p.exitcode for p in started] == [-signal.SIGKILL] * 2  # killed and joined
+        assert set(multiprocessing.active_children()) <= before
+        assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
+    finally:
+        for p in started:
+            if p.is_alive():
+                p.kill()
+                p.join()

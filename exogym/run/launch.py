@@ -56,7 +56,7 @@ from exogym.sim.comm import CommRecord
 from exogym.sim.engine import EngineName, NodeStack
 from exogym.sim.sharding import DatasetFactory, NodeBatches
 from exogym.strategy.base import Strategy
-from exogym.utils.signals import StopSignals
+from exogym.utils.signals import Stopped, StopSignals
 
 __all__ = [
     "RankContext", "WorkerError", "WorkerResult", "fit_processes", "fit_worker", "free_port",
@@ -87,6 +87,7 @@ def _entry(
     timeout_s: float, threads: int, out_dir: str, fn: Callable[..., Any], args: tuple[Any, ...],
 ) -> None:
     defer_stop_signals()  # a forwarded Ctrl-C during set-up stops the run at its first step
+    (Path(out_dir) / f"rank{rank}.ready").touch()  # launch forwards signals from now on
     faulthandler.enable()  # a worker killed by a signal (SIGABRT, SIGSEGV) prints its stacks
     torch.set_num_threads(threads)
     device = f"cuda:{rank}" if backend == "nccl" else "cpu"
@@ -176,15 +177,20 @@ def launch(
         threads = max(1, (os.cpu_count() or 1) // nprocs)
     with tempfile.TemporaryDirectory(prefix="exogym-launch-") as out_dir:
         try:
-            context = mp.start_processes(
-                _entry, nprocs=nprocs, join=False, start_method="spawn",
-                args=(nprocs, free_port(), nodes_per_process, backend, timeout_s, threads,
-                      out_dir, fn, args),
-            )
-            with _WorkerSignals(context.processes) as signals:
+            # entered before the spawn: no signal falls between the spawn and the forwarding
+            # (the caller's handler would leave the workers running, and its exit wait for them)
+            with _WorkerSignals(out_dir) as signals:
+                context = _spawn(nprocs, (nprocs, free_port(), nodes_per_process, backend,
+                                          timeout_s, threads, out_dir, fn, args))
+                signals.processes = context.processes
                 try:
+                    if signals.first is not None:  # a signal while they were spawned
+                        raise Stopped(signals.first)
                     while not context.join(timeout=0.2, grace_period=_GRACE_S):
                         pass
+                except Stopped:  # before every worker keeps a signal: none has trained
+                    _kill(context.processes)
+                    raise
                 except KeyboardInterrupt:
                     signals.stop()
                     raise
@@ -192,6 +198,11 @@ def launch(
             rank, message = _root_cause(context, err)
             raise WorkerError(f"exogym worker rank {rank} failed:\n{message}") from None
         except mp.ProcessExitedException as err:
+            if signals.first is not None and err.signal_name == "SIGINT":
+                # a Ctrl-C at the terminal reached a worker still starting (before _entry, which
+                # keeps it for the first step) directly: it died of it before any step, and
+                # torch's join stopped the others; the run stopped as asked, at its start
+                raise Stopped(signals.first) from None
             raise WorkerError(f"exogym worker rank {err.error_index} died (exit code "
                               f"{err.exit_code}, signal {err.signal_name}):\n{err}") from None
         results = []
@@ -206,6 +217,31 @@ def launch(
         return results
 
 
+def _spawn(nprocs: int, args: tuple[Any, ...]) -> Any:
+    """``mp.start_processes`` of ``_entry(rank, *args)`` for ``nprocs`` ranks, which leaves no
+    worker running if it raises: the workers started so far would run on their own, waiting for
+    peers that never come, and the parent's exit would wait for them (they are not daemons).
+    They are killed (:func:`_kill`). (A signal does not interrupt it: :class:`_WorkerSignals`
+    keeps one that arrives while it spawns, so that no child is left half-started.)"""
+    before = set(multiprocessing.active_children())
+    try:
+        return mp.start_processes(_entry, nprocs=nprocs, join=False, start_method="spawn",
+                                  args=args)
+    except BaseException:
+        _kill([p for p in multiprocessing.active_children() if p not in before])
+        raise
+
+
+def _kill(processes: Sequence[Any]) -> None:
+    """Kill and join workers that have not trained (a SIGTERM would only be kept for their
+    first step by :func:`defer_stop_signals`; there is nothing to stop cleanly)."""
+    for p in processes:
+        if p.is_alive():
+            p.kill()
+    for p in processes:
+        p.join()
+
+
 class _Terminated(KeyboardInterrupt):
     """The second signal to the parent: the workers are stopped at once."""
 
@@ -214,11 +250,21 @@ class _WorkerSignals(StopSignals):
     """While the workers run (main thread only): the first SIGINT (Ctrl-C) or SIGTERM to this
     process is forwarded as SIGINT to every worker, so that a worker running
     :meth:`exogym.Trainer.fit` stops cleanly after its next logged step (every rank at the same
-    one) and writes a checkpoint; a second signal stops them at once (:meth:`stop`)."""
+    one) and writes a checkpoint; a second signal stops them at once (:meth:`stop`).
 
-    def __init__(self, processes: Sequence[Any]) -> None:
+    A worker keeps a signal for its first step only once it has run :func:`_entry` (its
+    ``rank{r}.ready`` file in ``out_dir``); before, SIGINT would kill it (a traceback, and a
+    "died" error for the run). So a first signal before every worker is ready, or while they
+    are spawned (:attr:`processes` still None; kept until they all exist: interrupting a spawn
+    half-way would leave a child that no one joins), stops the run instead: :func:`launch`
+    kills the workers (none has trained) and raises :class:`Stopped`. Later signals then change
+    nothing."""
+
+    def __init__(self, out_dir: str) -> None:
         super().__init__()
-        self.processes = processes
+        self.out_dir = Path(out_dir)
+        self.processes: Sequence[Any] | None = None  # None: being spawned
+        self.first: signal.Signals | None = None  # the first signal received
         self.forwarded = False
 
     def __enter__(self) -> _WorkerSignals:
@@ -226,8 +272,16 @@ class _WorkerSignals(StopSignals):
         return self
 
     def handle(self, sig: signal.Signals) -> None:
-        if self.forwarded:
-            raise _Terminated()
+        if self.first is not None:
+            if self.forwarded:
+                raise _Terminated()
+            return  # the workers are being killed (or will be, once all are spawned)
+        self.first = sig
+        if self.processes is None:
+            return  # being spawned: launch stops the run once they all exist
+        if not all((self.out_dir / f"rank{r}.ready").exists()
+                   for r in range(len(self.processes))):
+            raise Stopped(sig)  # a worker is starting: none has trained; launch kills them
         self.forwarded = True
         alive = [p for p in self.processes if p.is_alive()]
         print(f"exogym: {sig.name}: asking the {len(alive)} worker process(es) to stop after "
@@ -238,7 +292,8 @@ class _WorkerSignals(StopSignals):
 
     def stop(self) -> None:
         """Stop every worker now: SIGTERM, then SIGKILL after 10 s; say so on stderr."""
-        alive = [p for p in self.processes if p.is_alive()]
+        processes = self.processes or ()
+        alive = [p for p in processes if p.is_alive()]
         print(f"exogym: stopping {len(alive)} worker process(es)", file=sys.stderr, flush=True)
         for p in alive:
             p.terminate()
@@ -249,7 +304,7 @@ class _WorkerSignals(StopSignals):
             if p.is_alive():
                 p.kill()
                 p.join()
-        print(f"exogym: all {len(self.processes)} workers stopped", file=sys.stderr, flush=True)
+        print(f"exogym: all {len(processes)} workers stopped", file=sys.stderr, flush=True)
 
 
 @dataclass
