@@ -58,7 +58,8 @@ def run_once(way: Way, steps: int, hogs: int, data_dir: str | None) -> tuple[flo
         out = Path(tmp) / "run"
         cmd = [sys.executable, "-m", "exogym", "run", "--task", "mnist", "--strategy", "diloco",
                "--set", "H=50", "--nodes", "4", "--steps", str(steps), "--eval-samples", "200",
-               "--eval-interval", str(steps), "--allow-unsynced", "--no-progress", "--out", str(out), *way.args]
+               "--eval-interval", str(steps), "--allow-unsynced", "--no-progress",
+               "--out", str(out), *way.args]
         if data_dir:
             cmd += ["--data-dir", data_dir]
         procs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(hogs * way.hogs)]

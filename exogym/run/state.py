@@ -14,6 +14,12 @@ The trainer (:meth:`exogym.Trainer.fit`) drives it with a few calls::
             run.log()                   # a metrics row (and an evaluation when due)
     result = run.finish()
 
+The run is four parts, each in its own room (shared/DESIGN.md section 9), that :class:`Run`
+drives and whose state it holds: who computes next (:mod:`exogym.run.schedule`: lockstep or
+per-node timelines), who is up, late, cut or recovering (:mod:`exogym.sim.presence`), what it
+costs (:mod:`exogym.run.clocking` feeding :mod:`exogym.sim.clock`), and what is recorded
+(:mod:`exogym.run.record`).
+
 :meth:`Run.state_dict` is the checkpoint: restored with :meth:`Run.load_state_dict` into a Run
 built with the same settings, the run continues bit for bit as if it had never stopped (every
 metrics row, the bytes and collectives, the simulated clock, the final model), in a fresh
@@ -28,7 +34,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import random
 import time
 import warnings
@@ -44,23 +49,25 @@ from torch import Tensor, nn
 from torch.func import functional_call
 from torch.utils._pytree import tree_map
 from torch.utils.data import Dataset
-from tqdm.auto import tqdm
 
+from exogym.run.clocking import ClockFeed, not_recostable
 from exogym.run.dist import (
     DistributedCommunicator,
     RankContext,
     gather_global_state,
     local_batch,
 )
-from exogym.run.events import Timelines, same_or_before
-from exogym.run.result import FitResult, MetricsWriter, NonFiniteLossError
+from exogym.run.events import Timelines
+from exogym.run.record import Recorder
+from exogym.run.result import FitResult, NonFiniteLossError
+from exogym.run.schedule import Lockstep, PerNodeTimelines, Scheduler
 from exogym.run.sinks import MultiSink
-from exogym.sim.clock import ClockTrace, SimClock, node_processes
+from exogym.sim.clock import ClockReport, ClockTrace, SimClock
 from exogym.sim.comm import Communicator, InProcessCommunicator
-from exogym.sim.compute import StepMeter, calibrate_step_time, host_cores
 from exogym.sim.engine import EngineName, NodeStack, Precision, metrics_of
 from exogym.sim.network import Network
 from exogym.sim.partition import Partition
+from exogym.sim.presence import Presence
 from exogym.sim.sharding import DatasetFactory, FixedSubset, NodeBatches, iterate_batches
 from exogym.sim.world import PERFECT, World, speeds_of
 from exogym.strategy.base import Strategy
@@ -149,90 +156,63 @@ class Run:
         # Where this session continued the run from ({"step", "checkpoint"}), set by the
         # trainer after load_state_dict; None: the run started here.
         self.resumed_from: dict[str, Any] | None = None
-
         torch.manual_seed(s.seed)
         self.batches = batches if batches is not None else NodeBatches(
             train_data, s.num_nodes, s.batch_size, seed=s.seed, partition=s.partition)
-        self.comm: Communicator
-        if ranks is None:
-            self.nodes = NodeStack(model, s.num_nodes, device=device, engine=s.engine,
-                                   micro_batch_size=s.micro_batch_size, precision=s.precision)
-            self.comm = InProcessCommunicator(s.num_nodes)
-        else:
-            self.nodes = NodeStack(model, ranks.nodes_per_process, device=device,
-                                   engine=s.engine, micro_batch_size=s.micro_batch_size,
-                                   precision=s.precision)
-            self.comm = DistributedCommunicator(s.num_nodes, ranks.node_ids)
+        self.nodes, self.comm = self._build_nodes(model)
         strategy.setup(self.nodes, self.comm, s.total_steps)
-        self.eval_full = val_data
-        self.eval_set = val_data
+        self.eval_full = self.eval_set = val_data
         if val_data is not None and s.eval_samples is not None and s.eval_samples < len(
                 val_data):  # type: ignore[arg-type]
             self.eval_set = FixedSubset(val_data, s.eval_samples)
         self.eval_module = copy.deepcopy(model).to(device).eval()
-        self.config = self._config(run_info, dict(checkpointing or {}))
+        self.config = _config(self, run_info, dict(checkpointing or {}))
 
         # The state that changes from step to step (state_dict() saves exactly this).
-        self.step = 0  # steps done by every node
-        self.history: list[dict[str, Any]] = []
+        self.step = 0  # steps done by every node (asynchronous: by the fastest)
         self.loss_sum = torch.zeros((), device=device)
         self.loss_count = 0
+        self.loss_nodes = 0  # node-steps in loss_sum (the nodes that computed)
         # First step (0-based) at which each local node's loss was not finite, -1 while it is:
         # tracked on the device (no host sync per step), read at log steps.
         self.first_bad = torch.full((self.nodes.num_nodes,), -1, dtype=torch.long, device=device)
         self.nonfinite: dict[str, Any] | None = None
         self.train_time_s = 0.0  # wall time of the training steps (not state of the numbers)
-        self.clock: SimClock | None = None
-        self.step_time_s = s.step_time_s
-        # Measured compute (the default, where time does not steer the run): every step's real
-        # compute per node, per process (step_seconds[step][rank]), given to the clock at log
-        # steps; until then this process's values wait in _timing, from step _timing_from on
-        # (_window: the wall clock and transport time when the first of them started).
-        self.measured = False
-        self.meter = StepMeter(device, host_cores(torch.get_num_threads(), 1 if ranks is None
-                                                  else _processes_here(ranks)))
-        self.compute_method: str | None = None  # how measured compute was priced
-        self.step_seconds: list[list[float]] = []
-        self._timing: list[float] = []
-        self._timing_from = 0
-        self._window = (0.0, 0.0)
-        self._fed = 0  # records of comm.log already given to the clock
-        self.loss_nodes = 0  # node-steps in loss_sum (the nodes that computed)
-        # The world (shared/DESIGN.md section 7): which nodes are down, what happened so far
-        # (the event log), and how many synchronisations drew message losses.
-        self.world = s.world
-        self.down = [False] * s.num_nodes
-        # Nodes a deadline cut at a synchronisation: still finishing the round they were cut
-        # from, they sit out steps until the others' clocks reach theirs (see _world_step).
-        self.late = [False] * s.num_nodes
-        self.events: list[dict[str, Any]] = []
-        self.counts = {"failures": 0, "rejoins": 0, "recoveries": 0, "recovery_bytes": 0.0,
-                       "recovery_time_s": 0.0, "messages_lost": 0, "stragglers_cut": 0,
-                       "late_steps": 0, "quorum_wait_s": 0.0}
-        self._syncs = 0
-        # Asynchronous strategies: per-node timelines (the event loop's state, exogym.run.events).
-        self.timelines: Timelines | None = None
-        if getattr(strategy, "asynchronous", False):
-            self._check_asynchronous()
-            assert s.network is not None
-            self.timelines = Timelines(s.num_nodes)
-            strategy.set_speeds(  # type: ignore[attr-defined]
-                speeds_of(s.world, s.network.node_speeds(s.num_nodes)))
+        self.record = Recorder(out_dir, self.config, sink, lead=self.lead, progress=progress,
+                               total_steps=s.total_steps)
+        self.scheduler = self._scheduler()
         # Whether nodes can be absent at a step (a world that is not perfect, or a deadline);
         # an asynchronous run's world gives speeds only, which its timelines follow.
-        self._worldly = self.timelines is None and (
-            not s.world.perfect or getattr(strategy, "deadline", None) is not None)
-        if self._worldly:
+        worldly = isinstance(self.scheduler, Lockstep) and self.scheduler.worldly
+        self.feed = ClockFeed(s.network, s.world, s.num_nodes, s.step_time_s, s.compute_source,
+                              strategy.overlap_steps, comm=self.comm, ranks=ranks,
+                              device=device, record_ops=worldly)
+        self.presence = Presence(s.world, s.num_nodes, self.record.event, self.feed.ops)
+        if worldly:
             self.comm.timeline = self
-        # The clock's operations in order (re-costing replays them) when nodes can be absent.
-        self._ops: list[list[Any]] | None = [] if self._worldly else None
-
-        self.writer: MetricsWriter | None = None
-        self.sink = sink if self.lead else MultiSink(())  # rank 0 alone writes
-        self._bar: Any = None
-        self._progress = progress
         self._log_now = False
-        self._closed = True  # until open()
+
+    def _build_nodes(self, model: nn.Module) -> tuple[NodeStack, Communicator]:
+        """The node-stacked replicas this process computes and their communicator."""
+        s, ranks = self.settings, self.ranks
+        n_here = s.num_nodes if ranks is None else ranks.nodes_per_process
+        nodes = NodeStack(model, n_here, device=self.device, engine=s.engine,
+                          micro_batch_size=s.micro_batch_size, precision=s.precision)
+        if ranks is None:
+            return nodes, InProcessCommunicator(s.num_nodes)
+        return nodes, DistributedCommunicator(s.num_nodes, ranks.node_ids)
+
+    def _scheduler(self) -> Scheduler:
+        """Per-node timelines for an asynchronous strategy (checked here), else lockstep."""
+        s = self.settings
+        if not getattr(self.strategy, "asynchronous", False):
+            return Lockstep(not s.world.perfect
+                            or getattr(self.strategy, "deadline", None) is not None)
+        PerNodeTimelines.check(self.strategy.id, s, self.ranks)
+        assert s.network is not None
+        self.strategy.set_speeds(  # type: ignore[attr-defined]
+            speeds_of(s.world, s.network.node_speeds(s.num_nodes)))
+        return PerNodeTimelines(s.num_nodes)
 
     # -- the loop's calls ----------------------------------------------------------------------
     @property
@@ -244,29 +224,27 @@ class Run:
         """Whether the step just taken ends with a metrics row."""
         return self._log_now
 
+    @property
+    def clock(self) -> SimClock | None:
+        return self.feed.clock
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        return self.record.history
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        return self.record.events
+
+    @property
+    def timelines(self) -> Timelines | None:
+        return (self.scheduler.timelines if isinstance(self.scheduler, PerNodeTimelines)
+                else None)
+
     def open(self, *, resumed: bool = False) -> None:
         """Create the run folder and start the sinks; ``resumed``: continue them from the rows
         of the loaded state (``metrics.jsonl`` cut back to them, nothing duplicated or lost)."""
-        if self.lead and self.out_dir is not None:
-            if resumed:
-                self.writer = MetricsWriter.resume(self.out_dir, self.config, self.history,
-                                                   self.events)
-            else:
-                self.writer = MetricsWriter(self.out_dir, self.config)
-        run_dir = self.writer.dir if self.writer is not None else None
-        self._closed = False
-        try:
-            if resumed:
-                self.sink.resume(self.config, run_dir, self.history)
-            else:
-                self.sink.start(self.config, run_dir)
-        except BaseException:
-            if self.writer is not None:
-                self.writer.close()
-            raise
-        self._bar = tqdm(total=self.settings.total_steps, initial=self.step,
-                         disable=not (self._progress and self.lead), dynamic_ncols=True,
-                         unit="step")
+        self.record.open(self.step, resumed=resumed)
 
     def evaluate_initial(self) -> None:
         """The initial model as a row at step 0 (``eval_at_start``), where curves start."""
@@ -282,20 +260,15 @@ class Run:
         self._emit(row)
 
     def train_step(self) -> None:
-        """The world decides who computes; they compute one step; the strategy updates and
-        communicates; the clock."""
-        s, step = self.settings, self.step
+        """The scheduler has the nodes compute one more step (the world, the strategy, the
+        clock); at log steps the clock catches up."""
+        s = self.settings
         t0 = time.perf_counter()
-        self.comm.step = step
+        self.comm.step = self.step
         if s.network is not None and self.clock is None:
-            t0 += self._start_clock()  # measuring the step time is not training time
+            t0 += self._start_clock()  # pricing the step before the run is not training time
         with self.nodes.stepping():
-            if self.timelines is not None:
-                self._asynchronous_step()
-                self.step = done = self.timelines.fastest
-            else:
-                self._compute(step, self._world_step() if self._worldly else None)
-                self.step = done = step + 1
+            self.step = done = self.scheduler.advance(self)
         self._log_now = (done % s.log_interval == 0 or done == s.total_steps
                          or self._eval_due)
         if self._log_now and self.device.type == "cuda":
@@ -303,98 +276,29 @@ class Run:
             # as training time; a sync every step would stall the launch queue.
             torch.cuda.synchronize(self.device)
         self.train_time_s += time.perf_counter() - t0
-        if self.measured and (self._log_now or done >= s.total_steps):
-            self._catch_up()
-        self._feed()
-        if self._bar is not None:
-            self._bar.update(1)
+        if self.feed.measured and (self._log_now or done >= s.total_steps):
+            self.feed.catch_up(self.step, self.nodes.num_nodes)
+        self.feed.feed()
+        self.record.advanced()
 
-    def _compute(self, step: int, active: list[bool] | None) -> None:
+    def compute(self, step: int, active: list[bool] | None) -> None:
         """The ``active`` nodes (None: all) compute one step; the strategy updates and
-        communicates; the clock advances their time."""
+        communicates; the clock advances their time (the schedulers' call)."""
         s, nodes = self.settings, self.nodes
-        start, transport = time.perf_counter(), self.comm.transport_s
-        mark = self.meter.start() if self.measured else None
+        marks = self.feed.begin_step()
         self.comm.active = active
         local = None if active is None else [active[i] for i in self.comm.node_ids]
         batch = nodes.to_batch_device(self._next_batch(active))
         losses = nodes.forward_backward(batch, local)
-        if self.clock is not None and not self.measured:
-            self.clock.compute(step, active)
-            if self._ops is not None:
-                self._ops.append(["c", step, _bits(active)])
+        self.feed.computed(step, active)
         self.strategy.step(step)
         nodes.zero_grad()
-        if mark is not None:  # this step's compute per node, real transport excluded (no sync:
-            # on a GPU, _catch_up scales the host times to the synchronised window)
-            if not self._timing:
-                self._window = (start, transport)
-            self._timing.append(self.meter.stop(mark, nodes.num_nodes,
-                                                self.comm.transport_s - transport))
+        self.feed.end_step(marks, nodes.num_nodes)
         self.loss_sum += losses.sum()
         self.loss_count += 1
         self.loss_nodes += s.num_nodes if active is None else sum(active)
         if not s.allow_nonfinite or self.nonfinite is None:
             self.first_bad.masked_fill_((self.first_bad < 0) & ~torch.isfinite(losses), step)
-
-    def _asynchronous_step(self) -> None:
-        """Per-node timelines (:mod:`exogym.run.events`): events in simulated time order until
-        the fastest node has taken one more step; at the end of the run, the pushes in flight
-        are delivered."""
-        tl, clock, strategy = self.timelines, self.clock, self.strategy
-        assert tl is not None and clock is not None
-        n, target = self.settings.num_nodes, self.step + 1
-        while tl.fastest < target:
-            free = [i for i in range(n) if not tl.waiting[i]]
-            start = min((clock.t[i] for i in free), default=math.inf)
-            arrival = tl.next_arrival()
-            for node, at in clock.serve_pushes(min(start, arrival[0] if arrival else math.inf)):
-                tl.arrive(node, at)
-            arrival = tl.next_arrival()
-            if arrival is not None and same_or_before(arrival[0], start):
-                self._deliver(*tl.pop_arrival())
-                continue
-            group = [not tl.waiting[i] and same_or_before(clock.t[i], start) for i in range(n)]
-            self._compute(self.step, None if all(group) else group)
-            for i in range(n):
-                tl.steps[i] += group[i]
-            pushed = strategy.outbox  # type: ignore[attr-defined]
-            if pushed:
-                sizes = [r.payload_bytes for r in self.comm.log[-len(pushed):]]
-                for node, size in zip(pushed, sizes, strict=True):
-                    clock.push(node, size)
-                    tl.waiting[node] = True
-                pushed.clear()
-        if target >= self.settings.total_steps:
-            for node, at in clock.serve_pushes(math.inf, final=True):
-                tl.arrive(node, at)
-            while tl.in_flight:
-                self._deliver(*tl.pop_arrival())
-
-    def _deliver(self, arrival: float, seq: int, node: int) -> None:
-        """A push reaches the server: it applies the update and replies to the node."""
-        tl, clock = self.timelines, self.clock
-        assert tl is not None and clock is not None
-        self.strategy.deliver(node)  # type: ignore[attr-defined]
-        clock.reply(node, self.comm.log[-1].payload_bytes, arrival)
-        tl.waiting[node] = False
-
-    def _check_asynchronous(self) -> None:
-        """An asynchronous strategy runs in one process, on a simulated network, in a world
-        of node speeds (no failures or losses yet)."""
-        s, sid = self.settings, self.strategy.id
-        if self.ranks is not None:
-            raise ValueError(f"{sid} is asynchronous: its parameter server and per-node "
-                             "timelines run in one process; allowed: the simulator "
-                             "(engine loop or vmap, not --engine process or torchrun)")
-        if s.network is None:
-            raise ValueError(f"{sid} is asynchronous: when an update reaches the server is "
-                             "decided by a simulated network; give the run one (--network)")
-        w = s.world
-        if w.availability_varies or w.drop:
-            raise ValueError(f"{sid} is asynchronous: its world may give node speeds "
-                             f"(speed=..., speed_sigma=...), not failures, rejoins or message "
-                             f"loss; got world {w.spec()!r}")
 
     def log(self) -> None:
         """The metrics row of the step just taken, with an evaluation when one is due. A
@@ -425,11 +329,9 @@ class Run:
         if self._eval_due:
             assert self.eval_set is not None
             row.update(self.evaluate(self.eval_set))
-            self._feed()  # a strategy may communicate to build its global model
+            self.feed.feed()  # a strategy may communicate to build its global model
         self._emit(row)
-        if self._bar is not None:
-            self._bar.set_postfix({k: f"{v:.4g}" for k, v in row.items()
-                                   if k in ("train_loss", "eval_loss", "eval_accuracy")})
+        self.record.advanced(row)
 
     def agree(self, *flags: bool) -> tuple[bool, ...]:
         """Flags every rank acts on together (any rank's True is everyone's): a stop request or
@@ -445,42 +347,49 @@ class Run:
     def finish(self) -> FitResult:
         """The final evaluation on the whole set, the clock's report, the global model: the
         :class:`FitResult` (written to ``summary.json``; the sinks finished)."""
+        final = self._final_evaluation()
+        report = trace = None
+        if self.feed.measured:
+            self.feed.catch_up(self.step, self.nodes.num_nodes)
+        if self.clock is not None and self.feed.step_time_s is not None:
+            self.feed.feed()
+            report = self.clock.finish()
+            trace = self.feed.trace(
+                self.settings.total_steps,
+                tuple(self.clock.speeds) if not self.settings.world.perfect else None,
+                not_recostable(self.strategy, self.settings.world,
+                               self.timelines is not None))
+        model = copy.deepcopy(self.model).to(self.device)
+        _load_state(model, self.global_state())
+        self.record.save_model(model.state_dict())
+        result = self._result(model, final, report, trace)
+        self.close(result.to_dict())
+        return result
+
+    def _final_evaluation(self) -> dict[str, float]:
+        """The last evaluation again, on the whole evaluation set."""
         s = self.settings
         final: dict[str, float] = {}
         if self.eval_set is not None and self.history:
             final = {k: v for k, v in self.history[-1].items() if k.startswith("eval_")}
-            if self.eval_set is not self.eval_full:  # the last evaluation again, whole set
+            if self.eval_set is not self.eval_full:
                 assert self.eval_full is not None
                 final = self.evaluate(self.eval_full)
                 if not s.allow_nonfinite and not math.isfinite(final.get("eval_loss", 0.0)):
                     raise NonFiniteLossError(
                         f"the global model's eval loss on the whole evaluation set is "
                         f"{final['eval_loss']} at the end (strategy {self.strategy.id})")
-        report = trace = None
-        if self.measured:
-            self._catch_up()
-        if self.clock is not None and self.step_time_s is not None:
-            self._feed()
-            report = self.clock.finish()
-            trace = ClockTrace(
-                num_nodes=s.num_nodes, steps=s.total_steps, step_time_s=self.step_time_s,
-                compute_source=s.compute_source, overlap_steps=self.strategy.overlap_steps,
-                records=tuple(self.comm.log[:self._fed]),
-                speeds=tuple(self.clock.speeds) if not s.world.perfect else None,
-                ops=tuple(tuple(op) for op in self._ops) if self._ops is not None else None,
-                not_recostable=self._not_recostable(), compute_method=self.compute_method,
-                step_seconds=(tuple(tuple(row) for row in self.step_seconds)
-                              if self.measured else None))
-        model = copy.deepcopy(self.model).to(self.device)
-        _load_state(model, self.global_state())
-        if self.writer is not None:
-            self.writer.save_model(model.state_dict())
-        result = FitResult(
+        return final
+
+    def _result(self, model: nn.Module, final: dict[str, float], report: ClockReport | None,
+                trace: ClockTrace | None) -> FitResult:
+        s, tl = self.settings, self.timelines
+        return FitResult(
             model=model, history=self.history, final=final, strategy=self.strategy.id,
             hyperparameters=self.strategy.hyperparameters(), num_nodes=s.num_nodes,
             steps=s.total_steps, batch_size=s.batch_size,
-            samples=(s.total_steps * s.num_nodes if self.timelines is None
-                     else sum(self.timelines.steps)) * s.batch_size,
+            samples=(s.total_steps * s.num_nodes if tl is None else sum(tl.steps))
+            * s.batch_size,
             train_time_s=self.train_time_s, wall_time_s=time.perf_counter() - self.wall_start,
             bytes_sent=list(self.comm.bytes_sent), bytes_received=list(self.comm.bytes_received),
             engine=self.nodes.engine, device=str(self.device), seed=s.seed,
@@ -491,30 +400,20 @@ class Run:
             network=s.network, clock=report, trace=trace,
             processes=1 if self.ranks is None else self.ranks.world_size,
             nonfinite=self.nonfinite, resumed_from=self.resumed_from,
-            world=(None if not self._worldly else
+            world=(None if self.feed.ops is None else
                    {"spec": s.world.spec(), "description": s.world.describe(),
-                    **self.counts, "events": len(self.events)}),
+                    **self.presence.counts, "events": len(self.events)}),
             events=list(self.events),
-            asynchronous=(None if self.timelines is None else
-                          {**self.timelines.summary(self.strategy.staleness),  # type: ignore[attr-defined]
+            asynchronous=(None if tl is None else
+                          {**tl.summary(self.strategy.staleness),  # type: ignore[attr-defined]
                            "server_bytes_received": self.comm.server_bytes_received,
                            "server_bytes_sent": self.comm.server_bytes_sent}),
         )
-        self.close(result.to_dict())
-        return result
 
     def close(self, summary: dict[str, Any] | None) -> None:
         """Close the metrics file (writing ``summary.json`` if given), the sinks (``None``: the
         run did not finish) and the progress bar. Safe to call twice."""
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
-        if self._closed:
-            return
-        self._closed = True
-        if self.writer is not None:
-            self.writer.close(summary)
-        self.sink.finish(summary)
+        self.record.close(summary)
 
     # -- evaluation ----------------------------------------------------------------------------
     def global_state(self) -> dict[str, Tensor]:
@@ -533,9 +432,9 @@ class Run:
             metrics = _evaluate(self.eval_module, state, dataset, self.settings.eval_batch_size,
                                 self.device)
         metrics = _from_lead(metrics, self.ranks)
-        if self.writer is not None:
+        if self.record.writer is not None:
             _load_state(self.eval_module, state)  # a state_dict with tied names too
-            self.writer.save_model(self.eval_module.state_dict())
+            self.record.save_model(self.eval_module.state_dict())
         return metrics
 
     # -- checkpoints ---------------------------------------------------------------------------
@@ -543,11 +442,8 @@ class Run:
         """Everything needed to continue the run exactly (tensors by reference; a checkpoint
         copies them to host memory). Only tensors, dicts, lists, tuples and plain values, so
         that ``torch.load(weights_only=True)`` reads it back."""
-        if self.measured:  # the clock is complete in a checkpoint
-            self._catch_up()
-        clock = None
-        if self.clock is not None:
-            clock = self.clock.state_dict()
+        if self.feed.measured:  # the clock is complete in a checkpoint
+            self.feed.catch_up(self.step, self.nodes.num_nodes)
         return {
             "format": STATE_FORMAT,
             "config": _plain(self.config),
@@ -558,20 +454,15 @@ class Run:
             "comm": self.comm.state_dict(),
             "data": self.batches.state_dict(),
             "rng": _rng_state(self.device),
-            "clock": clock,
-            "step_time_s": self.step_time_s,
-            "measured": {"on": self.measured, "step_seconds": _plain(self.step_seconds),
-                         "method": self.compute_method},
-            "fed": self._fed,
+            **self.feed.state_dict(),
             "metrics": {"history": _plain(self.history), "loss_sum": self.loss_sum,
                         "loss_count": self.loss_count, "loss_nodes": self.loss_nodes,
                         "first_bad": self.first_bad, "nonfinite": _plain(self.nonfinite),
                         "train_time_s": self.train_time_s,
                         "wall_time_s": time.perf_counter() - self.wall_start},
-            "world": {"down": list(self.down), "late": list(self.late),
-                      "events": _plain(self.events), "counts": dict(self.counts),
-                      "syncs": self._syncs, "ops": _plain(self._ops)},
-            "timelines": self.timelines.state_dict() if self.timelines is not None else None,
+            "world": {**self.presence.state_dict(), "events": _plain(self.events),
+                      "ops": _plain(self.feed.ops)},
+            "timelines": self.scheduler.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -580,44 +471,21 @@ class Run:
         if state.get("format") != STATE_FORMAT:
             raise ValueError(f"checkpoint format {state.get('format')!r} is not this exogym's "
                              f"({STATE_FORMAT})")
-        with torch.no_grad():
-            for kind in ("params", "buffers"):
-                own = getattr(self.nodes, kind)
-                saved = state["nodes"][kind]
-                if set(saved) != set(own):
-                    raise ValueError(f"the checkpoint's model has other {kind} "
-                                     f"({sorted(set(saved) ^ set(own))}) than this model")
-                for k, t in own.items():
-                    t.copy_(saved[k])
-        if state["nodes"]["engine"] != self.nodes.engine:  # vmap fell back to the loop
-            self.nodes.engine = state["nodes"]["engine"]
-        self.nodes._vmap_checked = True
+        self._load_nodes(state["nodes"])
         self.strategy.load_state_dict(state["strategy"])
         self.comm.load_state_dict(state["comm"])
         self.batches.load_state_dict(state["data"])
         self.step = int(state["step"])
-        self.step_time_s = state["step_time_s"]
-        measured = state.get("measured") or {"on": False, "step_seconds": []}
-        self.measured = bool(measured["on"])
-        self.step_seconds = [[float(v) for v in row] for row in measured["step_seconds"]]
-        self.compute_method = measured.get("method")
-        self._timing, self._timing_from = [], self.step
-        self._fed = int(state["fed"])
-        if state["clock"] is not None:
-            assert self.settings.network is not None and self.step_time_s is not None
-            self.clock = self._new_clock(self.step_time_s)
-            self.clock.load_state_dict(state["clock"])
+        self.feed.load_state_dict(dict(state), self.step)
         w = state["world"]
-        self.down = [bool(d) for d in w["down"]]
-        self.late = [bool(d) for d in w["late"]]
-        self.events = [dict(e) for e in w["events"]]
-        self.counts = dict(w["counts"])
-        self._syncs = int(w["syncs"])
-        self._ops = [list(op) for op in w["ops"]] if w["ops"] is not None else None
-        if self.timelines is not None:
-            self.timelines.load_state_dict(state["timelines"])
+        self.record.events[:] = [dict(e) for e in w["events"]]
+        self.presence.load_state_dict(w, self.record.events)
+        if w["ops"] is not None:
+            assert self.feed.ops is not None
+            self.feed.ops[:] = [list(op) for op in w["ops"]]
+        self.scheduler.load_state_dict(state["timelines"])
         m = state["metrics"]
-        self.history = [dict(row) for row in m["history"]]
+        self.record.history[:] = [dict(row) for row in m["history"]]
         self.loss_sum.copy_(m["loss_sum"])
         self.loss_count = int(m["loss_count"])
         self.loss_nodes = int(m["loss_nodes"])
@@ -627,6 +495,19 @@ class Run:
         # wall time goes on from the sessions before (rows' wall_s stay increasing)
         self.wall_start = time.perf_counter() - float(m.get("wall_time_s", 0.0))
         _set_rng_state(state["rng"], self.device)
+
+    def _load_nodes(self, saved: Mapping[str, Any]) -> None:
+        with torch.no_grad():
+            for kind in ("params", "buffers"):
+                own = getattr(self.nodes, kind)
+                if set(saved[kind]) != set(own):
+                    raise ValueError(f"the checkpoint's model has other {kind} "
+                                     f"({sorted(set(saved[kind]) ^ set(own))}) than this model")
+                for k, t in own.items():
+                    t.copy_(saved[kind][k])
+        if saved["engine"] != self.nodes.engine:  # vmap fell back to the loop
+            self.nodes.engine = saved["engine"]
+        self.nodes._vmap_checked = True
 
     # -- internals -----------------------------------------------------------------------------
     @property
@@ -643,296 +524,48 @@ class Run:
         return local_batch(self.batches, self.ranks.node_ids, active)
 
     def _start_clock(self) -> float:
-        """Create the simulated clock, or start timing the first training steps when the step
-        time is to be measured from them; the seconds it took."""
+        """Create the simulated clock before the first step; the seconds it took (pricing a
+        step before the run, when time steers it, is not training time)."""
         m0 = time.perf_counter()
-        s = self.settings
-        assert s.network is not None
-        if self.step_time_s is None and self.timelines is None and not self._worldly:
-            # Measured from this run's own steps, each as it took (nobody's presence depends on
-            # time, so the clock can lag and catch up at log steps).
-            self.measured, self._timing_from = True, self.step
-            self.compute_method = f"{self.meter.method}, each step as it took"
-            self.clock = self._new_clock(1.0)  # step_time_s: the running mean, at catch-up
-            self._feed()  # set-up collectives (step -1)
-            return time.perf_counter() - m0
-        if self.step_time_s is None:  # time steers the run from its first step
-            self.step_time_s = self._calibrate()
-        self.clock = self._new_clock(self.step_time_s)
-        self._feed()  # set-up collectives (step -1)
+        steered = not isinstance(self.scheduler, Lockstep) or self.scheduler.worldly
+        self.feed.start(self.step, steered, lambda: self.feed.price_before_run(
+            self.model, self.batches.peek(0), self.strategy.optim, self.nodes, self.settings,
+            lead=self.lead))
         return time.perf_counter() - m0
 
-    def _calibrate(self) -> float:
-        """``c`` priced before the run from real training steps of its engine on a copy of the
-        model (:func:`calibrate_step_time`); rank 0's price in a process run."""
-        s, nodes = self.settings, min(self.nodes.num_nodes, 2 * self.meter.cores)
-        value = None
-        if self.lead:
-            batch = tree_map(lambda t: t.to(self.device) if isinstance(t, Tensor) else t,
-                             self.batches.peek(0))
-            with warnings.catch_warnings():  # an engine's fallback warns once, in the run
-                warnings.simplefilter("ignore")
-                value = calibrate_step_time(
-                    self.model, batch, self.strategy.optim, self.device, nodes=nodes,
-                    engine=self.nodes.engine, cores=self.meter.cores,
-                    micro_batch_size=s.micro_batch_size, precision=s.precision)
-        self.compute_method = (f"{self.meter.method}, the median of timed training steps "
-                               f"before the run ({self.nodes.engine} engine, {nodes} "
-                               f"node{'s' * (nodes != 1)}, after warm-up)")
-        return float(_from_lead(value, self.ranks))
-
-    def _catch_up(self) -> None:
-        """Give the clock the steps computed since the last call, each with its measured compute
-        per node (a process run's ranks exchange theirs here, at steps they all log), and their
-        collectives; ``step_time_s`` becomes the mean so far."""
-        clock, n = self.clock, self.settings.num_nodes
-        assert clock is not None
-        own, self._timing = self._timing, []
-        if own and self.device.type == "cuda":
-            # The host times of queued kernels are launch times: scale them to the window's wall
-            # time, read after the synchronisation the run makes at log steps anyway.
-            torch.cuda.synchronize(self.device)
-            start, transport = self._window
-            wall = time.perf_counter() - start - (self.comm.transport_s - transport)
-            host = sum(own) * self.nodes.num_nodes
-            if host > 0:
-                own = [t * wall / host for t in own]
-        if self.ranks is not None and self.ranks.world_size > 1:
-            every: list[list[float]] = [[] for _ in range(self.ranks.world_size)]
-            dist.all_gather_object(every, own)
-        else:
-            every = [own]
-        log, k = self.comm.log, self._fed
-        where = node_processes(n, len(every))
-        before = len(self.step_seconds)
-        total = (self.step_time_s or 0.0) * n * before
-        for j, step in enumerate(range(self._timing_from, self.step)):
-            row = [times[j] for times in every]
-            self.step_seconds.append(row)
-            seconds = [row[r] for r in where]
-            total += sum(seconds)
-            clock.compute(step, None, seconds)
-            while k < len(log) and log[k].step <= step:
-                clock.collective(log[k])
-                k += 1
-        self._fed, self._timing_from = k, self.step
-        if self.step_seconds:
-            self.step_time_s = total / (n * len(self.step_seconds))
-            clock.set_step_time(self.step_time_s)
-
-    def _new_clock(self, step_time_s: float) -> SimClock:
-        s = self.settings
-        assert s.network is not None
-        speeds = speeds_of(s.world, s.network.node_speeds(s.num_nodes))
-        return SimClock(s.network, s.num_nodes, step_time_s,
-                        overlap_steps=self.strategy.overlap_steps,
-                        compute_source=s.compute_source, speeds=speeds)
-
-    # -- the world -----------------------------------------------------------------------------
-    def _time(self, node: int) -> float:
-        return self.clock.t[node] if self.clock is not None else 0.0
-
-    def _not_recostable(self) -> str | None:
-        """Why this run's clock cannot be replayed on another network, or None."""
-        if self.timelines is not None:
-            return (f"{self.strategy.id} is asynchronous: when each update arrives, and so "
-                    "which model each node trains from, is decided by the network")
-        if self.world.time_dependent:
-            return (f"its world ({self.world.spec()}) decides who is up by simulated time, "
-                    "which another network would change")
-        if getattr(self.strategy, "deadline", None) is not None:
-            return (f"its deadline ({self.strategy.deadline}) decides who is late by simulated "
-                    "time, which another network would change")
-        return None
-
-    def _event(self, kind: str, node: int, **extra: Any) -> None:
-        event = {"step": self.step, "time_s": self._time(node), "node": node, "event": kind,
-                 **extra}
-        self.events.append(event)
-        if self.writer is not None:
-            self.writer.write_event(event)
-
-    def _world_step(self) -> list[bool] | None:
-        """Before a step: failures and rejoins by each node's own clock, the quorum, the live
-        recoveries; the nodes that compute this step (None: all)."""
-        world, n, step = self.world, self.settings.num_nodes, self.step
-        for i in range(n):
-            if not self.down[i] and not world.is_up(i, self._time(i), step):
-                self.down[i] = True
-                self.counts["failures"] += 1
-                self._event("fail", i)
-        self._rejoin()
-        waited = 0.0
-        while sum(not d for d in self.down) < world.min_nodes:
-            waited += self._wait_for_quorum()
-            self._rejoin()
-        if waited:
-            self.counts["quorum_wait_s"] += waited
-        active = [not d for d in self.down]
-        if any(self.late):
-            self._sit_out_late(active)
-        # Recovery when a node computes again: a late node heals once it has caught up, from
-        # the state the others hold then.
+    # -- the world (the lockstep scheduler's and the strategies' calls) --------------------------
+    def world_step(self) -> list[bool] | None:
+        """Before a step: the world says who computes (:meth:`Presence.before_step`); nodes
+        that rejoined, or were out of sync, recover from a live peer when they compute again
+        (a late node heals once it has caught up, from the state the others hold then); the
+        nodes that compute this step (None: all)."""
+        active, rejoined = self.presence.before_step(self.step, self.clock)
+        if rejoined:
+            self.strategy.request_recovery(rejoined)
         pending = [i for i in self.strategy.pending_recovery if active[i]]
-        if pending:
-            self._recover(pending)
+        for node, donor in self.presence.donors(pending) if pending else []:
+            received, start = self.comm.bytes_received[node], self._time(node)
+            self.strategy.recover(node, donor)
+            self.feed.feed()
+            self.presence.recovered(node, donor, self.comm.bytes_received[node] - received,
+                                    self._time(node) - start)
         self.strategy.pending_recovery = [i for i in self.strategy.pending_recovery
                                           if not active[i]]
         return None if all(active) else active
 
-    def _sit_out_late(self, active: list[bool]) -> None:
-        """Nodes a deadline cut are still busy with the round they were cut from: each sits out
-        (``active[i] = False``) while its clock is ahead of the most advanced of the other up
-        nodes (the time at which they start this step), and computes again from the step at
-        which they have caught up with it. Without this, a node too slow for the deadline
-        would still take every step of the lockstep loop and the run would wait for it."""
-        n = self.settings.num_nodes
-        now = max((self._time(j) for j in range(n) if active[j] and not self.late[j]),
-                  default=None)
-        for i in range(n):
-            if not (self.late[i] and active[i]):
-                continue
-            if now is None or self._time(i) <= now * (1 + 1e-12):
-                self.late[i] = False
-            else:
-                active[i] = False
-                self.counts["late_steps"] += 1
-
-    def _rejoin(self) -> None:
-        """Down nodes whose time to come back has come (the run's "now": the clock of its most
-        advanced node that is up) rejoin, and will recover."""
-        n = self.settings.num_nodes
-        ups = [self._time(j) for j in range(n) if not self.down[j]]
-        now = max(ups) if ups else min(
-            (b for i in range(n) if self.down[i]
-             and (b := self.world.next_up(i, self._time(i), self.step)) is not None),
-            default=math.inf)
-        for i in range(n):
-            if not self.down[i]:
-                continue
-            back = self.world.next_up(i, self._time(i), self.step)
-            if back is None or back > now:
-                continue
-            if self.clock is not None:
-                up = [not d for d in self.down]
-                if back <= self._time(i):
-                    # back at a step (no time of its own passed): it returns "now", when the
-                    # most advanced node that is up is
-                    back = max([back] + [self.clock.t[j] for j in range(
-                        self.settings.num_nodes) if up[j]])
-                    if self._ops is not None:
-                        self._ops.append(["n", i, _bits(up)])
-                elif self._ops is not None:
-                    self._ops.append(["d", i, back])
-                self.clock.down(i, back)
-            self.down[i] = False
-            self.counts["rejoins"] += 1
-            self._event("rejoin", i)
-            self.strategy.request_recovery([i])
-
-    def _wait_for_quorum(self) -> float:
-        """Fewer than ``min_nodes`` nodes are up: the run waits until the next one returns (its
-        up nodes idle); the seconds waited. Raises RuntimeError if none ever does, or not
-        within ``max_wait``."""
-        world, n = self.world, self.settings.num_nodes
-        returns = [world.next_up(i, self._time(i), self.step) for i in range(n) if self.down[i]]
-        times = [t for t in returns if t is not None]
-        up = [i for i in range(n) if not self.down[i]]
-        now = max((self._time(i) for i in up), default=0.0)
-        if not times or self.clock is None:
-            raise RuntimeError(
-                f"the quorum min_nodes={world.min_nodes} cannot be met at step {self.step}: "
-                f"{len(up)} node(s) up and no down node comes back by itself (a step-based "
-                "failure holds until its step, which the run cannot reach without a quorum)")
-        until = min(times)
-        if until - now > world.max_wait_s:
-            raise RuntimeError(
-                f"the quorum min_nodes={world.min_nodes} is not met within max_wait="
-                f"{world.max_wait_s:g} s at step {self.step}: the next node returns "
-                f"{until - now:.0f} s later")
-        for i in up:
-            self.clock.wait(i, until)
-            if self._ops is not None:
-                self._ops.append(["w", i, until])
-        self._event("quorum_wait", up[0] if up else 0, until_s=until)
-        return max(until - now, 0.0)
-
-    def _recover(self, nodes: list[int]) -> None:
-        """Live recovery of ``nodes`` from a live peer each (the lowest-numbered node that is
-        up and in sync), point to point, charged on the clock. When every node that is up is
-        coming back (all were down at once), none is in sync: the one that failed last holds
-        the newest state, goes on from its own (event ``resume_own``), and the others recover
-        from it."""
-        n = self.settings.num_nodes
-        synced = [j for j in range(n) if not self.down[j] and j not in nodes]
-        if not synced and n > 1:
-            newest = max(nodes, key=lambda j: (self._last_failure(j), -j))
-            self._event("resume_own", newest)
-            synced, nodes = [newest], [j for j in nodes if j != newest]
-        for node in nodes:
-            if not synced:
-                continue
-            donor = synced[0]
-            received = self.comm.bytes_received[node]
-            start = self._time(node)
-            self.strategy.recover(node, donor)
-            self._feed()
-            got = self.comm.bytes_received[node] - received
-            took = self._time(node) - start
-            self.counts["recoveries"] += 1
-            self.counts["recovery_bytes"] += got
-            self.counts["recovery_time_s"] += took
-            self._event("recovery", node, donor=donor, bytes=got, duration_s=took)
-
-    def _last_failure(self, node: int) -> int:
-        """The step of ``node``'s last failure (-1: none)."""
-        return max((e["step"] for e in self.events if e["node"] == node
-                    and e["event"] == "fail"), default=-1)
-
     def arrivals(self, active: list[bool] | None, deadline: str | None) -> list[bool] | None:
         """The :class:`~exogym.sim.comm.Timeline` the strategies ask at a synchronisation: the
-        ``active`` nodes (None: all) minus those whose message is lost (the world's ``drop``,
-        one draw per synchronisation) and those the ``deadline`` cuts (by the clock)."""
-        n = self.settings.num_nodes
-        heard = list(active) if active is not None else [True] * n
-        lost = self.world.lost(self._syncs, n)
-        self._syncs += 1
-        for i in range(n):
-            if heard[i] and lost[i]:
-                heard[i] = False
-                self.counts["messages_lost"] += 1
-                self._event("lost", i)
-        if deadline is not None:
-            if self.clock is None:
-                raise ValueError(f"deadline={deadline!r} needs a simulated network (a clock to "
-                                 "tell who is late): give the run a network")
-            kept = self.clock.arrivals(heard, deadline)
-            for i in range(n):
-                if heard[i] and not kept[i]:
-                    self.counts["stragglers_cut"] += 1
-                    self.late[i] = True
-                    self._event("late", i, deadline=deadline)
-            heard = kept
-        return None if all(heard) else heard
+        ``active`` nodes (None: all) minus lost messages and deadline cuts
+        (:meth:`Presence.arrivals`)."""
+        self.presence.step = self.step
+        return self.presence.arrivals(active, deadline, self.clock)
 
-    def _feed(self) -> None:
-        """Give the clock the collectives logged since the last call (measured compute: at
-        catch-up only, after the compute of their steps)."""
-        if self.clock is None or self._timing:
-            return
-        log = self.comm.log
-        for k in range(self._fed, len(log)):
-            self.clock.collective(log[k])
-            if self._ops is not None:
-                self._ops.append(["r", k])
-        self._fed = len(log)
+    def _time(self, node: int) -> float:
+        return self.clock.t[node] if self.clock is not None else 0.0
 
     def _emit(self, row: dict[str, Any]) -> None:
         """Record a metrics row; a non-finite eval loss then stops the run (unless allowed)."""
-        self.history.append(row)
-        if self.writer is not None:
-            self.writer.write(row)
-        self.sink.log(row)
+        self.record.row(row)
         loss = row.get("eval_loss", 0.0)
         if not self.settings.allow_nonfinite and not math.isfinite(loss):
             raise NonFiniteLossError(
@@ -953,10 +586,7 @@ class Run:
                    f"{', '.join(map(str, self.nonfinite['nodes']))} of "
                    f"{self.settings.num_nodes} (strategy {self.strategy.id}): the run diverged")
         if not self.settings.allow_nonfinite:
-            self.history.append(row)
-            if self.writer is not None:
-                self.writer.write(row)
-            self.sink.log(row)
+            self.record.row(row)
             raise NonFiniteLossError(
                 f"{message}; metrics so far are written. Lower the learning rate(s), clip "
                 "gradients (--set max_grad_norm=1), or pass allow_nonfinite=True "
@@ -965,41 +595,38 @@ class Run:
             warnings.warn(f"{message}; training on (allow_nonfinite=True)", RuntimeWarning,
                           stacklevel=4)
 
-    def _config(self, run_info: dict[str, Any], checkpointing: dict[str, Any]) -> dict[str, Any]:
-        """The ``config.json`` content: the run's settings, resolved."""
-        s, strategy = self.settings, self.strategy
-        config = {
-            "strategy": strategy.id,
-            "strategy_class": source_of(type(strategy)),
-            "hyperparameters": strategy.hyperparameters(),
-            "num_nodes": s.num_nodes, "steps": s.total_steps, "batch_size_per_node": s.batch_size,
-            "steps_per_epoch": self.batches.steps_per_epoch, "eval_interval": s.eval_interval,
-            "eval_samples": s.eval_samples, "eval_at_start": s.eval_at_start,
-            "eval_batch_size": s.eval_batch_size, "log_interval": s.log_interval,
-            "partition": s.partition.spec, "partition_stats": self.batches.partition_stats(),
-            "engine": self.nodes.engine, "device": str(self.device), "seed": s.seed,
-            "micro_batch_size": s.micro_batch_size, "precision": s.precision,
-            "processes": 1 if self.ranks is None else self.ranks.world_size,
-            "parameters": self.nodes.num_parameters(),
-            "eval_set": getattr(self.eval_full, "test_set", None),
-            "network": s.network.spec() if s.network is not None else None,
-            "step_time_s": s.step_time_s, "compute_source": s.compute_source,
-            "allow_nonfinite": s.allow_nonfinite, "allow_unsynced": s.allow_unsynced,
-            "checkpointing": checkpointing, "world": s.world.spec(),
-        }
-        assert set(config) == set(RUN_CONFIG_KEYS)
-        clash = sorted(set(run_info) & set(config))
-        if clash:
-            raise ValueError(f"run_info may not replace the run's own config keys {clash}")
-        config.update(run_info)
-        return config
+
 
 
 # -- helpers ---------------------------------------------------------------------------------------
-def _bits(flags: list[bool] | None) -> int:
-    """Booleans as a bit mask (bit ``i``: ``flags[i]``); None (all) as -1."""
-    return -1 if flags is None else sum(1 << i for i, f in enumerate(flags) if f)
-
+def _config(run: Run, run_info: dict[str, Any], checkpointing: dict[str, Any]) -> dict[str, Any]:
+    """The ``config.json`` content: the run's settings, resolved."""
+    s, strategy = run.settings, run.strategy
+    config = {
+        "strategy": strategy.id,
+        "strategy_class": source_of(type(strategy)),
+        "hyperparameters": strategy.hyperparameters(),
+        "num_nodes": s.num_nodes, "steps": s.total_steps, "batch_size_per_node": s.batch_size,
+        "steps_per_epoch": run.batches.steps_per_epoch, "eval_interval": s.eval_interval,
+        "eval_samples": s.eval_samples, "eval_at_start": s.eval_at_start,
+        "eval_batch_size": s.eval_batch_size, "log_interval": s.log_interval,
+        "partition": s.partition.spec, "partition_stats": run.batches.partition_stats(),
+        "engine": run.nodes.engine, "device": str(run.device), "seed": s.seed,
+        "micro_batch_size": s.micro_batch_size, "precision": s.precision,
+        "processes": 1 if run.ranks is None else run.ranks.world_size,
+        "parameters": run.nodes.num_parameters(),
+        "eval_set": getattr(run.eval_full, "test_set", None),
+        "network": s.network.spec() if s.network is not None else None,
+        "step_time_s": s.step_time_s, "compute_source": s.compute_source,
+        "allow_nonfinite": s.allow_nonfinite, "allow_unsynced": s.allow_unsynced,
+        "checkpointing": checkpointing, "world": s.world.spec(),
+    }
+    assert set(config) == set(RUN_CONFIG_KEYS)
+    clash = sorted(set(run_info) & set(config))
+    if clash:
+        raise ValueError(f"run_info may not replace the run's own config keys {clash}")
+    config.update(run_info)
+    return config
 
 
 def _plain(value: Any) -> Any:
@@ -1036,12 +663,6 @@ def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     random.setstate((version, tuple(rest[0]), rest[1]))
     name, keys, *tail = state["numpy"]
     np.random.set_state((name, keys.cpu().numpy().astype(np.uint32), *tail))
-
-
-def _processes_here(ranks: RankContext) -> int:
-    """This run's processes on this host: torchrun's ``LOCAL_WORLD_SIZE``, else every rank
-    (exogym's own launcher starts them all here)."""
-    return int(os.environ.get("LOCAL_WORLD_SIZE", ranks.world_size))
 
 
 def _from_lead(value: Any, ranks: RankContext | None) -> Any:

@@ -46,6 +46,7 @@ from exogym.sim.engine import EngineName, NodeStack, Precision
 from exogym.sim.network import parse_duration
 
 __all__ = [
+    "OptimizerBuilder",
     "StepMeter",
     "calibrate_step_time",
     "host_cores",

@@ -1,0 +1,111 @@
+"""What a run leaves behind: its metrics rows, its world's events, the run folder, the sinks and
+the progress bar (shared/DESIGN.md section 9, "what is recorded"; checkpoints are
+:mod:`exogym.run.checkpoint`).
+
+One :class:`Recorder` per run. Rank 0 alone writes (the run folder, the sinks, the bar); every
+rank keeps the rows and events, so that every rank returns the same result and a checkpoint of
+any rank holds them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from exogym.run.result import MetricsWriter
+from exogym.run.sinks import MultiSink
+
+__all__ = ["Recorder"]
+
+
+class Recorder:
+    """Rows and events of a run, and where they go.
+
+    Args:
+        out_dir: the run folder (rank 0 writes it), or None.
+        config: the run's ``config.json`` content.
+        sink: more places for the rows (used on rank 0 only).
+        lead: whether this process writes (rank 0).
+        progress: show a progress bar (rank 0 only).
+        total_steps: the bar's length.
+    """
+
+    def __init__(self, out_dir: str | Path | None, config: dict[str, Any], sink: MultiSink, *,
+                 lead: bool, progress: bool, total_steps: int) -> None:
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.config, self.lead = config, lead
+        self.sink = sink if lead else MultiSink(())
+        self.history: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.writer: MetricsWriter | None = None
+        self._progress, self._total = progress, total_steps
+        self._bar: Any = None
+        self._closed = True  # until open()
+
+    def open(self, step: int, *, resumed: bool) -> None:
+        """Create the run folder and start the sinks; ``resumed``: continue them from the rows
+        and events so far (``metrics.jsonl`` cut back to them, nothing duplicated or lost)."""
+        if self.lead and self.out_dir is not None:
+            if resumed:
+                self.writer = MetricsWriter.resume(self.out_dir, self.config, self.history,
+                                                   self.events)
+            else:
+                self.writer = MetricsWriter(self.out_dir, self.config)
+        run_dir = self.writer.dir if self.writer is not None else None
+        self._closed = False
+        try:
+            if resumed:
+                self.sink.resume(self.config, run_dir, self.history)
+            else:
+                self.sink.start(self.config, run_dir)
+        except BaseException:
+            if self.writer is not None:
+                self.writer.close()
+            raise
+        self._bar = tqdm(total=self._total, initial=step,
+                         disable=not (self._progress and self.lead), dynamic_ncols=True,
+                         unit="step")
+
+    def row(self, row: dict[str, Any]) -> None:
+        """A metrics row: kept, written to ``metrics.jsonl`` and given to the sinks."""
+        self.history.append(row)
+        if self.writer is not None:
+            self.writer.write(row)
+        self.sink.log(row)
+
+    def event(self, event: dict[str, Any]) -> None:
+        """A world event: kept and written to ``events.jsonl``."""
+        self.events.append(event)
+        if self.writer is not None:
+            self.writer.write_event(event)
+
+    def save_model(self, state: dict[str, torch.Tensor]) -> None:
+        """The global model as ``model.pt`` (when the run has a folder)."""
+        if self.writer is not None:
+            self.writer.save_model(state)
+
+    def advanced(self, row: dict[str, Any] | None = None) -> None:
+        """One step more on the bar; ``row``: its losses beside it."""
+        if self._bar is None:
+            return
+        if row is None:
+            self._bar.update(1)
+        else:
+            self._bar.set_postfix({k: f"{v:.4g}" for k, v in row.items()
+                                   if k in ("train_loss", "eval_loss", "eval_accuracy")})
+
+    def close(self, summary: dict[str, Any] | None) -> None:
+        """Close the metrics file (writing ``summary.json`` if given), the sinks (``None``: the
+        run did not finish) and the progress bar. Safe to call twice."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self._closed:
+            return
+        self._closed = True
+        if self.writer is not None:
+            self.writer.close(summary)
+        self.sink.finish(summary)

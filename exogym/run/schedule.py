@@ -1,0 +1,131 @@
+"""Who computes next: one small object per way of running the nodes (shared/DESIGN.md section 9).
+
+A scheduler takes the run from one step to the next (:meth:`Scheduler.advance`); the run keeps
+the state and does the work it is asked for (:meth:`exogym.run.state.Run.compute`: the given
+nodes compute one step, the strategy updates and communicates):
+
+- :class:`Lockstep` (synchronous strategies): step ``k`` of every node that computes is step
+  ``k``; in a world, the world decides before each step who is up (and who recovers first);
+- :class:`PerNodeTimelines` (asynchronous strategies): each node on its own simulated clock; the
+  event loop below decides which nodes compute next and when a push reaches the server.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Protocol
+
+from exogym.run.events import Timelines, same_or_before
+
+if TYPE_CHECKING:
+    from exogym.run.dist import RankContext
+    from exogym.run.state import Run, RunSettings
+
+__all__ = ["Lockstep", "PerNodeTimelines", "Scheduler"]
+
+
+class Scheduler(Protocol):
+    """Takes a run one step further (its ``step`` count)."""
+
+    def advance(self, run: Run) -> int:
+        """Have the run compute until its step count grows by one; the new count."""
+        ...
+
+    def state_dict(self) -> dict[str, Any] | None: ...
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None: ...
+
+
+class Lockstep:
+    """Synchronous runs: every node that computes takes the step together. ``worldly``: nodes
+    may be absent (a world that is not perfect, or a deadline): the run's world decides before
+    each step who computes (:meth:`exogym.run.state.Run.world_step`)."""
+
+    def __init__(self, worldly: bool) -> None:
+        self.worldly = worldly
+
+    def advance(self, run: Run) -> int:
+        step = run.step
+        run.compute(step, run.world_step() if self.worldly else None)
+        return step + 1
+
+    def state_dict(self) -> None:
+        return None
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        return None
+
+
+class PerNodeTimelines:
+    """Asynchronous strategies: per-node timelines (:mod:`exogym.run.events`). Events run in
+    simulated time order until the fastest node has taken one more step: the next event is the
+    earliest of the free nodes' clocks and the pushes in flight; an arrival due no later than
+    every free node's clock is applied first, else the free nodes due at that instant compute
+    one step together (one masked step of the node-stacked engine). At the end of the run the
+    pushes in flight are delivered."""
+
+    def __init__(self, num_nodes: int) -> None:
+        self.timelines = Timelines(num_nodes)
+
+    @staticmethod
+    def check(sid: str, s: RunSettings, ranks: RankContext | None) -> None:
+        """An asynchronous strategy runs in one process, on a simulated network, in a world
+        of node speeds (no failures or losses yet)."""
+        if ranks is not None:
+            raise ValueError(f"{sid} is asynchronous: its parameter server and per-node "
+                             "timelines run in one process; allowed: the simulator "
+                             "(engine loop or vmap, not --engine process or torchrun)")
+        if s.network is None:
+            raise ValueError(f"{sid} is asynchronous: when an update reaches the server is "
+                             "decided by a simulated network; give the run one (--network)")
+        w = s.world
+        if w.availability_varies or w.drop:
+            raise ValueError(f"{sid} is asynchronous: its world may give node speeds "
+                             f"(speed=..., speed_sigma=...), not failures, rejoins or message "
+                             f"loss; got world {w.spec()!r}")
+
+    def advance(self, run: Run) -> int:
+        tl, clock, strategy = self.timelines, run.clock, run.strategy
+        assert clock is not None
+        n, target = run.settings.num_nodes, run.step + 1
+        while tl.fastest < target:
+            free = [i for i in range(n) if not tl.waiting[i]]
+            start = min((clock.t[i] for i in free), default=math.inf)
+            arrival = tl.next_arrival()
+            for node, at in clock.serve_pushes(min(start, arrival[0] if arrival else math.inf)):
+                tl.arrive(node, at)
+            arrival = tl.next_arrival()
+            if arrival is not None and same_or_before(arrival[0], start):
+                self._deliver(run, *tl.pop_arrival())
+                continue
+            group = [not tl.waiting[i] and same_or_before(clock.t[i], start) for i in range(n)]
+            run.compute(run.step, None if all(group) else group)
+            for i in range(n):
+                tl.steps[i] += group[i]
+            pushed = strategy.outbox  # type: ignore[attr-defined]
+            if pushed:
+                sizes = [r.payload_bytes for r in run.comm.log[-len(pushed):]]
+                for node, size in zip(pushed, sizes, strict=True):
+                    clock.push(node, size)
+                    tl.waiting[node] = True
+                pushed.clear()
+        if target >= run.settings.total_steps:
+            for node, at in clock.serve_pushes(math.inf, final=True):
+                tl.arrive(node, at)
+            while tl.in_flight:
+                self._deliver(run, *tl.pop_arrival())
+        return tl.fastest
+
+    def _deliver(self, run: Run, arrival: float, seq: int, node: int) -> None:
+        """A push reaches the server: it applies the update and replies to the node."""
+        assert run.clock is not None
+        run.strategy.deliver(node)  # type: ignore[attr-defined]
+        run.clock.reply(node, run.comm.log[-1].payload_bytes, arrival)
+        self.timelines.waiting[node] = False
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.timelines.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        assert state is not None
+        self.timelines.load_state_dict(state)
