@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -170,6 +171,30 @@ def close_group(*, clean: bool) -> None:
     dist.destroy_process_group()
 
 
+def keep_freed_memory() -> bool:
+    """Let this worker process keep the memory a training step frees for the next step (glibc's
+    ``mallopt``: no trimming, no mmap below 32 MB); whether it could. By default glibc gives
+    large freed blocks back to the operating system and the next step faults them in again:
+    3-4 ms of kernel time per MNIST-CNN node-step in a process per node (measured: process
+    engine 11.3 ms a node-step against 9.4 ms in one process, 9.3 ms with this), time the
+    simulated clock would price as the node's compute. Called in exogym's worker processes and
+    in a torchrun rank when exogym joins its group (a process that exists to train), not in a
+    simulated run in the user's own process."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if sys.platform != "linux" or name is None:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        return bool(libc.mallopt(m_trim_threshold, 2**31 - 1)
+                    and libc.mallopt(m_mmap_threshold, 32 * 2**20))
+    except (OSError, AttributeError):
+        return False
+
+
 def join_torchrun(env: TorchrunEnv, device: torch.device) -> torch.device:
     """Join torchrun's process group (``env://`` rendezvous) and return this rank's device.
 
@@ -177,6 +202,7 @@ def join_torchrun(env: TorchrunEnv, device: torch.device) -> torch.device:
     torchrun convention) and the backend is nccl; otherwise gloo. The group's collective timeout
     is :data:`COLLECTIVE_TIMEOUT_S`.
     """
+    keep_freed_memory()  # a torchrun rank is a worker of its own
     if device.type == "cuda":
         if device.index is None:
             device = torch.device("cuda", env.local_rank)

@@ -47,6 +47,7 @@ from exogym.run.dist import (
     close_group,
     gather_global_state,
     init_group,
+    keep_freed_memory,
     local_batch,
 )
 from exogym.run.result import FitResult
@@ -89,6 +90,7 @@ def _entry(
     defer_stop_signals()  # a forwarded Ctrl-C during set-up stops the run at its first step
     (Path(out_dir) / f"rank{rank}.ready").touch()  # launch forwards signals from now on
     faulthandler.enable()  # a worker killed by a signal (SIGABRT, SIGSEGV) prints its stacks
+    keep_freed_memory()
     torch.set_num_threads(threads)
     device = f"cuda:{rank}" if backend == "nccl" else "cpu"
     if backend == "nccl":

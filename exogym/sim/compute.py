@@ -206,7 +206,7 @@ def _key(model: nn.Module, batch: Any, optim: OptimizerBuilder, device: torch.de
 def calibrate_step_time(
     model: nn.Module, batch: Any, optim: OptimizerBuilder, device: torch.device | str = "cpu",
     *, nodes: int = 1, engine: EngineName = "loop", cores: int | None = None,
-    warmup: int = 2, repeats: int = 8, budget_s: float = 2.0,
+    warmup: int = 4, repeats: int = 10, budget_s: float = 3.0,
     micro_batch_size: int | None = None, precision: Precision = "fp32",
 ) -> float:
     """``c`` priced from real training steps before a run (see the module docstring).
@@ -272,8 +272,8 @@ def _timed_median(stack: NodeStack, opt: torch.optim.Optimizer, batch: Any, mete
 
 
 def measure_step_time(model: nn.Module, batch: Any, optim: OptimizerBuilder,
-                      device: torch.device | str = "cpu", *, repeats: int = 8,
-                      budget_s: float = 2.0, micro_batch_size: int | None = None,
+                      device: torch.device | str = "cpu", *, repeats: int = 10,
+                      budget_s: float = 3.0, micro_batch_size: int | None = None,
                       precision: Precision = "fp32") -> float:
     """One node's ``c`` on the loop engine (:func:`calibrate_step_time` with ``nodes=1``)."""
     return calibrate_step_time(model, batch, optim, device, repeats=repeats, budget_s=budget_s,
