@@ -31,6 +31,7 @@ import socket
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,8 +87,11 @@ def free_port() -> int:
 def _entry(
     rank: int, world_size: int, port: int, nodes_per_process: int, backend: str,
     timeout_s: float, threads: int, out_dir: str, fn: Callable[..., Any], args: tuple[Any, ...],
+    show_warning: Callable[..., None] | None = None,
 ) -> None:
     defer_stop_signals()  # a forwarded Ctrl-C during set-up stops the run at its first step
+    if show_warning is not None:  # warnings look as the parent shows them (the command line's)
+        warnings.showwarning = show_warning
     (Path(out_dir) / f"rank{rank}.ready").touch()  # launch forwards signals from now on
     faulthandler.enable()  # a worker killed by a signal (SIGABRT, SIGSEGV) prints its stacks
     keep_freed_memory()
@@ -183,7 +187,8 @@ def launch(
             # (the caller's handler would leave the workers running, and its exit wait for them)
             with _WorkerSignals(out_dir) as signals:
                 context = _spawn(nprocs, (nprocs, free_port(), nodes_per_process, backend,
-                                          timeout_s, threads, out_dir, fn, args))
+                                          timeout_s, threads, out_dir, fn, args,
+                                          _picklable_show_warning()))
                 signals.processes = context.processes
                 try:
                     if signals.first is not None:  # a signal while they were spawned
@@ -217,6 +222,21 @@ def launch(
         if stopped:
             raise RunInterrupted(stopped[0].message)
         return results
+
+
+def _picklable_show_warning() -> Callable[..., None] | None:
+    """The parent's ``warnings.showwarning`` if it is one a worker can import (a module-level
+    function, as the command line's one-line form is), else None (Python's own)."""
+    show = warnings.showwarning
+    if getattr(show, "__module__", "warnings") == "warnings" or "<" in getattr(
+            show, "__qualname__", "<"):
+        return None
+    try:
+        pickle.dumps(show)
+    except Exception:  # a closure, a bound method of an unpicklable object
+        return None
+    return show
+
 
 
 def _spawn(nprocs: int, args: tuple[Any, ...]) -> Any:
