@@ -37,7 +37,8 @@ from typing import Any
 import torch
 
 from exogym.lab.compare import compare
-from exogym.lab.report import Comparison, CurvePoint, RunOutcome
+from exogym.lab.outcome import CurvePoint, RunOutcome
+from exogym.lab.report import Comparison
 from exogym.run.result import check_out_dir
 from exogym.utils.config import ConfigError
 

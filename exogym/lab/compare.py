@@ -47,16 +47,9 @@ from typing import Any
 import torch
 
 from exogym import strategy as strategies
+from exogym.lab.outcome import RUN_METRICS, RunOutcome, Stat
 from exogym.lab.plots import PLOT_FILES
-from exogym.lab.report import (
-    RUN_METRICS,
-    Comparison,
-    ComparisonRow,
-    RunOutcome,
-    Stat,
-    format_json,
-    format_markdown,
-)
+from exogym.lab.report import Comparison, ComparisonRow, format_json, format_markdown
 from exogym.run.result import check_out_dir
 from exogym.sim.engine import PRECISIONS, Precision
 from exogym.sim.network import Network, parse_duration, parse_network

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
+from exogym.lab.formats import format_bytes
 from exogym.sim.comm import all_gather_bytes, all_reduce_bytes
 from exogym.sim.network import Network, format_duration, format_rate, parse_network
 
@@ -207,15 +208,6 @@ def sweep(key: str, values: Sequence[int], **kwargs: object) -> list[Estimate]:
 
 
 # -- text --------------------------------------------------------------------------------------
-def format_bytes(n: float) -> str:
-    """``14e9`` -> ``"14.00 GB"`` (decimal units)."""
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1000
-    return f"{n:.2f} PB"
-
-
 def _table(rows: list[list[str]], right: set[int]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(c.rjust(w) if i in right else c.ljust(w)

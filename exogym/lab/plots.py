@@ -10,7 +10,8 @@ from 0 up to the smallest positive value plotted, logarithmic above, so that the
 strategy's first synchronisation (0 bytes sent, the initial model at time 0) are shown too.
 
 Uses matplotlib (a core dependency), imported only here, with the Agg backend (files only, no
-display).
+display). Rendering only: this module imports the result types it draws
+(:mod:`exogym.lab.report`, :mod:`exogym.lab.sweep_report`), never the runners that produce them.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from exogym.lab.report import Comparison
-    from exogym.lab.sweep import SweepResult
+    from exogym.lab.sweep_report import SweepResult
 
 __all__ = ["MISSING_MATPLOTLIB", "PLOT_FILES", "plot_comparison", "plot_sweep",
            "require_matplotlib"]
@@ -137,7 +138,8 @@ def plot_sweep(result: SweepResult, path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from exogym.lab.sweep import score_table
+    # imported here, so that importing this module imports no torch (sweep_report's types do)
+    from exogym.lab.sweep_report import score_table
 
     axes = list(result.axes)
     pairs = [(a, b) for i, a in enumerate(axes) for b in axes[i + 1:]]

@@ -1,26 +1,28 @@
 """What a strategy comparison (:mod:`exogym.lab.compare`) measured, and how it is shown.
 
-The result types: :class:`Stat` (one quantity over the repeats of a strategy, mean ± sample
-standard deviation), :class:`CurvePoint` and :class:`RunOutcome` (one training run, as its
-``summary.json`` records it), :class:`ComparisonRow` (one strategy, aggregated over its runs) and
-:class:`Comparison` (the whole comparison). And their renderings: :func:`format_table` (the
-markdown table that ``exogym compare`` prints), :func:`format_markdown` (``results.md``) and
-:func:`format_json` (``results.json``: the same numbers, exact, with every run's).
+The result types: :class:`ComparisonRow` (one strategy, aggregated over its runs) and
+:class:`Comparison` (the whole comparison), built of :class:`Stat`, :class:`CurvePoint` and
+:class:`RunOutcome` (:mod:`exogym.lab.outcome`, re-exported here). And their renderings:
+:func:`format_table` (the markdown table that ``exogym compare`` prints), :func:`format_markdown`
+(``results.md``) and :func:`format_json` (``results.json``: the same numbers, exact, with every
+run's).
 
-Nothing here trains or reads files; :func:`exogym.lab.compare.compare` builds a :class:`Comparison`
-and writes these texts, :mod:`exogym.lab.plots` draws its curves.
+Nothing here trains or reads files, and nothing here imports the runner: it imports only the
+lab's shared types and number formats (:mod:`exogym.lab.outcome`, :mod:`exogym.lab.formats`).
+:func:`exogym.lab.compare.compare` builds a :class:`Comparison` and writes these texts,
+:mod:`exogym.lab.plots` draws its curves.
 """
 
 from __future__ import annotations
 
-import math
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exogym.run.result import FitResult, world_line
+from exogym.lab.formats import format_bytes, format_metric
+from exogym.lab.outcome import RUN_METRICS, CurvePoint, RunOutcome, Stat
 from exogym.run.result import _dumps as _dumps_json
+from exogym.run.result import world_line
 from exogym.sim.network import format_duration
 
 __all__ = [
@@ -38,154 +40,6 @@ __all__ = [
 
 
 # -- results -------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Stat:
-    """One quantity over the repeats of a strategy.
-
-    A run that diverged has a NaN (or infinite) value: the mean is then NaN or infinite as
-    arithmetic gives it, and the spread, the lowest and the highest are NaN (not an error after
-    hours of training, and not an order-dependent ``min`` of a NaN).
-
-    Attributes:
-        values: one per run, in seed order.
-    """
-
-    values: tuple[float, ...]
-
-    @property
-    def n(self) -> int:
-        return len(self.values)
-
-    @property
-    def mean(self) -> float:
-        return statistics.fmean(self.values)
-
-    @property
-    def std(self) -> float | None:
-        """The sample standard deviation (``n - 1`` in the denominator); None for one run."""
-        if self.n < 2:
-            return None
-        return statistics.stdev(self.values) if self._finite else math.nan
-
-    @property
-    def min(self) -> float:
-        return min(self.values) if self._finite else math.nan
-
-    @property
-    def max(self) -> float:
-        return max(self.values) if self._finite else math.nan
-
-    @property
-    def _finite(self) -> bool:
-        return all(math.isfinite(v) for v in self.values)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"mean": self.mean, "std": self.std, "min": self.min, "max": self.max,
-                "values": list(self.values)}
-
-
-@dataclass(frozen=True)
-class CurvePoint:
-    """One evaluation of the global model during a run.
-
-    Attributes:
-        step: training steps done.
-        eval_loss: the global model's evaluation loss.
-        bytes_sent: bytes sent per node so far (max over nodes).
-        sim_time_s: the simulated clock then (seconds).
-    """
-
-    step: int
-    eval_loss: float
-    bytes_sent: float
-    sim_time_s: float
-
-
-@dataclass(frozen=True)
-class RunOutcome:
-    """One training run of a comparison, as its ``summary.json`` records it.
-
-    Attributes:
-        label: the strategy's label in the comparison; ``strategy`` its registry id.
-        seed: the run's seed.
-        out_dir: the run's folder (``metrics.jsonl``, ``config.json``, ``summary.json``).
-        final: the last evaluation (``eval_loss``, ``eval_accuracy`` or ``eval_perplexity``, ...).
-        bytes_sent_per_node: bytes sent, max over nodes.
-        sim_time_s: simulated wall clock of the run on the comparison's network.
-        utilization: simulated compute / total.
-        step_time_s: the compute per step per node the clock used; ``compute_source`` how it
-            was obtained (``measured``, ``given``).
-        samples_per_s: measured training throughput on this machine.
-        wall_time_s: measured wall time of the whole fit (evaluations included).
-        curve: every evaluation, in step order (the first, at step 0, is the initial model).
-        warnings: what the run warned about (e.g. a run that is not a multiple of H).
-        world: what the world did in the run (counts, :attr:`exogym.FitResult.world`), None
-            for a perfect world; ``failure_times_s`` the simulated times of its failures.
-    """
-
-    label: str
-    strategy: str
-    seed: int
-    out_dir: Path
-    final: dict[str, float]
-    bytes_sent_per_node: float
-    sim_time_s: float
-    utilization: float
-    step_time_s: float
-    compute_source: str
-    samples_per_s: float
-    wall_time_s: float
-    curve: tuple[CurvePoint, ...]
-    warnings: tuple[str, ...] = ()
-    world: dict[str, Any] | None = None
-    failure_times_s: tuple[float, ...] = ()
-
-    @property
-    def improved(self) -> bool:
-        """Whether the last evaluation's loss is below the first's (the initial model's)."""
-        return len(self.curve) >= 2 and self.curve[-1].eval_loss < self.curve[0].eval_loss
-
-    @classmethod
-    def from_fit(cls, label: str, result: FitResult,
-                 warnings: tuple[str, ...] = ()) -> RunOutcome:
-        if result.clock is None or result.out_dir is None:
-            raise ValueError("a compared run needs a simulated clock and a run folder")
-        curve = tuple(
-            CurvePoint(step=row["step"], eval_loss=row["eval_loss"],
-                       bytes_sent=row["bytes_sent"], sim_time_s=row["sim_time_s"])
-            for row in result.history if "eval_loss" in row)
-        return cls(label=label, strategy=result.strategy, seed=result.seed,
-                   out_dir=result.out_dir, final=dict(result.final),
-                   bytes_sent_per_node=max(result.bytes_sent), sim_time_s=result.clock.total_s,
-                   utilization=result.clock.utilization, step_time_s=result.clock.step_time_s,
-                   compute_source=result.clock.compute_source,
-                   samples_per_s=result.samples_per_s, wall_time_s=result.wall_time_s,
-                   curve=curve, warnings=warnings, world=result.world,
-                   failure_times_s=tuple(e["time_s"] for e in result.events
-                                         if e["event"] == "fail"))
-
-    def reach(self, target: float | None) -> CurvePoint | None:
-        """The first evaluation with ``eval_loss <= target`` (None: never, or no target)."""
-        if target is None:
-            return None
-        return next((p for p in self.curve if p.eval_loss <= target), None)
-
-    def to_dict(self, target: float | None) -> dict[str, Any]:
-        hit = self.reach(target)
-        return {"seed": self.seed, "out_dir": str(self.out_dir), "final": self.final,
-                "steps_to_target": hit.step if hit else None,
-                "sim_time_to_target_s": hit.sim_time_s if hit else None,
-                "bytes_sent_per_node": self.bytes_sent_per_node, "sim_time_s": self.sim_time_s,
-                "utilization": self.utilization, "step_time_s": self.step_time_s,
-                "samples_per_s": self.samples_per_s, "wall_time_s": self.wall_time_s,
-                "improved": self.improved, "warnings": list(self.warnings),
-                "world": self.world, "failure_times_s": list(self.failure_times_s)}
-
-
-RUN_METRICS = ("bytes_sent_per_node", "sim_time_s", "utilization", "samples_per_s", "wall_time_s")
-"""Per-run quantities aggregated besides the final evaluation metrics."""
-
-
 @dataclass(frozen=True)
 class ComparisonRow:
     """One strategy (label) of a comparison, aggregated over its runs.
@@ -307,20 +161,6 @@ def format_json(c: Comparison) -> str:
     return _dumps_json(_to_json(c)) + "\n"
 
 
-def _fmt_bytes(n: float) -> str:
-    from exogym.lab.estimate import format_bytes
-
-    return format_bytes(n)
-
-
-def format_metric(key: str) -> Any:
-    """How a final metric ``key`` is shown in a table (a function of its value): accuracy and
-    utilization as a percentage with 2 decimals, anything else (a loss, a perplexity) with 4."""
-    if "accuracy" in key or key == "utilization":
-        return lambda v: f"{100 * v:.2f}%"
-    return lambda v: f"{v:.4f}"
-
-
 def _fmt_time(seconds: float) -> str:
     """:func:`exogym.sim.network.format_duration`, with 3 significant digits below a second too."""
     if 1e-3 <= seconds < 1:
@@ -333,7 +173,7 @@ def _fmt_count(v: float) -> str:
 
 
 _FORMATS: dict[str, Any] = {
-    "bytes_sent_per_node": _fmt_bytes, "sim_time_s": _fmt_time,
+    "bytes_sent_per_node": format_bytes, "sim_time_s": _fmt_time,
     "utilization": format_metric("utilization"), "samples_per_s": lambda v: f"{v:,.0f}",
     "wall_time_s": _fmt_time,
 }

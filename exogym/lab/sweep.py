@@ -30,10 +30,9 @@ import itertools
 import json
 import math
 import shutil
-import statistics
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,61 +40,26 @@ import torch
 
 from exogym import strategy as strategies
 from exogym.lab.compare import default_eval_interval
-from exogym.lab.report import CurvePoint, RunOutcome, Stat, format_metric
+from exogym.lab.outcome import CurvePoint, RunOutcome, Stat
+from exogym.lab.sweep_report import (
+    SweepPoint,
+    SweepResult,
+    format_json,
+    format_markdown,
+    score_table,
+)
 from exogym.run.result import check_out_dir, read_json
 from exogym.sim.network import Network, parse_network
 from exogym.tasks.registry import get_task
 from exogym.utils.config import ConfigError, config_fields
 
-__all__ = ["RUN_AXES", "SweepPoint", "SweepResult", "parse_grid", "sweep"]
+__all__ = ["RUN_AXES", "SweepPoint", "SweepResult", "format_json", "format_markdown", "parse_grid",
+           "score_table", "sweep"]
 
 RUN_AXES = ("nodes", "network")
 """Axes that are settings of the run, not of the strategy."""
 
 FORMAT = "exogym-sweep-v1"
-
-
-@dataclass(frozen=True)
-class SweepPoint:
-    """One combination of the grid and its runs.
-
-    Attributes:
-        index: its position in the grid (the ``pNNN`` of its run folders).
-        settings: ``{axis: value}`` as given (strings).
-        runs: one per seed.
-        metrics: ``eval_*`` final metrics, ``bytes_sent_per_node`` and ``sim_time_s`` over the
-            runs (``score`` is ``metrics["eval_loss"].mean``).
-    """
-
-    index: int
-    settings: dict[str, str]
-    runs: tuple[RunOutcome, ...]
-    metrics: dict[str, Stat]
-
-    @property
-    def score(self) -> float:
-        return self.metrics["eval_loss"].mean
-
-    @property
-    def name(self) -> str:
-        return ", ".join(f"{k}={v}" for k, v in self.settings.items())
-
-
-@dataclass(frozen=True)
-class SweepResult:
-    """What :func:`sweep` ran and wrote: ``points`` in grid order, the ``best`` (lowest score;
-    None when every point diverged), the results folder and its files."""
-
-    task: str
-    strategy: str
-    axes: dict[str, list[str]]
-    seeds: tuple[int, ...]
-    points: tuple[SweepPoint, ...]
-    best: SweepPoint | None
-    out_dir: Path
-    trained: int
-    reused: int
-    plot: Path | None
 
 
 def parse_grid(items: Sequence[str]) -> dict[str, list[str]]:
@@ -283,63 +247,3 @@ def _point(index: int, settings: dict[str, str], runs: list[RunOutcome]) -> Swee
     metrics["bytes_sent_per_node"] = Stat(tuple(r.bytes_sent_per_node for r in runs))
     metrics["sim_time_s"] = Stat(tuple(r.sim_time_s for r in runs))
     return SweepPoint(index=index, settings=settings, runs=tuple(runs), metrics=metrics)
-
-
-def _cell(stat: Stat, key: str) -> str:
-    """A final metric's mean (± std over repeats), shown as ``exogym compare`` shows it."""
-    fmt = format_metric(key)
-    if stat.n == 1:
-        return fmt(stat.mean)
-    return f"{fmt(stat.mean)} ± {fmt(stat.std)}"
-
-
-def format_markdown(result: SweepResult) -> str:
-    """``results.md``: one row per point, the best in bold, then what each column is."""
-    evals = [k for k in result.points[0].metrics if k.startswith("eval_")]
-    head = ["point", *result.axes, *(k.replace("_", " ") for k in evals), "sent per node",
-            "sim time"]
-    lines = [f"# exogym sweep: {result.strategy} on {result.task}", "",
-             f"{len(result.points)} points x {len(result.seeds)} seed(s) "
-             f"({', '.join(map(str, result.seeds))}); score = mean final eval loss; best: "
-             + (f"p{result.best.index:03d} ({result.best.name})" if result.best else "none"),
-             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for p in result.points:
-        cells = [f"p{p.index:03d}", *p.settings.values(),
-                 *(_cell(p.metrics[k], k) for k in evals),
-                 f"{p.metrics['bytes_sent_per_node'].mean / 1e6:,.2f} MB",
-                 f"{p.metrics['sim_time_s'].mean:,.1f} s"]
-        if p is result.best:
-            cells = [f"**{c}**" for c in cells]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Values are mean ± sample standard deviation over the seeds; evaluation on the "
-              "whole test set after the last step; each run's folder is runs/pNNN-seedS."]
-    return "\n".join(lines) + "\n"
-
-
-def format_json(result: SweepResult) -> str:
-    def stat(s: Stat) -> dict[str, Any]:
-        return {"mean": _finite(s.mean), "std": _finite(s.std) if s.n > 1 else None,
-                "values": [_finite(v) for v in s.values]}
-
-    return json.dumps({
-        "task": result.task, "strategy": result.strategy, "axes": result.axes,
-        "seeds": list(result.seeds),
-        "best": None if result.best is None else f"p{result.best.index:03d}",
-        "points": [{"name": f"p{p.index:03d}", "settings": p.settings,
-                    "score": _finite(p.score),
-                    "metrics": {k: stat(v) for k, v in p.metrics.items()},
-                    "runs": [str(r.out_dir) for r in p.runs]} for p in result.points],
-    }, indent=2) + "\n"
-
-
-def _finite(x: float) -> float | str:
-    return x if math.isfinite(x) else str(x)
-
-
-def score_table(result: SweepResult, a: str, b: str | None) -> dict[tuple[str, ...], float]:
-    """The score per value of axis ``a`` (and ``b``), averaged over the other axes' values."""
-    groups: dict[tuple[str, ...], list[float]] = {}
-    for p in result.points:
-        key = (p.settings[a],) if b is None else (p.settings[a], p.settings[b])
-        groups.setdefault(key, []).append(p.score)
-    return {k: statistics.fmean(v) for k, v in groups.items()}
