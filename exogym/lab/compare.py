@@ -40,9 +40,9 @@ import re
 import statistics
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -59,6 +59,12 @@ from exogym.strategy import Strategy
 from exogym.tasks.registry import get_task
 from exogym.utils.config import ConfigError, config_fields
 from exogym.utils.plugins import is_spec
+
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
+
+    from exogym.run.result import FitResult
+    from exogym.tasks.registry import Task
 
 __all__ = [
     "PLOT_FILES",
@@ -229,30 +235,16 @@ def default_eval_interval(task_interval: int, max_steps: int) -> int:
 
 
 def compare(
-    task: str,
-    strategies: Sequence[str],
-    *,
-    num_nodes: int,
-    max_steps: int,
-    out_dir: str | Path,
-    network: Network | str = "datacenter",
-    repeats: int = 1,
-    seed: int = 0,
-    target_loss: float | None = None,
-    batch_size: int | None = None,
-    partition: Partition | str = "iid",
-    micro_batch_size: int | None = None,
-    precision: Precision = "fp32",
-    eval_interval: int | None = None,
+    task: str, strategies: Sequence[str], *, num_nodes: int, max_steps: int,
+    out_dir: str | Path, network: Network | str = "datacenter", repeats: int = 1, seed: int = 0,
+    target_loss: float | None = None, batch_size: int | None = None,
+    partition: Partition | str = "iid", micro_batch_size: int | None = None,
+    precision: Precision = "fp32", eval_interval: int | None = None,
     eval_samples: int | None = 2000,
     overrides: Mapping[str, Any] | Iterable[tuple[str, Any]] = (),
-    step_time: float | str | None = None,
-    device: str = "auto",
-    data_dir: str | Path | None = None,
-    download: bool = True,
-    progress: bool = False,
-    allow_unsynced: bool = False,
-    allow_nonfinite: bool = False,
+    step_time: float | str | None = None, device: str = "auto",
+    data_dir: str | Path | None = None, download: bool = True, progress: bool = False,
+    allow_unsynced: bool = False, allow_nonfinite: bool = False,
     world: World | str | None = None,
 ) -> Comparison:
     """Train every strategy on ``task`` with the same seeds and write the comparison.
@@ -271,12 +263,11 @@ def compare(
             them reaches; a run that never got below its initial loss is marked "no
             improvement" instead.
         batch_size: per node; default the task's.
-        partition: how the training set is split among the nodes, as
-            :meth:`exogym.Trainer.fit`: ``"iid"``, ``"dirichlet:ALPHA"`` or ``"contiguous"``.
-        micro_batch_size: gradient accumulation over micro-batches of this many rows (None: the
-            whole batch at once), as :meth:`exogym.Trainer.fit`.
-        precision: ``"fp32"`` or ``"bf16"`` (forward passes under bfloat16 autocast), as
-            :meth:`exogym.Trainer.fit`.
+        partition, micro_batch_size, precision, device: how every run trains, as
+            :meth:`exogym.Trainer.fit`: the split of the training set (``"iid"``,
+            ``"dirichlet:ALPHA"`` or ``"contiguous"``), gradient accumulation over micro-batches
+            of this many rows (None: the whole batch at once), ``"fp32"`` or ``"bf16"`` (forward
+            passes under bfloat16 autocast), the device.
         eval_interval: steps between evaluations (the resolution of steps to target); default
             :func:`default_eval_interval`.
         eval_samples: evaluations during training (the curves, steps to target) use a fixed
@@ -288,16 +279,15 @@ def compare(
             measured from each run's own training steps (so each strategy's own per-step
             work counts, and the clocks vary a little from run to run like wall time); give it
             to cost every strategy on exactly the same compute.
-        device: as :meth:`exogym.Trainer.fit`.
         data_dir, download: where the task's data is, and whether it may be downloaded.
         progress: print a line and show a progress bar per run.
         allow_unsynced: allow runs shorter than a strategy's ``H`` (otherwise an error before
             anything is trained).
-        world: the world every run trains in (:mod:`exogym.sim.world`; None: perfect): the same
-            failures, speeds and losses for every strategy (the world is seeded).
         allow_nonfinite: a run whose loss turns NaN or infinite stops the comparison with
             :class:`exogym.run.result.NonFiniteLossError` (the finished runs' folders stay); True
             trains every run to the end regardless.
+        world: the world every run trains in (:mod:`exogym.sim.world`; None: perfect): the same
+            failures, speeds and losses for every strategy (the world is seeded).
 
     Returns:
         The :class:`Comparison`; the plots are skipped, with ``plot_note`` saying why and a
@@ -308,12 +298,68 @@ def compare(
         ValueError: a bad argument.
         FileExistsError: ``out_dir`` exists.
     """
-    from exogym.run.trainer import Trainer
+    plan = _plan(task, strategies, num_nodes=num_nodes, max_steps=max_steps, out_dir=out_dir,
+                 network=network, repeats=repeats, seed=seed, target_loss=target_loss,
+                 batch_size=batch_size, partition=partition, micro_batch_size=micro_batch_size,
+                 precision=precision, eval_interval=eval_interval, eval_samples=eval_samples,
+                 overrides=overrides, step_time=step_time, device=device, progress=progress,
+                 allow_unsynced=allow_unsynced, allow_nonfinite=allow_nonfinite, world=world)
+    train, test = plan.spec.load_data(data_dir, download)
+    plan.out.mkdir(parents=True, exist_ok=True)
+    outcomes, built, last = _train_all(plan, train, test)
+    target, source = _target(outcomes, target_loss)
+    rows = tuple(_aggregate(label, built[label], outcomes[label], target) for label in plan.labels)
+    return _write(_comparison(plan, rows, target, source, last))
 
-    if isinstance(strategies, str):
-        raise ConfigError(f"strategies must be a list of labels, got the string {strategies!r} "
-                          f"(e.g. {strategies.split(',')!r})")
-    labels = [_label_of_spec(label) for label in strategies]
+
+# -- the steps of compare: check, train, aggregate, write ------------------------------------------
+@dataclass(frozen=True)
+class _Plan:
+    """A comparison's arguments, checked and parsed (:func:`_plan`): what every run trains with.
+
+    ``labels`` are the strategies' labels (a user-code spec replaced by its ``ID[-NAME]``),
+    ``overrides`` the settings as given (every run rebuilds its strategy from them), ``seeds``
+    ``seed .. seed + repeats - 1``, ``batch`` and ``interval`` the per-node batch size and the
+    evaluation interval after their defaults, ``out`` the results folder (checked not to exist).
+    """
+
+    spec: Task
+    labels: tuple[str, ...]
+    overrides: Mapping[str, Any] | Iterable[tuple[str, Any]]
+    seeds: tuple[int, ...]
+    num_nodes: int
+    max_steps: int
+    batch: int
+    partition: Partition
+    micro_batch_size: int | None
+    precision: Precision
+    interval: int
+    eval_samples: int | None
+    network: Network
+    step_time: float | None
+    world: World
+    out: Path
+    device: str
+    progress: bool
+    allow_unsynced: bool
+    allow_nonfinite: bool
+
+
+def _plan(
+    task: str, given: Sequence[str], *, num_nodes: int, max_steps: int, out_dir: str | Path,
+    network: Network | str, repeats: int, seed: int, target_loss: float | None,
+    batch_size: int | None, partition: Partition | str, micro_batch_size: int | None,
+    precision: Precision, eval_interval: int | None, eval_samples: int | None,
+    overrides: Mapping[str, Any] | Iterable[tuple[str, Any]], step_time: float | str | None,
+    device: str, progress: bool, allow_unsynced: bool, allow_nonfinite: bool,
+    world: World | str | None,
+) -> _Plan:
+    """Check every argument of :func:`compare` and build every strategy once, before any data
+    loads or anything trains; the errors are :func:`compare`'s, in this order."""
+    if isinstance(given, str):
+        raise ConfigError(f"strategies must be a list of labels, got the string {given!r} "
+                          f"(e.g. {given.split(',')!r})")
+    labels = [_label_of_spec(label) for label in given]
     spec = get_task(task)
     _check_int("num_nodes", num_nodes, 1)
     _check_int("max_steps", max_steps, 1)
@@ -343,74 +389,125 @@ def compare(
     the_world = parse_world(world)
     the_world.check_nodes(num_nodes)
     checked = resolve_strategies(labels, overrides, lr=spec.lr)  # every setting, before training
-    for label, strategy in checked.items():
+    _check_synced(checked, max_steps, allow_unsynced)
+    return _Plan(
+        spec=spec, labels=tuple(labels), overrides=overrides,
+        seeds=tuple(range(seed, seed + repeats)), num_nodes=num_nodes, max_steps=max_steps,
+        batch=batch, partition=part, micro_batch_size=micro_batch_size, precision=precision,
+        interval=interval, eval_samples=eval_samples, network=net, step_time=step_time,
+        world=the_world, out=check_out_dir(out_dir), device=device, progress=progress,
+        allow_unsynced=allow_unsynced, allow_nonfinite=allow_nonfinite)
+
+
+def _check_synced(built: Mapping[str, Strategy], max_steps: int, allow_unsynced: bool) -> None:
+    """Raise ConfigError for a strategy whose period ``H`` is longer than the run, unless
+    ``allow_unsynced``: its global model would stay the initial one."""
+    for label, strategy in built.items():
         period = strategy.sync_period
         if period is not None and max_steps < period and not allow_unsynced:
             raise ConfigError(
                 f"{label}: {max_steps} steps but H={period}: its nodes would never (fully) "
                 "synchronise and its global model would stay the initial one; train longer, "
                 f"lower H (--set {label}.H=...), or pass allow_unsynced (--allow-unsynced)")
-    out = check_out_dir(out_dir)
 
-    train, test = spec.load_data(data_dir, download)
-    out.mkdir(parents=True, exist_ok=True)
-    seeds = tuple(range(seed, seed + repeats))
-    outcomes: dict[str, list[RunOutcome]] = {label: [] for label in labels}
+
+def _train_all(plan: _Plan, train: Dataset, test: Dataset,
+               ) -> tuple[dict[str, list[RunOutcome]], dict[str, Strategy], FitResult]:
+    """Train every label with every seed, seed by seed (every label with the first seed, then
+    the next), each run into ``OUT/runs/LABEL-seedS``; the strategies are built again for every
+    seed, so that no state is shared between runs.
+
+    Returns:
+        The outcomes per label (in seed order), the strategy of each label's last run (its
+        hyperparameters are every run's), and the last run's result (its evaluation sets are
+        every run's). A run's warnings are warned again, naming the label and seed, to the
+        caller of :func:`compare`.
+    """
+    outcomes: dict[str, list[RunOutcome]] = {label: [] for label in plan.labels}
     built: dict[str, Strategy] = {}
-    total = len(seeds) * len(labels)
-    for r, s in enumerate(seeds):
-        fresh = resolve_strategies(labels, overrides, lr=spec.lr)  # no state shared between runs
-        for j, label in enumerate(labels):
+    total = len(plan.seeds) * len(plan.labels)
+    result: FitResult | None = None
+    for r, s in enumerate(plan.seeds):
+        fresh = resolve_strategies(plan.labels, plan.overrides, lr=plan.spec.lr)
+        for j, label in enumerate(plan.labels):
             strategy = built[label] = fresh[label]
-            run_dir = out / "runs" / f"{label}-seed{s}"
-            if progress:
-                print(f"[{r * len(labels) + j + 1}/{total}] {label} seed {s} -> {run_dir}",
+            run_dir = plan.out / "runs" / f"{label}-seed{s}"
+            if plan.progress:
+                print(f"[{r * len(plan.labels) + j + 1}/{total}] {label} seed {s} -> {run_dir}",
                       flush=True)
-            torch.manual_seed(s)
-            model = spec.build_model()
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")  # every run's own warnings, not once per place
-                result = Trainer(model, train, test).fit(
-                    strategy=strategy, num_nodes=num_nodes, max_steps=max_steps,
-                    batch_size=batch, partition=part, micro_batch_size=micro_batch_size,
-                    precision=precision, eval_interval=interval, eval_samples=eval_samples,
-                    eval_at_start=True,
-                    device=device, seed=s, out_dir=run_dir, progress=progress, network=net,
-                    step_time=step_time, world=the_world, run_info=spec.run_info(train),
-                    allow_unsynced=allow_unsynced, allow_nonfinite=allow_nonfinite)
-            said = tuple(dict.fromkeys(str(w.message) for w in caught))
+            result, said = _train_one(plan, strategy, s, run_dir, train, test)
             for text in said:  # repeated for every run it applies to, naming the label
-                warnings.warn(f"{label} (seed {s}): {text}", UserWarning, stacklevel=2)
+                # stacklevel 3: the caller of compare, which calls this function
+                warnings.warn(f"{label} (seed {s}): {text}", UserWarning, stacklevel=3)
             outcomes[label].append(RunOutcome.from_fit(label, result, said))
+    assert result is not None  # plan has at least one label and one seed
+    return outcomes, built, result
 
+
+def _train_one(plan: _Plan, strategy: Strategy, seed: int, run_dir: Path, train: Dataset,
+               test: Dataset) -> tuple[FitResult, tuple[str, ...]]:
+    """One run, exactly as ``exogym run`` trains it (the model built after
+    ``torch.manual_seed(seed)``), into ``run_dir``; its result and the distinct texts of the
+    warnings it raised, in order."""
+    from exogym.run.trainer import Trainer
+
+    torch.manual_seed(seed)
+    model = plan.spec.build_model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # every run's own warnings, not once per place
+        result = Trainer(model, train, test).fit(
+            strategy=strategy, num_nodes=plan.num_nodes, max_steps=plan.max_steps,
+            batch_size=plan.batch, partition=plan.partition,
+            micro_batch_size=plan.micro_batch_size, precision=plan.precision,
+            eval_interval=plan.interval, eval_samples=plan.eval_samples, eval_at_start=True,
+            device=plan.device, seed=seed, out_dir=run_dir, progress=plan.progress,
+            network=plan.network, step_time=plan.step_time, world=plan.world,
+            run_info=plan.spec.run_info(train), allow_unsynced=plan.allow_unsynced,
+            allow_nonfinite=plan.allow_nonfinite)
+    return result, tuple(dict.fromkeys(str(w.message) for w in caught))
+
+
+def _target(outcomes: Mapping[str, list[RunOutcome]],
+            target_loss: float | None) -> tuple[float | None, str]:
+    """The target loss and its source: ``given``, or ``default``: the worst (highest) finite
+    last evaluation among the runs that improved on their initial model (None if none did)."""
     if target_loss is not None:
-        target: float | None = float(target_loss)
-        source = "given"
-    else:
-        lasts = [o.curve[-1].eval_loss for runs in outcomes.values() for o in runs
-                 if o.improved and math.isfinite(o.curve[-1].eval_loss)]
-        target = max(lasts) if lasts else None
-        source = "default"
-    rows = tuple(_aggregate(label, built[label], outcomes[label], target) for label in labels)
-    first = result  # every run evaluates on the same sets
+        return float(target_loss), "given"
+    lasts = [o.curve[-1].eval_loss for runs in outcomes.values() for o in runs
+             if o.improved and math.isfinite(o.curve[-1].eval_loss)]
+    return (max(lasts) if lasts else None), "default"
 
+
+def _comparison(plan: _Plan, rows: tuple[ComparisonRow, ...], target: float | None,
+                source: str, last: FitResult) -> Comparison:
+    """The :class:`Comparison` of ``rows``, without plots yet; the evaluation sets are those
+    of ``last`` (every run evaluates on the same sets)."""
+    out, net = plan.out, plan.network
+    return Comparison(
+        task=plan.spec.id, num_nodes=plan.num_nodes, max_steps=plan.max_steps,
+        batch_size=plan.batch, eval_interval=plan.interval,
+        micro_batch_size=plan.micro_batch_size, partition=plan.partition.spec,
+        precision=plan.precision, network=net.spec(),
+        network_text=f"{net.name} ({net.describe()})", seeds=plan.seeds, target_loss=target,
+        target_source=source, rows=rows, out_dir=out, results_md=out / "results.md",
+        results_json=out / "results.json", plots=(), plot_note=None,
+        eval_during_training=last.eval_during_training, eval_set=last.eval_set,
+        world=None if plan.world.perfect else plan.world.spec())
+
+
+def _write(comparison: Comparison) -> Comparison:
+    """Draw the plots (skipped with a ``plot_note`` and a warning to the caller of
+    :func:`compare` when matplotlib is missing), then write ``results.md`` and
+    ``results.json``; the comparison with its plots."""
     plot_note: str | None = None
     plots: tuple[Path, ...] = ()
-    comparison = Comparison(
-        task=spec.id, num_nodes=num_nodes, max_steps=max_steps, batch_size=batch,
-        eval_interval=interval, micro_batch_size=micro_batch_size, partition=part.spec,
-        precision=precision, network=net.spec(), network_text=f"{net.name} ({net.describe()})",
-        seeds=seeds, target_loss=target, target_source=source, rows=rows, out_dir=out,
-        results_md=out / "results.md", results_json=out / "results.json", plots=plots,
-        plot_note=None, eval_during_training=first.eval_during_training,
-        eval_set=first.eval_set, world=None if the_world.perfect else the_world.spec())
     try:
         from exogym.lab.plots import plot_comparison
 
-        plots = plot_comparison(comparison, out)
+        plots = plot_comparison(comparison, comparison.out_dir)
     except ImportError as err:
         plot_note = f"plots not drawn: {err}"
-        warnings.warn(plot_note, stacklevel=2)
+        warnings.warn(plot_note, stacklevel=3)  # the caller of compare, which calls this
     comparison = replace(comparison, plots=plots, plot_note=plot_note)
     comparison.results_md.write_text(format_markdown(comparison), encoding="utf-8")
     comparison.results_json.write_text(format_json(comparison), encoding="utf-8")
