@@ -34,7 +34,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -52,6 +52,9 @@ from exogym.run.result import check_out_dir, read_json
 from exogym.sim.network import Network, parse_network
 from exogym.tasks.registry import get_task
 from exogym.utils.config import ConfigError, config_fields
+
+if TYPE_CHECKING:
+    from exogym.tasks.registry import Task
 
 __all__ = ["RUN_AXES", "SweepPoint", "SweepResult", "format_json", "format_markdown", "parse_grid",
            "score_table", "sweep"]
@@ -133,13 +136,44 @@ def sweep(
         ConfigError: an unknown axis or setting, a bad value (checked for every point before
             anything trains), or ``out_dir`` holding another sweep.
     """
-    from exogym.run.trainer import Trainer
-
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
     spec = get_task(task)
-    cls = strategies.get(strategy)
-    keys = config_fields(cls)
+    axes, fixed = _check_axes(strategy, grid, overrides)
+    base_net = parse_network(network)
+    points = [dict(zip(axes, values, strict=True))
+              for values in itertools.product(*axes.values())]
+    plans = _plan_points(spec, strategy, points, fixed, num_nodes, base_net)
+    out = Path(out_dir)
+    _open_folder(out, {
+        "format": FORMAT, "task": spec.id, "strategy": strategy, "axes": axes, "fixed": fixed,
+        "num_nodes": num_nodes, "steps": max_steps, "repeats": repeats, "seed": seed,
+        "network": base_net.spec(), "step_time": step_time, "eval_samples": eval_samples,
+        "points": [{"name": f"p{i:03d}", "settings": p} for i, p in enumerate(points)]})
+
+    seeds = tuple(range(seed, seed + repeats))
+    runs = _Runs(spec, strategy, out, max_steps=max_steps, step_time=step_time,
+                 eval_samples=eval_samples, data_dir=data_dir, download=download,
+                 progress=progress)
+    results = [_point(i, point, runs.of_point(i, point, plan, seeds))
+               for i, (point, plan) in enumerate(zip(points, plans, strict=True))]
+    finite = [p for p in results if math.isfinite(p.score)]
+    best = min(finite, key=lambda p: p.score) if finite else None
+    return _write(SweepResult(task=spec.id, strategy=strategy, axes=axes, seeds=seeds,
+                              points=tuple(results), best=best, out_dir=out,
+                              trained=runs.trained, reused=runs.reused, plot=None))
+
+
+# -- the steps of sweep: check, open the folder, train or read back, write -------------------------
+def _check_axes(strategy: str, grid: Mapping[str, Sequence[str]],
+                overrides: Mapping[str, Any] | None) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """The grid's axes and the fixed settings, their values as strings.
+
+    Raises:
+        ConfigError: an unknown strategy, an axis that is neither a key of the strategy nor one
+            of :data:`RUN_AXES` (with the closest key), a key both swept and fixed.
+    """
+    keys = config_fields(strategies.get(strategy))
     axes = {k: [str(v) for v in vs] for k, vs in grid.items()}
     for key in axes:
         if key not in RUN_AXES and key not in keys:
@@ -151,11 +185,24 @@ def sweep(
     both = sorted(set(fixed) & set(axes))
     if both:
         raise ConfigError(f"{', '.join(both)} is both swept (--grid) and fixed (--set)")
-    base_net = parse_network(network)
-    points = [dict(zip(axes, values, strict=True))
-              for values in itertools.product(*axes.values())]
+    return axes, fixed
+
+
+_PointPlan = tuple[dict[str, Any], int, Network]
+"""What a point trains with: the strategy's settings, the number of nodes, the network."""
+
+
+def _plan_points(spec: Task, strategy: str, points: Sequence[Mapping[str, str]],
+                 fixed: Mapping[str, str], num_nodes: int, base_net: Network) -> list[_PointPlan]:
+    """Every point's :data:`_PointPlan`, in grid order: its strategy built, its nodes and network
+    checked, before anything trains; the strategy's learning rate is the task's unless a
+    setting gives one.
+
+    Raises:
+        ConfigError: the first point that does not build, naming it (``pNNN``) and its values.
+    """
     plans = []
-    for i, point in enumerate(points):  # every point must build before anything trains
+    for i, point in enumerate(points):
         settings = {"optim.lr": spec.lr, **fixed,
                     **{k: v for k, v in point.items() if k not in RUN_AXES}}
         try:
@@ -168,13 +215,17 @@ def sweep(
         except (ConfigError, ValueError) as err:
             raise ConfigError(f"grid point p{i:03d} ({_name(point)}): {err}") from None
         plans.append((settings, nodes, net))
+    return plans
 
-    out = Path(out_dir)
-    record = {"format": FORMAT, "task": spec.id, "strategy": strategy, "axes": axes,
-              "fixed": fixed, "num_nodes": num_nodes, "steps": max_steps, "repeats": repeats,
-              "seed": seed, "network": base_net.spec(), "step_time": step_time,
-              "eval_samples": eval_samples,
-              "points": [{"name": f"p{i:03d}", "settings": p} for i, p in enumerate(points)]}
+
+def _open_folder(out: Path, record: Mapping[str, Any]) -> None:
+    """Continue the sweep in ``out`` if its ``sweep.json`` records the same sweep as ``record``,
+    else start one: ``out`` must not exist (:func:`exogym.run.result.check_out_dir`), and is
+    created holding ``sweep.json``.
+
+    Raises:
+        ConfigError: ``out`` holds another sweep (naming the fields that differ).
+    """
     if (out / "sweep.json").is_file():
         saved = read_json(out / "sweep.json", "a sweep folder written by `exogym sweep`")
         diff = [k for k in sorted(set(saved) | set(record))
@@ -188,43 +239,66 @@ def sweep(
         (out / "sweep.json").write_text(json.dumps(record, indent=2, default=str) + "\n",
                                         encoding="utf-8")
 
-    seeds = tuple(range(seed, seed + repeats))
-    interval = default_eval_interval(spec.eval_interval, max_steps)
-    data: tuple[Any, Any] | None = None
-    trained = reused = 0
-    results: list[SweepPoint] = []
-    for i, (point, (settings, nodes, net)) in enumerate(zip(points, plans, strict=True)):
+
+class _Runs:
+    """The runs of a sweep's points: a finished run (its ``summary.json`` written) is read
+    back, any other trained from its start, exactly as ``exogym run`` trains it. The task's
+    data loads with the first run trained (a sweep read back whole loads none); ``trained``
+    and ``reused`` count the runs."""
+
+    def __init__(self, spec: Task, strategy: str, out: Path, *, max_steps: int,
+                 step_time: float | None, eval_samples: int | None,
+                 data_dir: str | Path | None, download: bool, progress: bool) -> None:
+        self.spec, self.strategy, self.out = spec, strategy, out
+        self.max_steps, self.step_time, self.eval_samples = max_steps, step_time, eval_samples
+        self.data_dir, self.download, self.progress = data_dir, download, progress
+        self.interval = default_eval_interval(spec.eval_interval, max_steps)
+        self.trained = self.reused = 0
+        self._data: tuple[Any, Any] | None = None
+
+    def of_point(self, index: int, point: Mapping[str, str], plan: _PointPlan,
+                 seeds: Sequence[int]) -> list[RunOutcome]:
+        """The runs of point ``index`` (labelled ``pNNN``), one per seed, in seed order, each
+        in ``OUT/runs/pNNN-seedS``."""
+        label = f"p{index:03d}"
         runs = []
         for s in seeds:
-            run_dir = out / "runs" / f"p{i:03d}-seed{s}"
-            label = f"p{i:03d}"
+            run_dir = self.out / "runs" / f"{label}-seed{s}"
             if (run_dir / "summary.json").is_file():
                 runs.append(_outcome(label, run_dir))
-                reused += 1
+                self.reused += 1
                 continue
             if run_dir.exists():  # interrupted: train it again from the start
                 shutil.rmtree(run_dir)
-            if progress:
-                print(f"[p{i:03d} seed {s}] {_name(point)} -> {run_dir}", flush=True)
-            if data is None:
-                data = spec.load_data(data_dir, download)
-            torch.manual_seed(s)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # e.g. "not a multiple of H": in results.json
-                result = Trainer(spec.build_model(), *data).fit(
-                    strategy=strategies.make(strategy, **settings), num_nodes=nodes,
-                    max_steps=max_steps, batch_size=spec.batch_size, eval_interval=interval,
-                    eval_samples=eval_samples, eval_at_start=True, seed=s, out_dir=run_dir,
-                    progress=progress, network=net, step_time=step_time,
-                    run_info=spec.run_info(data[0]))
-            runs.append(RunOutcome.from_fit(label, result))
-            trained += 1
-        results.append(_point(i, point, runs))
-    finite = [p for p in results if math.isfinite(p.score)]
-    best = min(finite, key=lambda p: p.score) if finite else None
-    result = SweepResult(task=spec.id, strategy=strategy, axes=axes, seeds=seeds,
-                         points=tuple(results), best=best, out_dir=out, trained=trained,
-                         reused=reused, plot=None)
+            if self.progress:
+                print(f"[{label} seed {s}] {_name(point)} -> {run_dir}", flush=True)
+            runs.append(self._train(label, plan, s, run_dir))
+            self.trained += 1
+        return runs
+
+    def _train(self, label: str, plan: _PointPlan, seed: int, run_dir: Path) -> RunOutcome:
+        from exogym.run.trainer import Trainer
+
+        settings, nodes, net = plan
+        if self._data is None:
+            self._data = self.spec.load_data(self.data_dir, self.download)
+        torch.manual_seed(seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. "not a multiple of H": in results.json
+            result = Trainer(self.spec.build_model(), *self._data).fit(
+                strategy=strategies.make(self.strategy, **settings), num_nodes=nodes,
+                max_steps=self.max_steps, batch_size=self.spec.batch_size,
+                eval_interval=self.interval, eval_samples=self.eval_samples,
+                eval_at_start=True, seed=seed, out_dir=run_dir, progress=self.progress,
+                network=net, step_time=self.step_time, run_info=self.spec.run_info(self._data[0]))
+        return RunOutcome.from_fit(label, result)
+
+
+def _write(result: SweepResult) -> SweepResult:
+    """Write ``results.md``, ``results.json`` and ``sweep.png`` into the sweep's folder (the
+    plot skipped, with a warning to the caller of :func:`sweep`, when matplotlib is missing);
+    the result with its plot."""
+    out = result.out_dir
     (out / "results.md").write_text(format_markdown(result), encoding="utf-8")
     (out / "results.json").write_text(format_json(result), encoding="utf-8")
     try:
@@ -232,7 +306,7 @@ def sweep(
 
         plot = plot_sweep(result, out / "sweep.png")
     except ImportError as err:
-        warnings.warn(f"sweep.png not drawn: {err}", stacklevel=2)
+        warnings.warn(f"sweep.png not drawn: {err}", stacklevel=3)  # sweep's caller
         plot = None
     return replace(result, plot=plot)
 
