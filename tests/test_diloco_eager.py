@@ -134,7 +134,7 @@ def test_first_round_naive_steps_nothing_and_eager_applies_its_own_share(outer: 
     # Prepare: 2 nodes, H = 1, one round: x = [1, 2] - 0.1 g, Delta_0 = [0.1, 0], Delta_1 =
     # [0, 0.2]
     grads = [[1.0, 0.0], [0.0, 2.0]]
-    naive = DiLoCoEager(H=1, eager=False, outer_optimizer=outer, optim=sgd(0.1))
+    naive = DiLoCoEager(H=1, eager=False, outer_optimizer=outer, outer_lr=0.7, optim=sgd(0.1))
     nodes, comm = build(naive, (1.0, 2.0))
     step_with(naive, nodes, grads, 0)
     # naive: no outer step (no Adam count either), nodes back at theta^(0), D1 in flight
@@ -143,7 +143,7 @@ def test_first_round_naive_steps_nothing_and_eager_applies_its_own_share(outer: 
     assert torch.equal(nodes.params["w"], t([[1.0, 2.0], [1.0, 2.0]]))
     assert naive.in_flight[0]["count"] == 2 and comm.bytes_sent == [16.0, 16.0]
 
-    eager = DiLoCoEager(H=1, outer_optimizer=outer, optim=sgd(0.1))
+    eager = DiLoCoEager(H=1, outer_optimizer=outer, outer_lr=0.7, optim=sgd(0.1))
     nodes, _ = build(eager, (1.0, 2.0))
     step_with(eager, nodes, grads, 0)
     # eager: D_m = Delta_m / 2 = [0.05, 0], [0, 0.1]; Nesterov's first step (lr 0.7, mu 0.9):
@@ -190,7 +190,7 @@ def test_eager_node_mean_is_nesterov_on_the_mean_eager_gradient():
     n, rounds = 3, 4
     gen = torch.Generator().manual_seed(0)
     grads = torch.randn(rounds, 2, n, 2, generator=gen, dtype=torch.float64)  # [r, h, node, w]
-    s = DiLoCoEager(H=2, optim=sgd(0.1))
+    s = DiLoCoEager(H=2, outer_lr=0.7, optim=sgd(0.1))
     nodes, _ = build(s, (1.0, 2.0), n=n)
     ref = torch.tensor([1.0, 2.0], dtype=torch.float64, requires_grad=True)
     opt = torch.optim.SGD([ref], lr=0.7, momentum=0.9, nesterov=True)
@@ -227,8 +227,10 @@ def test_one_node_eager_is_diloco_and_naive_is_not():
     # N = 1: Delta^(t-1) = Delta_1^(t-1), so D_1^(t) = Delta_1^(t): DiLoCo, bit for bit (AdamW
     # inner, Nesterov outer, H = 3, 9 steps, evaluated at each outer step)
     ref = _fit("diloco", n=1, steps=9, H=3, eval_interval=3)
-    _same_run(_fit("diloco_eager", n=1, steps=9, H=3, eval_interval=3), ref)
-    naive = _fit("diloco_eager", n=1, steps=9, H=3, eval_interval=3, eager=False)
+    # (DiLoCo's outer learning rate: the eager form's default is lower)
+    _same_run(_fit("diloco_eager", n=1, steps=9, H=3, eval_interval=3, outer_lr=0.7), ref)
+    naive = _fit("diloco_eager", n=1, steps=9, H=3, eval_interval=3, eager=False,
+                 outer_lr=0.7)
     assert naive.final != ref.final  # one round late even alone
 
 
@@ -236,7 +238,8 @@ def test_one_node_eager_is_diloco_and_naive_is_not():
 def test_delay_zero_is_diloco_bit_for_bit(eager: bool):
     # 3 nodes with BatchNorm (buffers averaged with the pseudo-gradients), H = 2, 8 steps
     ref = _fit("diloco", n=3, steps=8, norm=True, H=2)
-    ours = _fit("diloco_eager", n=3, steps=8, norm=True, H=2, delay=0, eager=eager)
+    ours = _fit("diloco_eager", n=3, steps=8, norm=True, H=2, delay=0, eager=eager,
+                outer_lr=0.7)
     _same_run(ours, ref)
     assert ours.comm_log == ref.comm_log and not any(r.overlap for r in ours.comm_log)
 
