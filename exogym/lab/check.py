@@ -44,7 +44,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -55,6 +55,9 @@ from exogym import strategy as strategies
 from exogym.sim.comm import CommRecord, all_gather_bytes, all_reduce_bytes
 from exogym.strategy.base import Strategy
 from exogym.utils.config import ConfigError, config_fields
+
+if TYPE_CHECKING:
+    from exogym.run.result import FitResult
 
 __all__ = [
     "CHECKS",
@@ -172,6 +175,10 @@ def check_strategy(
     raises for a failing strategy: each failure is a :class:`CheckResult` with its reason.
     ``overrides`` default to a period of 2 steps (``H=2``) where the strategy has an ``H``.
 
+    Returns:
+        One result per check, in the order of :data:`CHECKS`; a strategy that does not build
+        or run has the checks after that one skipped.
+
     Raises:
         ConfigError: an unknown strategy, a file that does not exist, an unknown setting.
     """
@@ -190,10 +197,92 @@ def check_strategy(
                                    else _reason(err)))
         return results + [CheckResult(n, None, "it does not build") for n in CHECKS[1:]]
     results.append(CheckResult("builds", True, _settings_text(settings)))
+    runs = _Runs(spec, cls, settings)
+    base = _attempt(results, "runs", runs.fit)
+    if base is None:
+        return results + [CheckResult(n, None, "it does not run") for n in CHECKS[2:]]
+    results[-1] = _finite_run(base)
+    results.append(_communicates(base))
+    _compare(results, "deterministic", lambda: _same(base, runs.fit()), "seed 0 twice: equal")
+    other = _attempt(results, "seeds differ", lambda: runs.fit(seed=1))
+    if other is not None:
+        differ = [r["train_loss"] for r in other.history] != [r["train_loss"] for r in base.history]
+        results[-1] = CheckResult("seeds differ", differ, "seeds 0 and 1 give other losses"
+                                  if differ else "seeds 0 and 1 give the same losses")
+    _compare(results, "engines", runs.engines, "loop == vmap == threads to 1e-6 (float64)")
+    _compare(results, "exact resume", runs.resume, "3 + 3 steps == 6 steps, bit for bit")
     asynchronous = bool(getattr(cls, "asynchronous", False))
+    if asynchronous:
+        results.append(CheckResult("processes", None, "asynchronous: one process by design"))
+    elif not processes:
+        results.append(CheckResult("processes", None, "not asked for"))
+    else:
+        _compare(results, "processes", runs.processes, "2 processes == in-process to 1e-6")
+    if asynchronous:
+        results.append(CheckResult("absent nodes", None, "asynchronous: failures are refused"))
+    else:
+        _compare(results, "absent nodes", runs.absent, "node 1 down at steps 2-3, recovered")
+    _compare(results, "hyperparameters", runs.hyperparameters,
+             "all documented; a typo is an error")
+    _compare(results, "no host sync", runs.host_reads, "no floating-point tensor read on the host")
+    return results
 
-    def fit(seed: int = 0, engine: str = "loop", dtype: torch.dtype = torch.float32,
-            nodes: int = NODES, **kw: Any) -> Any:
+
+def _finite_run(base: FitResult) -> CheckResult:
+    """``runs``: passed when every logged training loss and the final evaluation are finite."""
+    losses = [r["train_loss"] for r in base.history if "train_loss" in r]
+    finals = list(base.final.values())
+    if not all(math.isfinite(x) for x in losses + finals):
+        return CheckResult("runs", False, f"non-finite numbers: losses {losses}, final "
+                                          f"{base.final}")
+    return CheckResult("runs", True, f"final eval loss {base.final['eval_loss']:.4f}")
+
+
+def _communicates(base: FitResult) -> CheckResult:
+    """``communicates``: passed when the run logged a collective and each node's bytes sent
+    equal what its logged collectives imply (:func:`implied_bytes_sent`, to 1e-6 bytes)."""
+    implied = implied_bytes_sent(base.comm_log, NODES)
+    if not base.comm_log:
+        return CheckResult("communicates", False, f"no collective in {STEPS} steps; "
+                           "give it a shorter period (--set KEY=VALUE)")
+    if [round(x, 6) for x in implied] != [round(x, 6) for x in base.bytes_sent]:
+        return CheckResult("communicates", False, f"bytes sent per node {base.bytes_sent} "
+                           f"differ from what the logged collectives imply, {implied}")
+    return CheckResult("communicates", True, f"{len(base.comm_log)} collectives, "
+                       f"{max(base.bytes_sent):,.0f} bytes sent by the busiest node")
+
+
+def _same(a: FitResult, b: FitResult, exact: bool = True) -> str:
+    """What differs between two runs ("" if nothing): with ``exact``, their metrics rows (but
+    the measured columns), final parameters and bytes sent, bit for bit; else their final
+    parameters, to 1e-6 in float64."""
+    rows = [_rows(a), _rows(b)]
+    if exact and rows[0] != rows[1]:
+        return "metrics rows differ"
+    for (k, p), q in zip(a.model.state_dict().items(), b.model.state_dict().values(),
+                         strict=True):
+        if exact and not torch.equal(p, q):
+            return f"parameter {k} differs"
+        if not exact and not torch.allclose(p.double(), q.double(), rtol=0, atol=1e-6):
+            return f"parameter {k} differs by {(p.double() - q.double()).abs().max():.2e}"
+    if exact and a.bytes_sent != b.bytes_sent:
+        return f"bytes differ: {a.bytes_sent} vs {b.bytes_sent}"
+    return ""
+
+
+class _Runs:
+    """The runs the checks make of the strategy ``spec`` (class ``cls``) with ``settings``: the
+    :class:`TinyNet` on :func:`tiny_data`, :data:`NODES` nodes, :data:`STEPS` steps, the model
+    seeded alike every time. Each check method returns what went wrong, "" when it passed
+    (:func:`_compare`'s contract); an exception is the check's failure too."""
+
+    def __init__(self, spec: str, cls: type[Strategy], settings: Mapping[str, Any]) -> None:
+        self.spec, self.cls, self.settings = spec, cls, dict(settings)
+
+    def fit(self, seed: int = 0, engine: str = "loop", dtype: torch.dtype = torch.float32,
+            nodes: int = NODES, **kw: Any) -> FitResult:
+        """One run (a fresh strategy, warnings silenced), with :meth:`exogym.Trainer.fit`'s
+        ``kw`` over the checks' defaults (batch 8, evaluation every 3 steps, a log row each)."""
         torch.manual_seed(1)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -204,68 +293,25 @@ def check_strategy(
                                         seed=seed, progress=False)
             args.update(kw)
             return Trainer(TinyNet().to(dtype), tiny_data(dtype), tiny_data(dtype)).fit(
-                strategy=strategies.make(spec, **settings), **args)
+                strategy=strategies.make(self.spec, **self.settings), **args)
 
-    base = _attempt(results, "runs", lambda: fit())
-    if base is None:
-        return results + [CheckResult(n, None, "it does not run") for n in CHECKS[2:]]
-    losses = [r["train_loss"] for r in base.history if "train_loss" in r]
-    finals = list(base.final.values())
-    if not all(math.isfinite(x) for x in losses + finals):
-        results[-1] = CheckResult("runs", False, f"non-finite numbers: losses {losses}, final "
-                                                 f"{base.final}")
-    else:
-        results[-1] = CheckResult("runs", True, f"final eval loss {base.final['eval_loss']:.4f}")
-
-    implied = implied_bytes_sent(base.comm_log, NODES)
-    if not base.comm_log:
-        results.append(CheckResult("communicates", False, f"no collective in {STEPS} steps; "
-                                   "give it a shorter period (--set KEY=VALUE)"))
-    elif [round(x, 6) for x in implied] != [round(x, 6) for x in base.bytes_sent]:
-        results.append(CheckResult("communicates", False, f"bytes sent per node "
-                                   f"{base.bytes_sent} differ from what the logged collectives "
-                                   f"imply, {implied}"))
-    else:
-        results.append(CheckResult("communicates", True, f"{len(base.comm_log)} collectives, "
-                                   f"{max(base.bytes_sent):,.0f} bytes sent by the busiest node"))
-
-    def same(a: Any, b: Any, exact: bool = True) -> str:
-        rows = [_rows(a), _rows(b)]
-        if exact and rows[0] != rows[1]:
-            return "metrics rows differ"
-        for (k, p), q in zip(a.model.state_dict().items(), b.model.state_dict().values(),
-                             strict=True):
-            if exact and not torch.equal(p, q):
-                return f"parameter {k} differs"
-            if not exact and not torch.allclose(p.double(), q.double(), rtol=0, atol=1e-6):
-                return f"parameter {k} differs by {(p.double() - q.double()).abs().max():.2e}"
-        if exact and a.bytes_sent != b.bytes_sent:
-            return f"bytes differ: {a.bytes_sent} vs {b.bytes_sent}"
-        return ""
-
-    _compare(results, "deterministic", lambda: same(base, fit()), "seed 0 twice: equal")
-    other = _attempt(results, "seeds differ", lambda: fit(seed=1))
-    if other is not None:
-        differ = [r["train_loss"] for r in other.history] != [r["train_loss"] for r in base.history]
-        results[-1] = CheckResult("seeds differ", differ, "seeds 0 and 1 give other losses"
-                                  if differ else "seeds 0 and 1 give the same losses")
-
-    def engines() -> str:
-        a = fit(engine="loop", dtype=torch.float64)
+    def engines(self) -> str:
+        """``engines``: the vmap and threads engines against the loop's, in float64."""
+        a = self.fit(engine="loop", dtype=torch.float64)
         for engine in ("vmap", "threads"):
-            b = fit(engine=engine, dtype=torch.float64)
-            differ = same(a, b, exact=False) or (
+            b = self.fit(engine=engine, dtype=torch.float64)
+            differ = _same(a, b, exact=False) or (
                 "" if a.bytes_sent == b.bytes_sent else "bytes differ between engines")
             if differ:
                 return f"loop vs {engine}: {differ}"
         return ""
 
-    _compare(results, "engines", engines, "loop == vmap == threads to 1e-6 (float64)")
-
-    def resume() -> str:
+    def resume(self) -> str:
+        """``exact resume``: a run cut after its step-3 checkpoint and resumed, against the
+        uninterrupted run, bit for bit."""
         with tempfile.TemporaryDirectory(prefix="exogym-check-") as tmp:
             full, cut = Path(tmp) / "full", Path(tmp) / "cut"
-            fit(out_dir=full, checkpoint_every=3)
+            self.fit(out_dir=full, checkpoint_every=3)
             # the folder a run killed after its step-3 checkpoint leaves
             shutil.copytree(full, cut)
             shutil.rmtree(cut / "checkpoints" / f"step-{STEPS:08d}")
@@ -283,74 +329,60 @@ def check_strategy(
             differ = [k for k in a if not torch.equal(a[k], b[k])]
             return f"final parameters differ: {', '.join(differ)}" if differ else ""
 
-    _compare(results, "exact resume", resume, "3 + 3 steps == 6 steps, bit for bit")
+    def processes(self) -> str:
+        """``processes``: 2 nodes as 2 real processes (gloo) against 2 in-process nodes."""
+        from exogym.run.launch import fit_processes
 
-    if asynchronous:
-        results.append(CheckResult("processes", None, "asynchronous: one process by design"))
-    elif not processes:
-        results.append(CheckResult("processes", None, "not asked for"))
-    else:
-        def procs() -> str:
-            from exogym.run.launch import fit_processes
+        torch.manual_seed(1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            real = fit_processes(
+                TinyNet(), tiny_data(torch.float32), tiny_data(torch.float32),
+                strategy=strategies.make(self.spec, **self.settings), num_nodes=2,
+                max_steps=STEPS, batch_size=8, eval_interval=3, progress=False, threads=1)
+        return _same(real, self.fit(nodes=2), exact=False)
 
-            torch.manual_seed(1)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                real = fit_processes(
-                    TinyNet(), tiny_data(torch.float32), tiny_data(torch.float32),
-                    strategy=strategies.make(spec, **settings), num_nodes=2, max_steps=STEPS,
-                    batch_size=8, eval_interval=3, progress=False, threads=1)
-            return same(real, fit(nodes=2), exact=False)
+    def absent(self) -> str:
+        """``absent nodes``: node 1 fails at step 2 and rejoins at step 4."""
+        r = self.fit(network="home-100mbps", step_time=0.05, world="fail=1@2,rejoin=1@4")
+        events = [e["event"] for e in r.events]
+        if not all(math.isfinite(x) for x in r.final.values()):
+            return f"non-finite final metrics {r.final}"
+        if "recovery" not in events:
+            return f"node 1 was not recovered after it rejoined (events: {events})"
+        return ""
 
-        _compare(results, "processes", procs, "2 processes == in-process to 1e-6")
-
-    if asynchronous:
-        results.append(CheckResult("absent nodes", None, "asynchronous: failures are refused"))
-    else:
-        def absent() -> str:
-            r = fit(network="home-100mbps", step_time=0.05, world="fail=1@2,rejoin=1@4")
-            events = [e["event"] for e in r.events]
-            if not all(math.isfinite(x) for x in r.final.values()):
-                return f"non-finite final metrics {r.final}"
-            if "recovery" not in events:
-                return f"node 1 was not recovered after it rejoined (events: {events})"
-            return ""
-
-        _compare(results, "absent nodes", absent, "node 1 down at steps 2-3, recovered")
-
-    def hyper() -> str:
-        undocumented = [k for k, (_t, _d, doc) in config_fields(cls).items() if not doc]
+    def hyperparameters(self) -> str:
+        """``hyperparameters``: every field documented; a misspelled key refused."""
+        undocumented = [k for k, (_t, _d, doc) in config_fields(self.cls).items() if not doc]
         if undocumented:
             return (f"fields without an Attributes: entry in the class docstring: "
                     f"{', '.join(undocumented)}")
         try:
-            strategies.make(spec, **{**settings, "optim.lrr": "0.1"})
+            strategies.make(self.spec, **{**self.settings, "optim.lrr": "0.1"})
         except ConfigError:
             return ""
         return "a misspelled key (optim.lrr) was accepted"
 
-    _compare(results, "hyperparameters", hyper, "all documented; a typo is an error")
-
-    def host() -> str:
+    def host_reads(self) -> str:
+        """``no host sync``: one run with every ``step`` call watched by :class:`_HostReads`."""
         reads = _HostReads()
+        cls = self.cls
         original = cls.step
 
-        def watched(self: Strategy, step: int) -> None:
+        def watched(strategy: Strategy, step: int) -> None:
             with reads:
-                original(self, step)
+                original(strategy, step)
 
         cls.step = watched  # type: ignore[method-assign]
         try:
-            fit()
+            self.fit()
         finally:
             cls.step = original  # type: ignore[method-assign]
         if reads.seen:
             first = sorted(set(reads.seen))
             return f"step reads {len(reads.seen)} tensors on the host: {'; '.join(first[:3])}"
         return ""
-
-    _compare(results, "no host sync", host, "no floating-point tensor read on the host")
-    return results
 
 
 def short_period(cls: type[Strategy]) -> dict[str, Any]:
