@@ -35,7 +35,12 @@ from exogym.utils.config import ConfigError, config_fields
 from exogym.utils.signals import InterruptOnSignal, Stopped
 
 if TYPE_CHECKING:
+    from torch import nn
+    from torch.utils.data import Dataset
+
+    from exogym.run.result import FitResult
     from exogym.sim.network import Network
+    from exogym.strategy import Strategy
     from exogym.tasks import Task
 
 __all__ = ["main"]
@@ -493,28 +498,25 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """``exogym run``: train one strategy on one task and print the run's summary (rank 0 only
+    under torchrun); ``--resume`` continues a recorded run instead (:func:`_resume_run`).
+
+    Every option that can be checked is checked before the data loads (which may download):
+    the task, the sinks, the strategy and its settings, the output folder, the network and
+    world against ``--nodes``, the memory and the run's length against the strategy's period.
+    """
     import torch
 
     from exogym import strategy as strategies
     from exogym.run.dist import torchrun_env
     from exogym.run.result import check_out_dir
-    from exogym.run.trainer import Trainer
-    from exogym.sim.engine import check_memory, resolve_device
 
     if args.resume is not None:
         return _resume_run(args)
-    # Everything that can be checked is checked before the data loads (which may download).
     task = get_task(args.task)
     sink_specs = _sink_specs(args)
     sinks = [make_sink(spec) for spec in sink_specs]  # fails before the data loads
-    overrides = dict(args.overrides)
-    if args.lr is not None:
-        if any(k in ("lr", "optim.lr") for k in overrides):
-            raise ConfigError("give the inner learning rate once: --lr or --set optim.lr, not both")
-        overrides["optim.lr"] = str(args.lr)
-    if "lr" not in overrides and "optim.lr" not in overrides:
-        overrides["optim.lr"] = str(task.lr)
-    strategy = strategies.make(args.strategy, **overrides)
+    strategy = strategies.make(args.strategy, **_run_overrides(args, task.lr))
     out = args.out if args.out is not None else _default_out(
         f"{args.task}-{args.strategy}-n{args.nodes}")
     ranks = torchrun_env()
@@ -525,7 +527,47 @@ def cmd_run(args: argparse.Namespace) -> int:
         args.world.check_nodes(args.nodes)
     torch.manual_seed(args.seed)
     model = task.build_model()
-    if args.engine != "process" and ranks is None:
+    _check_run(args, strategy, model, under_torchrun=ranks is not None)
+
+    train, test = task.load_data(args.data_dir, not args.no_download)
+    fit_args = _run_fit_args(args, task, out, sinks, sink_specs, train)
+    result = _fit_run(args, model, train, test, strategy, fit_args,
+                      under_torchrun=ranks is not None)
+    if ranks is None or ranks.rank == 0:
+        print(result.summary())
+    return 0
+
+
+def _run_overrides(args: argparse.Namespace, task_lr: float) -> dict[str, str]:
+    """The strategy's settings of ``exogym run``: ``--set`` items, and the inner learning rate
+    (``optim.lr``) from ``--lr``, else the task's ``task_lr`` unless a ``--set`` gives one.
+
+    Raises:
+        ConfigError: ``--lr`` together with ``--set lr`` or ``--set optim.lr``.
+    """
+    overrides = dict(args.overrides)
+    if args.lr is not None:
+        if any(k in ("lr", "optim.lr") for k in overrides):
+            raise ConfigError("give the inner learning rate once: --lr or --set optim.lr, not both")
+        overrides["optim.lr"] = str(args.lr)
+    if "lr" not in overrides and "optim.lr" not in overrides:
+        overrides["optim.lr"] = str(task_lr)
+    return overrides
+
+
+def _check_run(args: argparse.Namespace, strategy: Strategy, model: nn.Module, *,
+               under_torchrun: bool) -> None:
+    """Check, before the data loads, that the nodes' copies fit the device's memory (in one
+    process, not under torchrun) and that the run is at least one period ``H`` of the strategy
+    long (unless ``--allow-unsynced``).
+
+    Raises:
+        ConfigError: a run shorter than ``H``; the memory check's error when the copies do not
+            fit.
+    """
+    from exogym.sim.engine import check_memory, resolve_device
+
+    if args.engine != "process" and not under_torchrun:
         check_memory(model, args.nodes, resolve_device(args.device),
                      strategy.optim.states_per_parameter)
     period = strategy.sync_period
@@ -536,8 +578,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             "never (fully) synchronise and the global model would stay the initial one; train "
             "longer, lower H (--set H=...), or pass --allow-unsynced if that is intended")
 
-    train, test = task.load_data(args.data_dir, not args.no_download)
-    fit_args = dict(
+
+def _run_fit_args(args: argparse.Namespace, task: Task, out: Path, sinks: list[Any],
+                  sink_specs: list[str], train: Dataset) -> dict[str, Any]:
+    """The keyword arguments of :meth:`exogym.Trainer.fit` (and of
+    :func:`exogym.run.launch.fit_processes`) that ``exogym run``'s options give, the task's
+    defaults filled in; the strategy, the nodes, the engine and the device are not among them.
+    """
+    return dict(
         batch_size=args.batch_size or task.batch_size,
         partition=args.partition,
         eval_interval=args.eval_interval or task.eval_interval,
@@ -561,26 +609,37 @@ def cmd_run(args: argparse.Namespace) -> int:
         **({"num_epochs": args.epochs} if args.epochs else {"max_steps": args.steps or 500}),
         **_checkpoint_args(args),
     )
+
+
+def _fit_run(args: argparse.Namespace, model: nn.Module, train: Dataset, test: Dataset,
+             strategy: Strategy, fit_args: dict[str, Any], *, under_torchrun: bool) -> FitResult:
+    """Train: ``--engine process`` spawns one process per node (gloo on the CPU, nccl with
+    one GPU per process), any other engine runs in this process, as one rank of torchrun's job
+    when under torchrun (:meth:`exogym.Trainer.fit` joins its process group).
+
+    Raises:
+        ConfigError: ``--engine process`` under torchrun, or with a device other than auto,
+            cpu or cuda.
+    """
+    import torch
+
+    from exogym.run.trainer import Trainer
+
     if args.engine == "process":
         from exogym.run.launch import fit_processes
 
-        if ranks is not None:
+        if under_torchrun:
             raise ConfigError("--engine process spawns its own processes; under torchrun use "
                               "--engine auto, loop or vmap (torchrun already made the processes)")
         if args.device not in ("auto", "cpu", "cuda"):
             raise ConfigError("--engine process runs on cpu (gloo) or cuda (nccl, one GPU per "
                               f"process), got --device {args.device}")
         cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-        result = fit_processes(model, train, test, strategy=strategy, num_nodes=args.nodes,
-                               backend="nccl" if cuda else "gloo", engine="loop", **fit_args)
-    else:
-        # Under torchrun, Trainer.fit joins torchrun's process group and runs as one rank.
-        result = Trainer(model, train, test).fit(
-            strategy=strategy, num_nodes=args.nodes, engine=args.engine, device=args.device,
-            **fit_args)
-    if ranks is None or ranks.rank == 0:
-        print(result.summary())
-    return 0
+        return fit_processes(model, train, test, strategy=strategy, num_nodes=args.nodes,
+                             backend="nccl" if cuda else "gloo", engine="loop", **fit_args)
+    return Trainer(model, train, test).fit(
+        strategy=strategy, num_nodes=args.nodes, engine=args.engine, device=args.device,
+        **fit_args)
 
 
 def _sink_specs(args: argparse.Namespace) -> list[str]:
