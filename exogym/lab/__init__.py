@@ -6,7 +6,8 @@ The modules import one another in one direction only (no cycle, imports inside f
 included), from the runners down to the shared vocabulary:
 
 - runners, which train: :mod:`~exogym.lab.bench` (over ``compare``), :mod:`~exogym.lab.sweep`
-  (over ``compare``'s evaluation interval), :mod:`~exogym.lab.compare`, and the independent
+  (over ``compare``'s evaluation interval), :mod:`~exogym.lab.compare` (over
+  :mod:`~exogym.lab.labels`, its strategies and their settings), and the independent
   :mod:`~exogym.lab.check` and :mod:`~exogym.lab.sample`;
 - :mod:`~exogym.lab.estimate` (on paper; draws with ``plots``' matplotlib check);
 - :mod:`~exogym.lab.plots`, which draws results and never imports a runner;
