@@ -25,8 +25,8 @@ import exogym._aliases  # noqa: F401  (old module paths: exogym.trainer, exogym.
 
 if TYPE_CHECKING:
     from exogym.compat import DilocoSimulator
+    from exogym.compat.exo_gym.trainer import Trainer
     from exogym.run.result import FitResult
-    from exogym.run.trainer import Trainer
     from exogym.strategy import register
     from exogym.strategy.optim import LRSchedule, OptimSpec
     from exogym.tasks.models import Classifier, MnistCNN
@@ -52,7 +52,7 @@ _EXPORTS: dict[str, str] = {
     "LRSchedule": "exogym.strategy.optim",
     "MnistCNN": "exogym.tasks.models",
     "OptimSpec": "exogym.strategy.optim",
-    "Trainer": "exogym.run.trainer",
+    "Trainer": "exogym.compat.exo_gym.trainer",  # the core trainer, EXO Gym's form too
     "register": "exogym.strategy",
 }
 

@@ -1,7 +1,10 @@
-"""The module paths of exogym before its package layout (``exogym.trainer``, ``exogym.engine``,
-``exogym.data.mnist``, ...) stay importable: each is the very module object of its new home
-(``exogym.trainer is exogym.run.trainer``), so scripts written against them, and EXO Gym's own
-``exogym.trainer.Trainer``, keep working without a second copy of any module.
+"""The module paths of exogym before its package layout (``exogym.engine``, ``exogym.data.mnist``,
+...) and EXO Gym's that name whole modules (``exogym.trainer``, ``exogym.aux``) stay importable:
+each is the very module object of its new home (``exogym.engine is exogym.sim.engine``;
+``exogym.trainer`` is :mod:`exogym.compat.exo_gym.trainer`, whose ``Trainer`` takes EXO Gym's
+form too; ``exogym.aux`` is :mod:`exogym.compat.exo_gym.auxiliary`, a folder named ``aux`` being
+impossible on Windows), so scripts written against them keep working without a second copy of
+any module.
 
 An entry of :data:`ALIASES` maps an old module path to its new one; a prefix entry (ending in a
 dot) maps a whole old package. The finder sits first on ``sys.meta_path`` so that an old name never
@@ -29,7 +32,7 @@ ALIASES: dict[str, str] = {
     "exogym.data.partition": "exogym.sim.partition",
     "exogym.data": "exogym.tasks.data",
     "exogym.data.": "exogym.tasks.data.",
-    "exogym.trainer": "exogym.run.trainer",
+    "exogym.trainer": "exogym.compat.exo_gym.trainer",  # EXO Gym's path of exogym.Trainer
     "exogym.result": "exogym.run.result",
     "exogym.sinks": "exogym.run.sinks",
     "exogym.launch": "exogym.run.launch",
@@ -44,6 +47,8 @@ ALIASES: dict[str, str] = {
     "exogym.sample": "exogym.lab.sample",
     "exogym.config": "exogym.utils.config",
     "exogym.validation": "exogym.utils.validation",
+    "exogym.aux": "exogym.compat.exo_gym.auxiliary",  # EXO Gym's helpers (get_device)
+    "exogym.aux.": "exogym.compat.exo_gym.auxiliary.",
 }
 
 

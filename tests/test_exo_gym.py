@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, Literal
@@ -19,10 +20,11 @@ from torch import Tensor, nn
 from torch.utils.data import TensorDataset
 
 from exogym import Trainer
+from exogym.compat.exo_gym.conversions import ExoGymWarning, schedule
+from exogym.compat.exo_gym.per_node import as_exogym
 from exogym.run.launch import fit_processes
 from exogym.strategy.demo import DeMo, DeMoStrategy
 from exogym.strategy.diloco import DiLoCo, DiLoCoStrategy
-from exogym.strategy.exo_gym import ExoGymWarning, schedule
 from exogym.strategy.fedavg import FedAvg
 from exogym.strategy.federated_averaging import FedAvgStrategy
 from exogym.strategy.optim import LRSchedule, OptimSpec
@@ -329,8 +331,15 @@ def test_diloco_strategy_trains_as_diloco() -> None:
 
 
 def test_built_in_arguments_are_checked() -> None:
-    with pytest.raises(ValueError, match=r"island_size=2: exogym's FedAvg averages all"):
-        FedAvgStrategy(island_size=2)
+    # island_size: None or at least N (EXO Gym then averaged all the nodes, as FedAvg does)
+    assert as_exogym(FedAvgStrategy(island_size=4, H=2), 4) == FedAvg(
+        H=2, optim=OptimSpec("adamw", lr=1e-3, weight_decay=0.01))
+    with pytest.raises(ValueError, match=r"island_size=2 with 4 nodes: exogym's FedAvg "
+                                         r"averages all .* allowed: None or an island_size >= 4"):
+        Trainer(mlp(), data(512)).fit(strategy=FedAvgStrategy(island_size=2), num_nodes=4,
+                                      max_steps=2, progress=False)
+    with pytest.raises(ValueError, match=r"island_size \(or None\) must be"):
+        FedAvgStrategy(island_size=0)
     with pytest.raises(ValueError, match="as inner_optim or as optim_spec, got both"):
         FedAvgStrategy(inner_optim="adam", optim_spec="sgd")
     with pytest.raises(ValueError, match="H must be"):
@@ -409,15 +418,21 @@ def test_fit_refuses_what_has_no_meaning(tmp_path: Path,
                           "progress": False}
     with pytest.raises(ValueError, match=r"correlation_interval=5 has no equivalent"):
         t.fit(**kw, correlation_interval=5)
-    with pytest.raises(ValueError, match=r"dataloader_kwargs=\{'num_workers': 2\} has no "):
+    # a DataLoader's speed settings change nothing here (no DataLoader): said, and ignored;
+    # what would change the batches is an error
+    with pytest.warns(ExoGymWarning, match=r"dataloader_kwargs \{'num_workers': 2\} are "
+                                           r"ignored"):
         t.fit(**kw, dataloader_kwargs={"num_workers": 2})
+    with pytest.raises(ValueError, match=r"\['drop_last'\] would change the batches"):
+        t.fit(**kw, dataloader_kwargs={"num_workers": 2, "drop_last": True})
     with pytest.raises(ValueError, match=r"minibatch_size must be an integer >= 1 that divides "
                                          r"batch_size 16 .* got 6"):
         t.fit(**kw, minibatch_size=6)
     with pytest.raises(TypeError, match=r"got eval_interval=3 and EXO Gym's val_interval"):
         t.fit(**kw, val_interval=3, eval_interval=3)
-    with pytest.raises(ValueError, match=r"log_x_axis='examples'"):
-        t.fit(**kw, log_x_axis="examples")
+    with pytest.raises(ValueError, match=r"log_x_axis must be 'step' or 'examples' .* got "
+                                         r"'samples'"):
+        t.fit(**kw, log_x_axis="samples")
     with pytest.warns(ExoGymWarning, match="force_minibatch_recalculate=True is ignored"):
         t.fit(**kw, force_minibatch_recalculate=True)
     with pytest.raises(TypeError, match="unexpected keyword argument 'colour'"):
@@ -429,6 +444,44 @@ def test_fit_refuses_what_has_no_meaning(tmp_path: Path,
     with pytest.raises(TypeError, match="arguments by position"):
         t.fit(1, "ddp", 2)
     assert not Path("logs").exists()  # nothing ran, nothing was written
+
+
+class FakeWandb:
+    """``wandb`` as WandbSink calls it: records each ``init`` and each ``log``'s step."""
+
+    def __init__(self) -> None:
+        self.inits: list[dict[str, Any]] = []
+        self.steps: list[int] = []
+
+    def init(self, **kwargs: Any) -> Any:
+        self.inits.append(kwargs)
+        log = self.steps.append
+
+        class Run:
+            id, summary = "run-1", {}
+
+            def log(self, metrics: dict[str, Any], step: int) -> None:
+                log(step)
+
+            def finish(self, exit_code: int) -> None:
+                assert exit_code == 0
+
+        return Run()
+
+
+def test_wandb_logs_against_the_step_or_the_examples(monkeypatch: pytest.MonkeyPatch) -> None:
+    # EXO Gym's log_x_axis: W&B's step is the step, or the samples trained over all the nodes
+    # (example/diloco_scaling.py); the run's config gets fit's kwargs= (EXO Gym logged them)
+    for axis, per_step in (("step", 1), ("examples", 2 * 16)):
+        fake = FakeWandb()
+        monkeypatch.setitem(sys.modules, "wandb", fake)
+        Trainer(mlp(), data(512), data(64, 1)).fit(
+            strategy=SimpleReduceStrategy(), num_nodes=2, max_steps=3, wandb_project="proj",
+            run_name="r", log_x_axis=axis, kwargs={"dataset_name": "toy"}, progress=False)
+        assert fake.steps == [0, per_step, 2 * per_step, 3 * per_step]  # rows at 0 (eval) .. 3
+        (init,) = fake.inits
+        assert (init["project"], init["name"], init["config"]["dataset_name"]) == (
+            "proj", "r", "toy")
 
 
 # -- a per-node class: the same numbers in one process and as 2 processes -----------------------
@@ -466,7 +519,8 @@ def test_a_per_node_class_gives_the_same_numbers_as_2_processes() -> None:
                           "progress": False, "network": None, "log_interval": 2}
     spec = OptimSpec("adamw", lr=1e-2)
     here = Trainer(BNNet(), data(256), data(64, 1)).fit(strategy=GatherAverage(spec), **kw)
-    procs = fit_processes(BNNet(), data(256), data(64, 1), strategy=GatherAverage(spec),
+    # exogym's own process launcher takes exogym's strategies: the per-node class converted
+    procs = fit_processes(BNNet(), data(256), data(64, 1), strategy=as_exogym(GatherAverage(spec)),
                           backend="gloo", timeout_s=60.0, threads=1, **kw)
     assert procs.processes == 2 and here.processes == 1
     same(params(here.model), params(procs.model), atol=1e-6)

@@ -1,4 +1,6 @@
-"""The package layout: layers that never import upwards, and the old flat module paths."""
+"""The package layout: layers that never import upwards (but EXO Gym's paths, handing its names
+on from exogym.compat.exo_gym), no import cycle between modules, and the old flat module
+paths."""
 
 from __future__ import annotations
 
@@ -15,6 +17,20 @@ ROOT = Path(exogym.__file__).resolve().parent
 # A module may import its own layer and the layers below it, never one above.
 RANK = {"utils": 0, "sim": 1, "tasks": 1, "strategy": 2, "run": 3, "compat": 4, "lab": 4,
         "cli": 5}
+# The only imports upwards: EXO Gym's import paths handing its names on from its compatibility
+# package (thin modules, and the module __getattr__s of exogym's own method modules), and the
+# metaclass of exogym.strategy.Strategy taking EXO Gym's per-node subclasses onto its base.
+EXO_GYM_PATHS = {
+    ("exogym.strategy.base", "exogym.compat.exo_gym.strategy"),
+    ("exogym.strategy.strategy", "exogym.compat.exo_gym.strategy"),
+    ("exogym.strategy.strategy", "exogym.compat.exo_gym.simple_reduce"),
+    ("exogym.strategy.communicate", "exogym.compat.exo_gym.communicate"),
+    ("exogym.strategy.federated_averaging", "exogym.compat.exo_gym.builtins"),
+    ("exogym.strategy.diloco", "exogym.compat.exo_gym.builtins"),
+    ("exogym.strategy.demo", "exogym.compat.exo_gym.builtins"),
+    ("exogym.strategy.sparta", "exogym.compat.exo_gym.builtins"),
+    ("exogym.strategy.sparta_diloco", "exogym.compat.exo_gym.builtins"),
+}
 
 
 def _layer(module: str) -> str | None:
@@ -44,9 +60,62 @@ def test_nothing_imports_upwards() -> None:
             continue
         for imported in _imports(path):
             there = _layer(imported)
-            if there is not None and RANK[there] > RANK[here]:
+            if there is not None and RANK[there] > RANK[here] \
+                    and (".".join(rel.parts), imported) not in EXO_GYM_PATHS:
                 bad.append(f"{'/'.join(rel.parts)}.py ({here}) imports {imported} ({there})")
     assert not bad, "\n".join(bad)
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Each exogym module -> the exogym modules it imports, at module level or inside a
+    function (as grimp and import-linter count them), but not under ``if TYPE_CHECKING:``."""
+    paths = {}
+    for path in ROOT.rglob("*.py"):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def known(name: str) -> str:  # a module, or the package whose attribute it is
+        while name and name not in paths:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        found: set[str] = set()
+        todo: list[ast.AST] = [ast.parse(path.read_text(encoding="utf-8"))]
+        while todo:
+            node = todo.pop()
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                todo.extend(node.orelse)
+                continue
+            if isinstance(node, ast.Import):
+                found.update(known(a.name) for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.update(known(f"{node.module}.{a.name}") for a in node.names)
+            todo.extend(ast.iter_child_nodes(node))
+        graph[module] = {m for m in found if m and m != module}
+    return graph
+
+
+def test_no_import_cycles() -> None:
+    # every cycle runs through an edge whose target reaches back to its source
+    graph = _module_graph()
+    assert len(graph) > 100 and "exogym.compat.exo_gym.builtins" in graph["exogym.strategy.diloco"]
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            m = todo.pop()
+            if m == goal:
+                return True
+            if m not in seen:
+                seen.add(m)
+                todo.extend(graph[m])
+        return False
+
+    cycles = sorted(f"{a} -> {b} -> ... -> {a}" for a in graph for b in graph[a]
+                    if reaches(b, a))
+    assert not cycles, "\n".join(cycles)
 
 
 @pytest.mark.parametrize("old", sorted(k for k in ALIASES if not k.endswith(".")))

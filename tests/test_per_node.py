@@ -17,11 +17,11 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from exogym import Classifier, Trainer
+from exogym.compat.exo_gym.rendezvous import CollectiveMismatch
 from exogym.strategy.communicate import ReduceOp, all_gather, all_reduce, broadcast
 from exogym.strategy.ddp import DDP
 from exogym.strategy.diloco import DiLoCo
 from exogym.strategy.optim import OptimSpec
-from exogym.strategy.per_node import CollectiveMismatch
 from exogym.strategy.strategy import SimpleReduceStrategy, Strategy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))

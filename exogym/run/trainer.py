@@ -26,7 +26,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import Dataset
 
-from exogym.run import exo_gym
 from exogym.run.checkpoint import Checkpointer, load_checkpoint
 from exogym.run.dist import RankContext, close_group, join_torchrun, torchrun_env
 from exogym.run.result import FitResult, check_out_dir, read_json
@@ -47,8 +46,6 @@ from exogym.sim.sharding import DatasetFactory, NodeBatches
 from exogym.sim.world import World, parse_world, speeds_of
 from exogym.strategy import Strategy, make
 from exogym.strategy import get as get_strategy
-from exogym.strategy.per_node import PerNode
-from exogym.strategy.strategy import Strategy as NodeStrategy
 from exogym.utils.config import apply_overrides
 from exogym.utils.signals import STOP_SIGNALS, StopSignals
 
@@ -57,8 +54,8 @@ __all__ = ["Trainer"]
 
 def _records_given_arguments(fit: Callable[..., FitResult]) -> Callable[..., FitResult]:
     """Remember which keyword arguments a call passed (``self._given``): a resumed run checks
-    exactly those against its checkpoint, and takes every other setting from it. A call in EXO
-    Gym's form (:mod:`exogym.run.exo_gym`) is translated first and returns the model."""
+    exactly those against its checkpoint, and takes every other setting from it. A call that a
+    subclass takes in another form (:meth:`Trainer._call_form`) is handed to it, with ``run``."""
     @functools.wraps(fit)
     def wrapper(self: Trainer, *args: Any, **kwargs: Any) -> Any:
         def run(**given: Any) -> FitResult:
@@ -66,8 +63,12 @@ def _records_given_arguments(fit: Callable[..., FitResult]) -> Callable[..., Fit
             self.result = fit(self, **given)
             return self.result
 
-        if exo_gym.is_exo_gym_call(args, kwargs):
-            return exo_gym.fit(self, run, args, kwargs)
+        form = self._call_form(args, kwargs)
+        if form is not None:
+            return form(run)
+        if args:
+            raise TypeError(f"fit() takes keyword arguments only, got {len(args)} arguments by "
+                            "position")
         self._given = frozenset(kwargs)  # inline, not run(): warnings point at the caller
         self.result = fit(self, **kwargs)
         return self.result
@@ -107,8 +108,16 @@ class Trainer:
             val_dataset = val_dataset(0, 1, False)
         self.val_dataset: Dataset | None = val_dataset
         self._given: frozenset[str] = frozenset()
-        #: The last :meth:`fit`'s result (a call in EXO Gym's form returns only the model).
+        #: The last :meth:`fit`'s result (a subclass's call form may return something else).
         self.result: FitResult | None = None
+
+    def _call_form(self, args: tuple[Any, ...], kwargs: dict[str, Any]
+                   ) -> Callable[[Callable[..., FitResult]], Any] | None:
+        """How this trainer runs a :meth:`fit` call in a form other than exogym's: a function of
+        ``run`` (``run(**kwargs)`` is exogym's ``fit``) that runs it, or None for exogym's own
+        form. This class takes no other form; a subclass may (EXO Gym's,
+        :class:`exogym.compat.exo_gym.trainer.Trainer`)."""
+        return None
 
     @_records_given_arguments
     def fit(
@@ -243,12 +252,8 @@ class Trainer:
         The simulated clock (:mod:`exogym.sim.clock`) never changes a training number: every row
         gains ``sim_time_s``, the result its :class:`exogym.sim.clock.ClockReport`.
 
-        Called in EXO Gym's form (one of EXO Gym's built-in strategies, ``DiLoCoStrategy``, ...;
-        or a per-node strategy with arguments by position or EXO Gym's argument names),
-        ``fit`` takes EXO Gym's arguments (``num_epochs``
-        with ``max_steps``, ``minibatch_size``, ``val_size``, ``val_interval``, ``run_name``,
-        ...; :mod:`exogym.run.exo_gym` maps each) and returns the model, as EXO Gym's did; the
-        :class:`FitResult` is then ``trainer.result``.
+        ``exogym.Trainer`` (:class:`exogym.compat.exo_gym.trainer.Trainer`, a subclass) also
+        takes EXO Gym's strategies and its form of this call (its arguments, the model returned).
 
         In a multi-process run every rank returns the same :class:`FitResult`; rank 0 alone
         shows progress, evaluates the global model (once per evaluation step, the metrics sent
@@ -664,19 +669,10 @@ def _total_steps(max_steps: int | None, num_epochs: float | None, steps_per_epoc
 
 
 def _as_strategy(strategy: Any, engine: EngineName) -> tuple[Strategy, EngineName]:
-    """A node-stacked strategy from what ``fit`` was given (an id, a node-stacked strategy, or a
-    per-node one, which runs in :class:`PerNode` on the loop engine), and the engine."""
+    """The strategy ``fit`` was given (a strategy, or a registry id: made), and the engine."""
     if isinstance(strategy, str):
         strategy = make(strategy)
-    if isinstance(strategy, NodeStrategy):
-        stacked = strategy.to_exogym()  # EXO Gym's built-ins: exogym's strategy of the method
-        if stacked is not None:
-            strategy = stacked
-        else:  # code for one node: each node's step a coroutine, loop engine
-            strategy = PerNode(node=strategy)
-            engine = "loop" if engine == "auto" else engine
     if not isinstance(strategy, Strategy):
-        raise TypeError(f"strategy must be a Strategy (node-stacked, exogym.strategy) or a "
-                        f"per-node Strategy (exogym.strategy.strategy) or an id, got "
+        raise TypeError(f"strategy must be a Strategy (exogym.strategy) or a registry id, got "
                         f"{type(strategy).__name__}")
     return strategy, engine

@@ -123,14 +123,15 @@ def describe(strategy_id: str) -> dict[str, tuple[Any, Any, str]]:
     return config_fields(get(strategy_id))
 
 
-# EXO Gym's exports of ``exogym.strategy`` (``from exogym.strategy import DiLoCoStrategy``).
+# EXO Gym's exports of ``exogym.strategy`` (``from exogym.strategy import DiLoCoStrategy``): the
+# classes of EXO Gym's compatibility (exogym.compat.exo_gym), imported on first use.
 _EXO_GYM_EXPORTS = {
-    "DiLoCoStrategy": "exogym.strategy.diloco",
-    "SPARTAStrategy": "exogym.strategy.sparta",
-    "FedAvgStrategy": "exogym.strategy.federated_averaging",
-    "DeMoStrategy": "exogym.strategy.demo",
-    "SPARTADiLoCoStrategy": "exogym.strategy.sparta_diloco",
-    "SimpleReduceStrategy": "exogym.strategy.strategy",
+    "DiLoCoStrategy": "exogym.compat.exo_gym.builtins",
+    "SPARTAStrategy": "exogym.compat.exo_gym.builtins",
+    "FedAvgStrategy": "exogym.compat.exo_gym.builtins",
+    "DeMoStrategy": "exogym.compat.exo_gym.builtins",
+    "SPARTADiLoCoStrategy": "exogym.compat.exo_gym.builtins",
+    "SimpleReduceStrategy": "exogym.compat.exo_gym.simple_reduce",
     "OptimSpec": "exogym.strategy.optim",
 }
 

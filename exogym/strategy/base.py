@@ -57,6 +57,7 @@ from exogym.sim.clock import parse_deadline
 from exogym.sim.codecs import Codec, make_codec
 from exogym.sim.comm import Communicator, ReduceOp
 from exogym.sim.engine import NodeStack
+from exogym.strategy.checkpointing import restore_value, save_value
 from exogym.strategy.masked import masked_step
 from exogym.strategy.optim import LRSchedule, OptimSpec
 from exogym.utils.validation import check_number, in_range, positive_int
@@ -67,14 +68,17 @@ __all__ = ["Strategy", "in_range", "positive_int", "restart_rows"]
 class _Recognising(abc.ABCMeta):
     """The metaclass of :class:`Strategy`: a class that subclasses ``Strategy`` itself but
     defines a per-node ``step(self)`` (EXO Gym's form, where ``from exogym.strategy import
-    Strategy`` named the per-node base) is created on the per-node base
-    :class:`exogym.strategy.strategy.Strategy` instead. A deeper subclass (of ``DiLoCo``, ...)
-    with ``step(self)`` mixes the two kinds and is refused (:meth:`Strategy.__init_subclass__`)."""
+    Strategy`` named the per-node base) is created on EXO Gym's per-node base
+    (:class:`exogym.compat.exo_gym.strategy.Strategy`) instead. A deeper subclass (of ``DiLoCo``,
+    ...) with ``step(self)`` mixes the two kinds and is refused
+    (:meth:`Strategy.__init_subclass__`)."""
 
     def __new__(mcls, name: str, bases: tuple[type, ...], namespace: dict[str, Any],
                 **kwargs: Any) -> Any:
         if _STACKED_BASE is not None and _STACKED_BASE in bases and _per_node_step(namespace):
-            from exogym.strategy.strategy import Strategy as PerNodeStrategy
+            # the one import of EXO Gym's compatibility from the core: its per-node base, which
+            # imports nothing that imports this module (no cycle)
+            from exogym.compat.exo_gym.strategy import Strategy as PerNodeStrategy
 
             bases = tuple(PerNodeStrategy if b is _STACKED_BASE else b for b in bases)
             return type(name, bases, dict(namespace), **kwargs)
@@ -227,7 +231,7 @@ class Strategy(metaclass=_Recognising):
         if not hasattr(self, "nodes"):
             raise RuntimeError(f"{type(self).__name__}.state_dict() needs setup() first")
         where = type(self).__name__
-        return {name: _save(getattr(self, name), f"{where}.{name}") for name in
+        return {name: save_value(getattr(self, name), f"{where}.{name}") for name in
                 self._state_names()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -244,7 +248,7 @@ class Strategy(metaclass=_Recognising):
             raise ValueError(f"{type(self).__name__}: the saved state does not fit this strategy "
                              f"(missing {missing}, unexpected {unexpected})")
         for name in self._state_names():
-            setattr(self, name, _restore(getattr(self, name), state[name],
+            setattr(self, name, restore_value(getattr(self, name), state[name],
                                          f"{type(self).__name__}.{name}"))
 
     # -- helpers for subclasses ----------------------------------------------------------------
@@ -491,79 +495,6 @@ def _optimizer_rows(optimizer: torch.optim.Optimizer, n_local: int) -> list[Tens
                 if isinstance(value, Tensor) and value.dim() >= 1 and value.shape[0] == n_local:
                     out.append(value)
     return out
-
-
-def _save(value: Any, where: str) -> Any:
-    """``value`` as checkpointable data (see the module docstring); tensors by reference."""
-    if isinstance(value, Tensor):
-        return value
-    if isinstance(value, torch.Generator):
-        return value.get_state()
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, dict):
-        for key in value:
-            if not isinstance(key, (str, int, float, bool, tuple)) and key is not None:
-                raise TypeError(f"{where}: a dict key of type {type(key).__name__} cannot be "
-                                "checkpointed (keys: str, int, float, bool, tuple, None)")
-        return {key: _save(v, f"{where}[{key!r}]") for key, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_save(v, f"{where}[{i}]") for i, v in enumerate(value))
-    if callable(getattr(value, "state_dict", None)) and callable(
-            getattr(value, "load_state_dict", None)):
-        return value.state_dict()  # optimizers, schedulers, codecs, user objects
-    raise TypeError(
-        f"{where} is a {type(value).__name__}, which exogym cannot checkpoint: list the "
-        "attribute in the strategy's derived_state if init_state() rebuilds it from the "
-        "hyperparameters, or give its class state_dict() and load_state_dict()")
-
-
-def _restore(current: Any, saved: Any, where: str) -> Any:
-    """The value to hold after restoring ``saved`` into ``current`` (the fresh run's value):
-    tensors, dicts and lists are updated in place where their structure matches."""
-    if isinstance(current, Tensor):
-        if not isinstance(saved, Tensor) or saved.shape != current.shape \
-                or saved.dtype != current.dtype:
-            got = (f"{saved.dtype} {tuple(saved.shape)}" if isinstance(saved, Tensor)
-                   else type(saved).__name__)
-            raise ValueError(f"{where}: saved {got}, but the run has {current.dtype} "
-                             f"{tuple(current.shape)}")
-        with torch.no_grad():  # a leaf that requires grad (an outer optimizer's parameter)
-            current.copy_(saved)
-        return current
-    if isinstance(current, torch.Generator):
-        current.set_state(saved)
-        return current
-    if isinstance(current, dict) and isinstance(saved, dict):
-        for key in [k for k in current if k not in saved]:
-            del current[key]
-        for key, value in saved.items():
-            current[key] = (_restore(current[key], value, f"{where}[{key!r}]") if key in current
-                            else _fresh(value))
-        return current
-    if isinstance(current, list) and isinstance(saved, list) and len(current) == len(saved):
-        current[:] = [_restore(c, s, f"{where}[{i}]")
-                      for i, (c, s) in enumerate(zip(current, saved, strict=True))]
-        return current
-    if isinstance(current, tuple) and isinstance(saved, tuple) and len(current) == len(saved):
-        return tuple(_restore(c, s, f"{where}[{i}]")
-                     for i, (c, s) in enumerate(zip(current, saved, strict=True)))
-    if callable(getattr(current, "load_state_dict", None)):
-        current.load_state_dict(saved)
-        return current
-    return _fresh(saved)
-
-
-def _fresh(saved: Any) -> Any:
-    """A saved value that has no counterpart in the fresh run (a dict entry made at run time):
-    tensors are copied, containers rebuilt."""
-    if isinstance(saved, Tensor):
-        return saved.clone()
-    if isinstance(saved, dict):
-        return {k: _fresh(v) for k, v in saved.items()}
-    if isinstance(saved, (list, tuple)):
-        return type(saved)(_fresh(v) for v in saved)
-    return saved
 
 
 def restart_rows(stacked: Tensor, value: Tensor, keep: Tensor | None = None) -> None:

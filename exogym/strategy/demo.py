@@ -57,19 +57,17 @@ Codecs: DeMo's payload is already sparse, so it takes no transport codec (``supp
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from exogym.strategy import exo_gym as _exo
 from exogym.strategy._dct import ChunkLayout, dct_matrix
 from exogym.strategy.base import Strategy, in_range, positive_int
 from exogym.strategy.optim import OptimSpec
 
-__all__ = ["DeMo", "DeMoStrategy"]
+__all__ = ["DeMo"]
 
 # optim.* fields DeMo has no use for (it is its own optimizer): they must keep these defaults.
 _UNUSED_OPTIM = ("name", "betas", "eps", "momentum", "nesterov")
@@ -214,50 +212,12 @@ def _rows(mask: Tensor, like: Tensor) -> Tensor:
     return mask.view(-1, *([1] * (like.dim() - 1)))
 
 
-class DeMoStrategy(_exo.BuiltinStrategy):
-    """EXO Gym's ``DeMoStrategy``, run as :class:`DeMo` (:mod:`exogym.strategy.exo_gym`).
+def __getattr__(name: str) -> Any:
+    """EXO Gym's ``DeMoStrategy`` under its path, this module (its class is
+    in :mod:`exogym.compat.exo_gym.builtins`), imported on first use: importing this module does
+    not load EXO Gym's compatibility."""
+    if name == "DeMoStrategy":
+        from exogym.compat.exo_gym.builtins import DeMoStrategy
 
-    EXO Gym built its DeMo optimizer with torch SGD's default lr (1e-3) whatever the strategy
-    was given; here ``optim_spec``'s ``lr`` is DeMo's step size eta (the paper's), scheduled by
-    ``lr_scheduler``. DeMo is its own optimizer: ``optim_spec``'s other settings are not used.
-
-    Args:
-        compression_decay: momentum decay (the paper's beta).
-        compression_topk: DCT components each node sends per chunk (the paper's k).
-        compression_chunk: chunk size (the paper's s).
-        weight_decay: decoupled weight decay (the paper's lambda).
-        optim_spec: its ``lr`` is eta (default 1e-3, EXO Gym's fixed value).
-        lr_scheduler, lr_scheduler_kwargs: None, or ``"lambda_cosine"`` with ``warmup_steps``
-            and ``cosine_anneal`` (:func:`exogym.strategy.exo_gym.schedule`).
-        **unused: arguments EXO Gym's class did not declare: an
-            :class:`exogym.strategy.exo_gym.ExoGymWarning` each, ignored (as EXO Gym did).
-    """
-
-    def __init__(self, compression_decay: float = 0.999, compression_topk: int = 32,
-                 compression_chunk: int = 64, weight_decay: float = 0.0,
-                 optim_spec: OptimSpec | str | None = None, lr_scheduler: str | None = None,
-                 lr_scheduler_kwargs: dict[str, Any] | None = None, **unused: Any) -> None:
-        name = type(self).__name__
-        fields = _exo.shared(name, unused, optim_spec, lr_scheduler, lr_scheduler_kwargs)
-        lr = 1e-3 if optim_spec is None else fields["optim"].lr  # EXO Gym's fixed value
-        if optim_spec is not None:
-            _warn_unused_optim(name, fields["optim"])
-        super().__init__(DeMo(beta=compression_decay, k=compression_topk, s=compression_chunk,
-                              optim=OptimSpec(lr=lr, weight_decay=weight_decay),
-                              schedule=fields["schedule"]))
-
-
-def _warn_unused_optim(owner: str, spec: OptimSpec) -> None:
-    """An :class:`exogym.strategy.exo_gym.ExoGymWarning` naming the settings of ``spec`` beyond
-    ``lr`` that DeMo does not use (those that differ from a plain ``OptimSpec(name, lr=lr)``)."""
-    plain = OptimSpec(spec.name, lr=spec.lr)
-    unused = {f: getattr(spec, f) for f in ("weight_decay", "betas", "eps", "momentum",
-                                             "nesterov")
-              if getattr(spec, f) != getattr(plain, f)}
-    if unused:
-        settings = ", ".join(f"{k}={v!r}" for k, v in unused.items())
-        warnings.warn(
-            f"{owner}: optim_spec's {settings} not used: DeMo is its own optimizer (the sign of "
-            f"the decoded DCT momentum), which takes only optim_spec's lr (its step size); "
-            f"DeMo's weight decay is {owner}(weight_decay=)", _exo.ExoGymWarning, stacklevel=4)
-
+        return DeMoStrategy
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -75,7 +75,6 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from exogym.strategy import exo_gym as _exo
 from exogym.strategy.base import (
     Strategy,
     in_range,
@@ -83,9 +82,8 @@ from exogym.strategy.base import (
     positive_int,
     restart_rows,
 )
-from exogym.strategy.optim import OptimSpec
 
-__all__ = ["OUTER_OPTIMIZERS", "DiLoCo", "DiLoCoStrategy", "OuterOptimizerName"]
+__all__ = ["OUTER_OPTIMIZERS", "DiLoCo", "OuterOptimizerName"]
 
 OuterOptimizerName = Literal["nesterov", "sgd", "adam"]
 OUTER_OPTIMIZERS: tuple[str, ...] = ("nesterov", "sgd", "adam")
@@ -234,35 +232,12 @@ class DiLoCo(Strategy):
         return out
 
 
-class DiLoCoStrategy(_exo.BuiltinStrategy):
-    """EXO Gym's ``DiLoCoStrategy``, run as :class:`DiLoCo` (:mod:`exogym.strategy.exo_gym`).
+def __getattr__(name: str) -> Any:
+    """EXO Gym's ``DiLoCoStrategy`` under its path, this module (its class is
+    in :mod:`exogym.compat.exo_gym.builtins`), imported on first use: importing this module does
+    not load EXO Gym's compatibility."""
+    if name == "DiLoCoStrategy":
+        from exogym.compat.exo_gym.builtins import DiLoCoStrategy
 
-    Args:
-        optim_spec: the inner optimizer (default EXO Gym's: AdamW, lr 1e-3, weight decay 0.01).
-        outer_optim_spec: the outer optimizer: SGD (Nesterov or not) or Adam; default EXO Gym's
-            and the paper's, SGD with Nesterov momentum 0.9 at lr 0.7.
-        H: inner steps per outer step. EXO Gym synchronised after steps H + 1, 2H + 1, ...
-            (its check ran before its step counter moved); here after steps H, 2H, ... (the
-            paper's).
-        max_norm: clip each node's gradient to this L2 norm before the inner step.
-        inner_optim: the inner optimizer under the name of EXO Gym's README ("Custom
-            Training"); EXO Gym ignored it (AdamW ran instead), here it is the inner optimizer.
-        lr_scheduler, lr_scheduler_kwargs: None, or ``"lambda_cosine"`` with ``warmup_steps``
-            and ``cosine_anneal`` (:func:`exogym.strategy.exo_gym.schedule`).
-        **unused: arguments EXO Gym's class did not declare: an
-            :class:`exogym.strategy.exo_gym.ExoGymWarning` each, ignored (as EXO Gym did).
-    """
-
-    def __init__(self, optim_spec: OptimSpec | str | None = None,
-                 outer_optim_spec: OptimSpec | str | None = None, H: int = 100,
-                 max_norm: float | None = None, lr_scheduler: str | None = None,
-                 lr_scheduler_kwargs: dict[str, Any] | None = None,
-                 inner_optim: OptimSpec | str | None = None, **unused: Any) -> None:
-        name = type(self).__name__
-        if optim_spec is not None and inner_optim is not None:
-            raise ValueError(f"{name}: give the inner optimizer once, as optim_spec or as "
-                             f"inner_optim, got both")
-        super().__init__(DiLoCo(
-            H=H, **_exo.shared(name, unused, inner_optim if optim_spec is None else optim_spec,
-                               lr_scheduler, lr_scheduler_kwargs, max_norm),
-            **_exo.outer_fields(outer_optim_spec, name)))
+        return DiLoCoStrategy
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -57,11 +57,9 @@ import torch
 from torch import Tensor
 
 from exogym.sim.comm import Communicator
-from exogym.strategy import exo_gym as _exo
 from exogym.strategy.base import Strategy, in_range
-from exogym.strategy.optim import OptimSpec
 
-__all__ = ["POLICIES", "SPARTA", "SPARTAStrategy", "SparseAverager", "check_sparta_config",
+__all__ = ["POLICIES", "SPARTA", "SparseAverager", "check_sparta_config",
            "step_seed"]
 
 Policy = Literal["random", "partition"]
@@ -245,30 +243,12 @@ class SPARTA(Strategy):
         return self.node_mean_state()
 
 
-class SPARTAStrategy(_exo.BuiltinStrategy):
-    """EXO Gym's ``SPARTAStrategy``, run as :class:`SPARTA` with ``policy="random"``
-    (:mod:`exogym.strategy.exo_gym`).
+def __getattr__(name: str) -> Any:
+    """EXO Gym's ``SPARTAStrategy`` under its path, this module (its class is
+    in :mod:`exogym.compat.exo_gym.builtins`), imported on first use: importing this module does
+    not load EXO Gym's compatibility."""
+    if name == "SPARTAStrategy":
+        from exogym.compat.exo_gym.builtins import SPARTAStrategy
 
-    EXO Gym drew a Bernoulli(p) mask per tensor on every node and broadcast node 0's, so each step
-    also sent a boolean mask as large as the model; here the indices come from a seed every node
-    shares (the paper's shared random generator) and only the chosen values are sent. EXO Gym's
-    masks held a binomial number of entries per tensor, exogym's subset exactly ``round(p * m)``
-    of the model's ``m`` entries.
-
-    Args:
-        optim_spec: the inner optimizer (default EXO Gym's: AdamW, lr 1e-3, weight decay 0.01).
-        p_sparta: fraction of the parameter entries averaged after every step (the paper's p).
-        max_norm: clip each node's gradient to this L2 norm before the inner step.
-        lr_scheduler, lr_scheduler_kwargs: None, or ``"lambda_cosine"`` with ``warmup_steps``
-            and ``cosine_anneal`` (:func:`exogym.strategy.exo_gym.schedule`).
-        **unused: arguments EXO Gym's class did not declare: an
-            :class:`exogym.strategy.exo_gym.ExoGymWarning` each, ignored (as EXO Gym did).
-    """
-
-    def __init__(self, optim_spec: OptimSpec | str | None = None, p_sparta: float = 0.005,
-                 max_norm: float | None = None, lr_scheduler: str | None = None,
-                 lr_scheduler_kwargs: dict[str, Any] | None = None, **unused: Any) -> None:
-        name = type(self).__name__
-        hints = {"p": f"; SPARTA's fraction is p_sparta (here {p_sparta!r}, as in EXO Gym)"}
-        super().__init__(SPARTA(p=p_sparta, policy="random", **_exo.shared(
-            name, unused, optim_spec, lr_scheduler, lr_scheduler_kwargs, max_norm, hints)))
+        return SPARTAStrategy
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -40,12 +40,10 @@ from typing import Any
 
 import torch
 
-from exogym.strategy import exo_gym as _exo
 from exogym.strategy.diloco import DiLoCo
-from exogym.strategy.optim import OptimSpec
 from exogym.strategy.sparta import Policy, SparseAverager, check_sparta_config
 
-__all__ = ["SPARTADiLoCo", "SPARTADiLoCoStrategy"]
+__all__ = ["SPARTADiLoCo"]
 
 
 @dataclass(kw_only=True)
@@ -84,37 +82,12 @@ class SPARTADiLoCo(DiLoCo):
             self.outer_step()
 
 
-class SPARTADiLoCoStrategy(_exo.BuiltinStrategy):
-    """EXO Gym's ``SPARTADiLoCoStrategy``, run as :class:`SPARTADiLoCo` with
-    ``policy="random"`` (:mod:`exogym.strategy.exo_gym`; SPARTA's and DiLoCo's differences from
-    EXO Gym apply: indices from a shared seed, no mask sent; outer steps after H, 2H, ... steps).
+def __getattr__(name: str) -> Any:
+    """EXO Gym's ``SPARTADiLoCoStrategy`` under its path, this module (its class is
+    in :mod:`exogym.compat.exo_gym.builtins`), imported on first use: importing this module does
+    not load EXO Gym's compatibility."""
+    if name == "SPARTADiLoCoStrategy":
+        from exogym.compat.exo_gym.builtins import SPARTADiLoCoStrategy
 
-    Args:
-        inner_optim_spec: the inner optimizer (default EXO Gym's: AdamW, lr 1e-3, weight decay
-            0.01).
-        outer_optim_spec: SGD (Nesterov or not) or Adam; default SGD, Nesterov momentum 0.9,
-            lr 0.7.
-        p_sparta: fraction of the parameter entries averaged after every step.
-        sparta_interval: EXO Gym stored it and averaged after every step regardless; so does
-            exogym: any value but 1 is an :class:`exogym.strategy.exo_gym.ExoGymWarning`.
-        H: inner steps per outer step.
-        max_norm: clip each node's gradient to this L2 norm before the inner step.
-        lr_scheduler, lr_scheduler_kwargs: None, or ``"lambda_cosine"`` with ``warmup_steps``
-            and ``cosine_anneal`` (:func:`exogym.strategy.exo_gym.schedule`).
-        **unused: arguments EXO Gym's class did not declare: an
-            :class:`exogym.strategy.exo_gym.ExoGymWarning` each, ignored (as EXO Gym did).
-    """
-
-    def __init__(self, inner_optim_spec: OptimSpec | str | None = None,
-                 outer_optim_spec: OptimSpec | str | None = None, p_sparta: float = 0.005,
-                 sparta_interval: int = 1, H: int = 100, max_norm: float | None = None,
-                 lr_scheduler: str | None = None,
-                 lr_scheduler_kwargs: dict[str, Any] | None = None, **unused: Any) -> None:
-        name = type(self).__name__
-        fields = _exo.shared(name, unused, inner_optim_spec, lr_scheduler, lr_scheduler_kwargs,
-                             max_norm)
-        if sparta_interval != 1:
-            _exo.warn_ignored(name, "sparta_interval", sparta_interval,
-                              "SPARTA averages after every step, as in EXO Gym")
-        super().__init__(SPARTADiLoCo(H=H, p=p_sparta, policy="random", **fields,
-                                      **_exo.outer_fields(outer_optim_spec, name)))
+        return SPARTADiLoCoStrategy
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,7 @@
-"""Collectives for per-node strategies (EXO Gym's ``exogym.strategy.communicate``).
+"""Collectives for per-node strategies (EXO Gym's path: ``exogym.strategy.communicate``).
 
-A per-node strategy (:class:`exogym.strategy.strategy.Strategy`) is code for ONE node, written the
-way torch.distributed code is written. Its collectives are these three functions, with
+A per-node strategy (:class:`exogym.compat.exo_gym.strategy.Strategy`) is code for ONE node,
+written the way torch.distributed code is written. Its collectives are these three functions, with
 torch.distributed's signatures and semantics (in place, ``op`` included):
 
 - ``all_reduce(tensor, op=ReduceOp.SUM)``: every node's ``tensor`` becomes the reduction
@@ -13,7 +13,7 @@ torch.distributed's signatures and semantics (in place, ``op`` included):
 Where they run:
 
 - in a simulated run (``exogym.Trainer``: the nodes of this process run their ``step`` as
-  coroutines, :mod:`exogym.strategy.per_node`), the call meets the same call of the
+  coroutines, :mod:`exogym.compat.exo_gym.rendezvous`), the call meets the same call of the
   other nodes and goes through the run's communicator, so its bytes are counted, it is timed on
   the simulated network, and in a multi-process run it crosses processes;
 - in a plain torch.distributed program (one node per process, no exogym run), it is the
@@ -30,7 +30,7 @@ from typing import Any
 import torch.distributed as dist
 from torch import Tensor
 
-from exogym.strategy import per_node
+from exogym.compat.exo_gym.rendezvous import current
 
 __all__ = ["ReduceOp", "all_gather", "all_reduce", "broadcast"]
 
@@ -49,7 +49,7 @@ def _op_name(op: Any) -> str:
 def all_reduce(tensor: Tensor, op: Any = dist.ReduceOp.SUM) -> None:
     """Reduce ``tensor`` over all nodes, in place (``op``: ``ReduceOp.SUM`` or ``ReduceOp.AVG``)."""
     name = _op_name(op)
-    node = per_node.current()
+    node = current()
     if node is None:
         _plain().all_reduce(tensor, op=op)
         return
@@ -58,7 +58,7 @@ def all_reduce(tensor: Tensor, op: Any = dist.ReduceOp.SUM) -> None:
 
 def broadcast(tensor: Tensor, src: int = 0) -> None:
     """Node ``src``'s ``tensor`` on every node, in place."""
-    node = per_node.current()
+    node = current()
     if node is None:
         _plain().broadcast(tensor, src=src)
         return
@@ -71,7 +71,7 @@ def all_gather(tensor_list: Sequence[Tensor], tensor: Tensor, group: Any = None,
     if async_op:
         raise ValueError("async_op=True is not supported; allowed: False (the call returns when "
                          "every node has the result)")
-    node = per_node.current()
+    node = current()
     if node is None:
         _plain().all_gather(list(tensor_list), tensor, group=group)
         return

@@ -1,14 +1,15 @@
-"""EXO Gym's built-in strategies, run as exogym's: the same method on the node-stacked engine.
+"""EXO Gym's built-in strategies' arguments, converted to exogym's: the base of the built-ins.
 
 EXO Gym (github.com/exo-explore/gym, read at commit 9fa323c) names its methods
 ``DiLoCoStrategy``, ``SPARTAStrategy``, ``FedAvgStrategy``, ``DeMoStrategy``,
 ``SPARTADiLoCoStrategy`` and ``SimpleReduceStrategy``, with per-node constructor arguments
 (``optim_spec``, ``outer_optim_spec``, ``H``, ``p_sparta``, ``lr_scheduler="lambda_cosine"``,
-``lr_scheduler_kwargs``, ``max_norm``). Each such class here (under EXO Gym's import path:
-``exogym.strategy.diloco.DiLoCoStrategy``, ...) takes those arguments, converts them when it is
-constructed (so a bad value is an error at once) and becomes exogym's strategy of the same
-method when a run starts (:meth:`BuiltinStrategy.to_exogym`): the update is exogym's
-paper-faithful one, every byte goes through the communicator, and the run uses the fast engine.
+``lr_scheduler_kwargs``, ``max_norm``). Each such class (:mod:`exogym.compat.exo_gym.builtins`,
+under EXO Gym's import paths: ``exogym.strategy.diloco.DiLoCoStrategy``, ...) is a
+:class:`BuiltinStrategy`: it takes those arguments, converts them when it is constructed (so a
+bad value is an error at once) and becomes exogym's strategy of the same method when a run
+starts (:meth:`BuiltinStrategy.to_exogym`): the update is exogym's paper-faithful one, every
+byte goes through the communicator, and the run uses the fast engine.
 
 Conversions shared by the classes:
 
@@ -31,17 +32,19 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from exogym.strategy.base import Strategy as StackedStrategy
+from exogym.compat.exo_gym.strategy import Strategy
 from exogym.strategy.optim import LRSchedule, OptimSpec
-from exogym.strategy.strategy import Strategy
 from exogym.utils.validation import check_number
 
-__all__ = ["BuiltinStrategy", "ExoGymWarning", "inner_optim", "outer_fields", "schedule",
-           "shared"]
+if TYPE_CHECKING:
+    from exogym.strategy.base import Strategy as StackedStrategy
+
+__all__ = ["BuiltinStrategy", "ExoGymWarning", "check_max_norm", "inner_optim", "outer_fields",
+           "schedule", "shared", "warn_ignored", "warn_unused"]
 
 
 class ExoGymWarning(UserWarning):
@@ -172,6 +175,10 @@ class BuiltinStrategy(Strategy):
     def to_exogym(self) -> StackedStrategy:
         """A fresh copy of the exogym strategy this one runs as."""
         return copy.deepcopy(self._exogym)
+
+    def check_num_nodes(self, num_nodes: int) -> None:  # a hook, empty on purpose
+        """Refuse a run of ``num_nodes`` nodes that EXO Gym's arguments give no equivalent for
+        (``FedAvgStrategy(island_size=)`` smaller than N); nothing by default."""
 
     def step(self) -> None:
         raise TypeError(f"{type(self).__name__} runs as exogym's {type(self._exogym).__name__} "

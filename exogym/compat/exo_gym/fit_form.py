@@ -8,9 +8,10 @@ EXO Gym (github.com/exo-explore/gym, read at commit 9fa323c: ``exogym/trainer.py
                         autocast=False, checkpoint_interval=None, save_dir="./checkpoints",
                         run_name=..., ...)
 
-:meth:`exogym.Trainer.fit` takes that call as it is when it is **EXO Gym's**: its strategy is
-one of EXO Gym's built-ins (``DiLoCoStrategy``, ..., ``SimpleReduceStrategy``), or a per-node
-strategy (:class:`exogym.strategy.strategy.Strategy`, EXO Gym's kind) with arguments by
+``exogym.Trainer.fit`` (:class:`exogym.compat.exo_gym.trainer.Trainer`) takes that call as it is
+when it is **EXO Gym's**: its strategy is one of EXO Gym's built-ins (``DiLoCoStrategy``, ...,
+``SimpleReduceStrategy``), or a per-node strategy
+(:class:`exogym.compat.exo_gym.strategy.Strategy`, EXO Gym's kind) with arguments by
 position, any of EXO Gym's own argument names (``val_interval``, ``run_name``, ...), or both
 ``num_epochs`` and ``max_steps`` (exogym's own form takes one of them). Such a
 call returns what EXO Gym's returns, the trained model (an ``nn.Module``: exogym's global
@@ -38,17 +39,25 @@ How each EXO Gym argument maps (EXO Gym's defaults apply when it is not given):
 - ``checkpoint_interval`` (steps): ``checkpoint_every``, into ``save_dir/RUN_NAME`` (a new
   folder) unless ``out_dir`` is given;
 - ``device`` (EXO Gym's ``fit`` ignored it; its ``Trainer(device=)`` chose): the run's device;
+  None or ``""`` (EXO Gym's "choose one"): ``Trainer(device=)``'s, else ``"auto"``; given
+  both, they must agree;
 - ``seed`` (42, EXO Gym's default): the run's seed;
+- ``kwargs`` (a dict: EXO Gym logged it with the run's config): ``run_info``, more entries of
+  ``config.json``;
 - ``run_name``: EXO Gym's CSV logs, ``logs/RUN_NAME/train.csv`` (a row per step: ``step``,
   ``examples_trained``, ``train_loss`` (the nodes' mean), ``train_perplexity``, ``lr``),
   ``validation.csv`` (``step``, ``local_loss``, ``local_perplexity``, ``global_loss``,
   ``global_perplexity``) and ``config.json``; ``local_*``, node 0's own model, is not evaluated
   by exogym and stays empty;
 - ``wandb_project``: a :class:`exogym.run.sinks.WandbSink` (named ``run_name``) instead of the
-  CSVs, as EXO Gym chose; ``disable_logging``: neither, and no progress bar;
-- ``correlation_interval`` and ``dataloader_kwargs`` have no equivalent: an error;
-  ``force_minibatch_recalculate`` (there is no probe): an
-  :class:`exogym.strategy.exo_gym.ExoGymWarning`.
+  CSVs, as EXO Gym chose; ``log_x_axis="examples"``: W&B's step is the samples trained
+  (``"step"``, the default: the step); ``disable_logging``: neither, and no progress bar;
+- ``correlation_interval`` has no equivalent: an error (None: nothing to do);
+  ``dataloader_kwargs``: exogym batches the nodes' data itself, without a ``DataLoader``:
+  its speed settings (``num_workers``, ``pin_memory``, ``persistent_workers``,
+  ``prefetch_factor``, ``pin_memory_device``) are an :class:`~exogym.compat.exo_gym.conversions.
+  ExoGymWarning` and ignored, any other key (``collate_fn``, ``sampler``, ...) an error;
+  ``force_minibatch_recalculate`` (there is no probe): an ``ExoGymWarning``.
 
 EXO Gym's form with an exogym strategy (``DiLoCo``, an id) is an error naming exogym's arguments.
 """
@@ -65,10 +74,11 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from exogym.compat.exo_gym.conversions import BuiltinStrategy, ExoGymWarning
+from exogym.compat.exo_gym.per_node import as_exogym
+from exogym.compat.exo_gym.simple_reduce import SimpleReduceStrategy
+from exogym.compat.exo_gym.strategy import Strategy as PerNodeStrategy
 from exogym.run.sinks import CSVSink, WandbSink
-from exogym.strategy.exo_gym import BuiltinStrategy, ExoGymWarning
-from exogym.strategy.strategy import SimpleReduceStrategy
-from exogym.strategy.strategy import Strategy as PerNodeStrategy
 
 if TYPE_CHECKING:
     from exogym.run.result import FitResult
@@ -88,18 +98,20 @@ EXO_GYM_ONLY: dict[str, str] = {
     "correlation_interval": "(none)", "dataloader_kwargs": "(none)",
     "run_name": "out_dir with sinks=[CSVSink()]", "wandb_project": "sinks=[WandbSink(project)]",
     "log_x_axis": "(none)", "disable_logging": "progress=False",
-    "force_minibatch_recalculate": "(none)",
+    "force_minibatch_recalculate": "(none)", "kwargs": "run_info",
 }
 # Names both fits have, with EXO Gym's defaults or meanings in an EXO Gym call.
 _SHARED = ("num_epochs", "max_steps", "batch_size", "checkpoint_interval", "seed", "device")
-
+# DataLoader settings that change only how fast batches come (exogym uses no DataLoader).
+_LOADER_SPEED = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor",
+                 "pin_memory_device")
 
 
 def is_exo_gym_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether a ``fit`` call is EXO Gym's: a per-node strategy (EXO Gym's kind) with arguments
     by position, an EXO Gym-only argument or both ``num_epochs`` and ``max_steps``, or one of
-    EXO Gym's built-in classes. EXO Gym's
-    arguments with an exogym (node-stacked) strategy are an error naming exogym's."""
+    EXO Gym's built-in classes. EXO Gym's arguments with an exogym (node-stacked) strategy are
+    an error naming exogym's."""
     strategy = kwargs.get("strategy", args[1] if len(args) > 1 else None)
     exo_names = [k for k in EXO_GYM_ONLY if k in kwargs]
     if not isinstance(strategy, PerNodeStrategy):
@@ -120,9 +132,10 @@ def is_exo_gym_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
 
 
 def fit(trainer: Trainer, run: Callable[..., FitResult], args: tuple[Any, ...],
-        kwargs: dict[str, Any]) -> nn.Module:
+        kwargs: dict[str, Any], device: str | None = None) -> nn.Module:
     """EXO Gym's ``fit(*args, **kwargs)`` on ``trainer``: translate, ``run(**exogym_kwargs)``,
-    keep the result as ``trainer.result`` and return its model."""
+    keep the result as ``trainer.result`` and return its model. ``device``: the trainer's own
+    (EXO Gym's ``Trainer(device=)``), or None."""
     kwargs = dict(kwargs)
     if len(args) > len(POSITIONAL):
         raise TypeError(f"fit() takes at most {len(POSITIONAL)} positional arguments (EXO Gym's "
@@ -135,14 +148,17 @@ def fit(trainer: Trainer, run: Callable[..., FitResult], args: tuple[Any, ...],
         if name not in kwargs:
             raise TypeError(f"fit() missing EXO Gym's required argument {name!r}")
     exo = {k: kwargs.pop(k) for k in list(kwargs) if k in EXO_GYM_ONLY or k in _SHARED}
-    out, explicit = _translate(exo)
-    if "sinks" in kwargs and "sinks" in out:  # exogym's sinks and EXO Gym's logs, both
-        kwargs["sinks"] = [*kwargs["sinks"], *out.pop("sinks")]
-        explicit.pop("sinks", None)
+    out, explicit = _translate(exo, device)
+    for key in ("sinks", "run_info"):  # exogym's and EXO Gym's, both
+        if key in kwargs and key in out:
+            kwargs[key] = ([*kwargs[key], *out.pop(key)] if key == "sinks"
+                           else {**out.pop(key), **kwargs[key]})
+            explicit.pop(key, None)
     for key in sorted(set(kwargs) & set(explicit)):
         raise TypeError(f"fit() got {key}={kwargs[key]!r} and EXO Gym's {explicit[key]}, which "
                         f"sets it; give one of them")
     out.update(kwargs)
+    out["strategy"] = as_exogym(out["strategy"], out["num_nodes"])
     if "checkpoint_every" in out and "out_dir" not in out:
         name = exo.get("run_name") or f"exogym_{datetime.now().strftime('%Y%m%d_%H%M%S')}"
         out["out_dir"] = Path(exo.get("save_dir", "./checkpoints")) / name
@@ -157,18 +173,35 @@ def fit(trainer: Trainer, run: Callable[..., FitResult], args: tuple[Any, ...],
     return result.model
 
 
-def _translate(exo: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+class _Arguments:
+    """exogym's arguments being built from EXO Gym's (``exo``), and for each one that a given
+    EXO Gym argument set, that argument's name (``explicit``)."""
+
+    def __init__(self, exo: dict[str, Any]) -> None:
+        self.exo, self.out, self.explicit = exo, {}, {}  # type: ignore[var-annotated]
+
+    def put(self, key: str, value: Any, *sources: str) -> None:
+        self.out[key] = value
+        given = [s for s in sources if s in self.exo]
+        if given:
+            self.explicit[key] = " and ".join(given)
+
+
+def _translate(exo: dict[str, Any], device: str | None) -> tuple[dict[str, Any], dict[str, str]]:
     """exogym's arguments from EXO Gym's (its defaults for those not given), and for each one
     that a given EXO Gym argument set, that argument's name."""
-    explicit: dict[str, str] = {}
+    a = _Arguments(exo)
+    _training(a)
+    _evaluation(a)
+    _no_equivalent(a)
+    _placement(a, device)
+    _logging(a)
+    return a.out, a.explicit
 
-    def put(key: str, value: Any, *sources: str) -> None:
-        out[key] = value
-        given = [s for s in sources if s in exo]
-        if given:
-            explicit[key] = " and ".join(given)
 
-    out: dict[str, Any] = {}
+def _training(a: _Arguments) -> None:
+    """Steps, batch and micro-batch, partition, precision, checkpoints."""
+    exo, put = a.exo, a.put
     if exo.get("max_steps") is not None:
         put("max_steps", exo["max_steps"], "max_steps")
     else:
@@ -189,6 +222,17 @@ def _translate(exo: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     if not isinstance(shuffle, bool):
         raise ValueError(f"shuffle must be True or False, got {shuffle!r}")
     put("partition", "iid" if shuffle else "contiguous", "shuffle")
+    autocast = exo.get("autocast", False)
+    if not isinstance(autocast, bool):
+        raise ValueError(f"autocast must be True or False, got {autocast!r}")
+    put("precision", "bf16" if autocast else "fp32", "autocast")
+    if exo.get("checkpoint_interval") is not None:
+        put("checkpoint_every", exo["checkpoint_interval"], "checkpoint_interval")
+
+
+def _evaluation(a: _Arguments) -> None:
+    """``val_size`` and ``val_interval``: a fixed subset, and an evaluation before step 1."""
+    exo, put = a.exo, a.put
     val_size, val_interval = exo.get("val_size", 64), exo.get("val_interval", 100)
     if isinstance(val_size, bool) or not isinstance(val_size, int) or val_size < 0:
         raise ValueError(f"val_size must be an integer >= 0 (0: no evaluation), got "
@@ -197,42 +241,85 @@ def _translate(exo: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
         put("eval_samples", val_size, "val_size")
         put("eval_interval", val_interval, "val_interval")
         put("eval_at_start", True)
-        put("eval_batch_size", minibatch or batch_size, "minibatch_size", "batch_size")
-    autocast = exo.get("autocast", False)
-    if not isinstance(autocast, bool):
-        raise ValueError(f"autocast must be True or False, got {autocast!r}")
-    put("precision", "bf16" if autocast else "fp32", "autocast")
-    if exo.get("checkpoint_interval") is not None:
-        put("checkpoint_every", exo["checkpoint_interval"], "checkpoint_interval")
-    for key, why in (("correlation_interval", "exogym does not compute the correlation of the "
-                      "nodes' models"),
-                     ("dataloader_kwargs", "exogym batches the nodes' data itself (no "
-                      "DataLoader)")):
-        if exo.get(key):
-            raise ValueError(f"{key}={exo[key]!r} has no equivalent in exogym: {why}; leave it "
-                             "out")
+        put("eval_batch_size", exo.get("minibatch_size") or exo.get("batch_size", 16),
+            "minibatch_size", "batch_size")
+
+
+def _no_equivalent(a: _Arguments) -> None:
+    """EXO Gym's arguments exogym has no use for: an error where they would change the run, an
+    :class:`ExoGymWarning` where they would only have changed its speed."""
+    exo = a.exo
+    if exo.get("correlation_interval"):
+        raise ValueError(f"correlation_interval={exo['correlation_interval']!r} has no "
+                         "equivalent in exogym: exogym does not compute the correlation of the "
+                         "nodes' models; leave it out")
+    loader = exo.get("dataloader_kwargs") or {}
+    if not isinstance(loader, dict):
+        raise TypeError(f"dataloader_kwargs must be a dict, got {type(loader).__name__}")
+    other = sorted(k for k in loader if k not in _LOADER_SPEED)
+    if other:
+        raise ValueError(f"dataloader_kwargs={loader!r} has no equivalent in exogym (it batches "
+                         f"the nodes' data itself, without a DataLoader): {other} would change "
+                         f"the batches; allowed (ignored, they only set a DataLoader's speed): "
+                         f"{list(_LOADER_SPEED)}")
+    if loader:
+        warnings.warn(f"dataloader_kwargs {loader} are ignored: exogym batches the nodes' data "
+                      "itself, without a DataLoader", ExoGymWarning, stacklevel=5)
     if exo.get("force_minibatch_recalculate"):
         warnings.warn("force_minibatch_recalculate=True is ignored: exogym does not probe for a "
                       "minibatch size (minibatch_size=None trains on the whole batch at once)",
-                      ExoGymWarning, stacklevel=4)
-    put("device", "auto" if exo.get("device") is None else exo["device"], "device")
+                      ExoGymWarning, stacklevel=5)
+
+
+def _placement(a: _Arguments, device: str | None) -> None:
+    """The device (``fit``'s, or the trainer's), the seed, and ``kwargs`` as ``run_info``."""
+    exo, put = a.exo, a.put
+    given = exo.get("device")
+    if given in (None, "") or given == device:
+        chosen = device or "auto"
+    elif device:
+        raise ValueError(f"fit(device={given!r}) and Trainer(device={device!r}) differ; EXO "
+                         "Gym ran on the Trainer's and ignored fit's: give one of them")
+    else:
+        chosen = given
+    put("device", chosen, "device")
     put("seed", exo.get("seed", 42), "seed")
+    extra = exo.get("kwargs")
+    if extra is not None:
+        if not isinstance(extra, dict) or not all(isinstance(k, str) for k in extra):
+            raise TypeError(f"kwargs must be a dict with str keys (entries of the run's "
+                            f"config), got {extra!r}")
+        put("run_info", dict(extra), "kwargs")
+
+
+def _logging(a: _Arguments) -> None:
+    """``run_name``'s CSV logs, or ``wandb_project``'s W&B run, or neither."""
+    exo, put = a.exo, a.put
     x_axis = exo.get("log_x_axis", "step")
-    if x_axis != "step":
-        raise ValueError(f"log_x_axis={x_axis!r}: exogym's rows are per step ('step'); the "
-                         "examples trained are in every row ('samples')")
+    if x_axis not in ("step", "examples"):
+        raise ValueError(f"log_x_axis must be 'step' or 'examples' (W&B's x axis: the step or "
+                         f"the samples trained), got {x_axis!r}")
     run_name, project = exo.get("run_name"), exo.get("wandb_project")
     if exo.get("disable_logging", False):
         put("progress", False, "disable_logging")
     elif project is not None:
-        put("sinks", [WandbSink(project, name=run_name)], "wandb_project", "run_name")
+        sink = WandbSink(project, name=run_name) if x_axis == "step" else \
+            _ExamplesAxis(project, name=run_name)
+        put("sinks", [sink], "wandb_project", "run_name")
         put("log_interval", 1)
     elif run_name is not None:
         if not isinstance(run_name, str) or not run_name or Path(run_name).name != run_name:
             raise ValueError(f"run_name must be a folder name (no '/'), got {run_name!r}")
         put("sinks", [ExoGymCSVLogs(Path("logs") / run_name)], "run_name")
         put("log_interval", 1)
-    return out, explicit
+
+
+class _ExamplesAxis(WandbSink):
+    """EXO Gym's ``log_x_axis="examples"``: each row is logged at W&B step = the samples trained
+    so far (over all nodes), as EXO Gym's W&B logger did."""
+
+    def log(self, row: dict[str, Any]) -> None:
+        super().log({**row, "step": int(row["samples"])})
 
 
 class ExoGymCSVLogs:

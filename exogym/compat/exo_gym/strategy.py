@@ -1,21 +1,24 @@
-"""Per-node strategies: EXO Gym's ``Strategy`` base, code for ONE node.
+"""EXO Gym's per-node ``Strategy`` base: code for ONE node (its path: ``exogym.strategy.strategy``).
 
 Two kinds of strategy run in exogym, each with its own base:
 
 - :class:`exogym.strategy.Strategy` (``exogym.strategy.base``): node-stacked. ``step(self,
   step)`` updates all the nodes of a process at once, tensors ``[N, ...]``; the fast path, every
   built-in strategy;
-- :class:`Strategy` here (``exogym.strategy.strategy``, EXO Gym's path): per-node. ``step(self)``
+- :class:`Strategy` here (EXO Gym's path ``exogym.strategy.strategy``): per-node. ``step(self)``
   is one node's code, as torch.distributed code is written: it uses ``self.model`` (this node's
   replica, gradients filled), ``self.optim`` (built from ``self.optim_spec``), ``self.rank``,
   ``self.num_nodes``, ``self.local_step``, ``self.scheduler``, and the collectives of
-  :mod:`exogym.strategy.communicate`, and ends with ``super().step()``.
+  :mod:`exogym.compat.exo_gym.communicate` (EXO Gym's ``exogym.strategy.communicate``), and
+  ends with ``super().step()``.
 
 A class that mixes them (a ``step(self)`` on the node-stacked base) is refused when it is
-defined, with the base to use. ``exogym.Trainer.fit`` accepts either; a per-node strategy runs
-on N simulated nodes in one process (:mod:`exogym.strategy.per_node`: each node's ``step`` as its
-own coroutine, collectives meeting through the run's communicator) and, unchanged, as one rank per
-node under torchrun or ``--engine process``.
+defined, with the base to use. ``exogym.Trainer.fit`` (:class:`exogym.compat.exo_gym.trainer.
+Trainer`) accepts either; a per-node strategy runs on N simulated nodes in one process
+(:class:`exogym.compat.exo_gym.per_node.PerNode`: each node's ``step`` as its own coroutine,
+collectives meeting through the run's communicator) and, unchanged, as one rank per node under
+torchrun, or on local processes with ``fit_processes(..., strategy=as_exogym(strategy))``
+(:func:`exogym.compat.exo_gym.trainer.as_exogym`).
 
 Where this base differs from EXO Gym's: unknown keyword arguments are an error, not attributes
 set silently; ``lr_scheduler`` is ``None``, ``"lambda_cosine"`` (EXO Gym's warm-up and optional
@@ -32,11 +35,10 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from exogym.strategy.base import _restore, _save
-from exogym.strategy.communicate import all_reduce
+from exogym.strategy.checkpointing import restore_value, save_value
 from exogym.strategy.optim import OPTIMIZERS, OptimSpec
 
-__all__ = ["SimpleReduceStrategy", "Strategy"]
+__all__ = ["Strategy", "build_optimizer"]
 
 _COSINE_KEYS = {"warmup_steps", "cosine_anneal", "max_steps"}
 
@@ -135,9 +137,10 @@ class Strategy:
         """This node's state for a checkpoint: every attribute set from :meth:`_init_node` on
         (the optimizer, scheduler, step count, and a subclass's own: a master copy, an outer
         optimizer), saved as the node-stacked strategies' state is
-        (:mod:`exogym.strategy.base`); a kind that cannot be saved is an error naming it."""
+        (:mod:`exogym.strategy.checkpointing`); a kind that cannot be saved is an error naming
+        it."""
         where = type(self).__name__
-        return {k: _save(getattr(self, k), f"{where}.{k}") for k in self._state_names()}
+        return {k: save_value(getattr(self, k), f"{where}.{k}") for k in self._state_names()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         where = type(self).__name__
@@ -145,7 +148,7 @@ class Strategy:
             raise ValueError(f"{where}: the checkpoint's per-node state has "
                              f"{sorted(state)}, this strategy {sorted(self._state_names())}")
         for k, saved in state.items():
-            setattr(self, k, _restore(getattr(self, k), saved, f"{where}.{k}"))
+            setattr(self, k, restore_value(getattr(self, k), saved, f"{where}.{k}"))
 
     def hyperparameters(self) -> dict[str, Any]:
         """The constructor's settings, for logs and summaries."""
@@ -172,56 +175,3 @@ def build_optimizer(spec: Any, model: nn.Module) -> torch.optim.Optimizer:
         raise ValueError(f"optim_spec name={spec.name!r} is a node-stacked optimizer; a per-node "
                          f"strategy's optimizer is one of {sorted(OPTIMIZERS)}")
     return spec.build(model)
-
-
-class SimpleReduceStrategy(Strategy):
-    """Data-parallel SGD written for one node (EXO Gym's ``SimpleReduceStrategy``): sum every
-    gradient over the nodes, divide by N, clip (``max_norm``), step.
-
-    Used as it is (neither ``step`` nor ``_init_node`` overridden), it runs as exogym's
-    :class:`exogym.strategy.ddp.DDP` with ``broadcast_buffers=False`` (EXO Gym's: each node keeps
-    its own BatchNorm statistics), the same update on the node-stacked engine
-    (:meth:`to_exogym`); a subclass that changes ``step`` runs per-node.
-
-    Args:
-        optim_spec: the optimizer (default EXO Gym's ``OptimSpec(torch.optim.AdamW)``: lr 1e-3,
-            weight decay 0.01).
-        max_norm: clip the averaged gradient to this L2 norm (None: off).
-        lr_scheduler, lr_scheduler_kwargs: see :class:`Strategy`.
-        **unused: arguments EXO Gym's class did not declare (its ``example/mnist.py`` passes
-            ``H`` and ``p``): an :class:`exogym.strategy.exo_gym.ExoGymWarning` each, ignored.
-    """
-
-    def __init__(self, optim_spec: OptimSpec | str | None = None, max_norm: float | None = None,
-                 lr_scheduler: str | type | None = None,
-                 lr_scheduler_kwargs: dict[str, Any] | None = None, **unused: Any) -> None:
-        from exogym.strategy.exo_gym import check_max_norm, inner_optim, warn_unused
-
-        super().__init__(lr_scheduler=lr_scheduler, lr_scheduler_kwargs=lr_scheduler_kwargs)
-        warn_unused(type(self).__name__, unused)
-        self.optim_spec = inner_optim(optim_spec)
-        self.max_norm = check_max_norm(max_norm, type(self).__name__)
-
-    def step(self) -> None:
-        for param in self.model.parameters():
-            if param.grad is not None:
-                all_reduce(param.grad)
-                param.grad.div_(self.num_nodes)
-        if self.max_norm:
-            nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=self.max_norm)
-        self.optim.step()
-        super().step()
-
-    def to_exogym(self) -> Any:
-        """:class:`exogym.strategy.ddp.DDP` when this class's update is unchanged (and its
-        schedule is None or ``"lambda_cosine"``), else None (per-node)."""
-        cls = type(self)
-        if cls.step is not SimpleReduceStrategy.step or cls._init_node is not Strategy._init_node \
-                or isinstance(self.lr_scheduler, type) or "max_steps" in self.lr_scheduler_kwargs:
-            return None
-        from exogym.strategy.ddp import DDP
-        from exogym.strategy.exo_gym import schedule
-
-        return DDP(optim=self.optim_spec,
-                   schedule=schedule(self.lr_scheduler, self.lr_scheduler_kwargs, cls.__name__),
-                   max_grad_norm=self.max_norm, broadcast_buffers=False)
