@@ -527,3 +527,29 @@ def test_a_per_node_class_gives_the_same_numbers_as_2_processes() -> None:
     assert procs.bytes_sent == here.bytes_sent and len(procs.comm_log) == len(here.comm_log)
     assert [r["train_loss"] for r in procs.history] == pytest.approx(
         [r["train_loss"] for r in here.history], abs=1e-6)
+
+
+def test_the_processes_meet_at_the_port_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    # EXO Gym's start_port: Trainer keeps it (its simulated nodes open no port), and exogym's
+    # processes meet at fit_processes(port=), else at a free port the OS picks
+    from exogym.run import launch
+
+    assert Trainer(mlp(), data(64), start_port=15000).start_port == 15000
+    with pytest.raises(ValueError, match=r"start_port must be an integer in \[1, 65535\]"):
+        Trainer(mlp(), data(64), start_port=0)
+    ports: list[int] = []
+
+    def spawn(nprocs: int, args: tuple[Any, ...]) -> Any:
+        ports.append(args[1])  # (nprocs, port, ...): what every worker's init_group dials
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launch, "_spawn", spawn)
+    monkeypatch.setattr(launch, "free_port", lambda: 40001)
+    for port in (15007, None):
+        with pytest.raises(KeyboardInterrupt):
+            fit_processes(mlp(), data(64), None, strategy=DiLoCo(H=1), num_nodes=2,
+                          max_steps=1, port=port)
+    assert ports == [15007, 40001]
+    with pytest.raises(ValueError, match=r"port must be an integer in \[1, 65535\] or None"):
+        fit_processes(mlp(), data(64), None, strategy=DiLoCo(H=1), num_nodes=2, max_steps=1,
+                      port=70000)

@@ -152,6 +152,7 @@ def _root_cause(context: Any, err: mp.ProcessRaisedException) -> tuple[int, str]
 def launch(
     fn: Callable[..., Any], nprocs: int, *args: Any, nodes_per_process: int = 1,
     backend: str = "auto", timeout_s: float = 60.0, threads: int | None = None,
+    port: int | None = None,
 ) -> list[Any]:
     """Run ``fn(ctx: RankContext, *args)`` in ``nprocs`` spawned processes; every rank's result.
 
@@ -162,6 +163,8 @@ def launch(
         backend: ``"gloo"``, ``"nccl"`` or ``"auto"`` (nccl when CUDA is available, else gloo).
         timeout_s: collective timeout (a rank waiting on a dead peer fails after this).
         threads: intra-op threads per process; default ``max(1, cpu_count // nprocs)``.
+        port: the TCP port on 127.0.0.1 where the processes meet (the process group's
+            rendezvous; EXO Gym's ``start_port``); None: a free port the OS picks.
 
     Raises:
         WorkerError: a worker raised or died; the message names the rank.
@@ -179,6 +182,10 @@ def launch(
                          "nodes_per_process to stack several nodes per GPU, or backend='gloo')")
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int)
+                             or not 1 <= port <= 65535):
+        raise ValueError(f"port must be an integer in [1, 65535] or None (a free one), got "
+                         f"{port!r}")
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // nprocs)
     with tempfile.TemporaryDirectory(prefix="exogym-launch-") as out_dir:
@@ -186,9 +193,9 @@ def launch(
             # entered before the spawn: no signal falls between the spawn and the forwarding
             # (the caller's handler would leave the workers running, and its exit wait for them)
             with _WorkerSignals(out_dir) as signals:
-                context = _spawn(nprocs, (nprocs, free_port(), nodes_per_process, backend,
-                                          timeout_s, threads, out_dir, fn, args,
-                                          _picklable_show_warning()))
+                context = _spawn(nprocs, (nprocs, free_port() if port is None else port,
+                                          nodes_per_process, backend, timeout_s, threads,
+                                          out_dir, fn, args, _picklable_show_warning()))
                 signals.processes = context.processes
                 try:
                     if signals.first is not None:  # a signal while they were spawned
@@ -401,7 +408,8 @@ def fit_strategies(
 def fit_processes(
     model: nn.Module, train_dataset: Dataset | DatasetFactory, val_dataset: Dataset | None, *,
     strategy: Strategy | None, num_nodes: int, nodes_per_process: int = 1, backend: str = "auto",
-    timeout_s: float = 300.0, threads: int | None = None, **fit_args: Any,
+    timeout_s: float = 300.0, threads: int | None = None, port: int | None = None,
+    **fit_args: Any,
 ) -> FitResult:
     """:meth:`exogym.Trainer.fit` on ``num_nodes / nodes_per_process`` local processes.
 
@@ -412,7 +420,10 @@ def fit_processes(
     far. ``strategy`` may be None only with ``resume=RUN_DIR`` (the checkpoint's is used).
     ``fit_args`` are :meth:`~exogym.Trainer.fit`'s other keyword arguments (``max_steps``,
     ``batch_size``, ``out_dir``, ``network``, ...; not ``device``: this function places the
-    processes) and are checked against its signature before any process starts.
+    processes) and are checked against its signature before any process starts. ``port``: the
+    processes' rendezvous port on 127.0.0.1 (:func:`launch`; None: a free one). ``strategy`` is
+    an exogym strategy (``Trainer.fit`` in each process is exogym's own): EXO Gym's per-node and
+    built-in strategies enter as ``exogym.compat.exo_gym.as_exogym(strategy)``.
     """
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
         raise ValueError(f"num_nodes must be an integer >= 1, got {num_nodes!r}")
@@ -434,7 +445,7 @@ def fit_processes(
     results = launch(
         _fit_rank, num_nodes // nodes_per_process, model, train_dataset, val_dataset, strategy,
         fit_args, nodes_per_process=nodes_per_process, backend=backend, timeout_s=timeout_s,
-        threads=threads)
+        threads=threads, port=port)
     return results[0]
 
 
