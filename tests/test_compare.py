@@ -431,3 +431,13 @@ def test_a_setting_for_an_unknown_label_names_it_and_the_labels(
     assert "names label 'dilocco', which is not compared (did you mean 'diloco'?)" in (
         capsys.readouterr().err)
     assert not (tmp_path / "x").exists()
+
+
+def test_overrides_given_as_a_generator_reach_every_run(tiny_task: str, tmp_path: Path) -> None:
+    # the check of every setting before training used a generator up: the runs then trained
+    # with the defaults (H = 100 here, so 4 steps would be refused without allow_unsynced)
+    out = tmp_path / "gen"
+    compare(tiny_task, ["fedavg"], num_nodes=2, max_steps=4, eval_interval=2, step_time="10ms",
+            out_dir=out, overrides=(item for item in [("H", 2)]))
+    config = json.loads((out / "runs" / "fedavg-seed0" / "config.json").read_text())
+    assert config["hyperparameters"]["H"] == 2

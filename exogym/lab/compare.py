@@ -243,6 +243,8 @@ def _plan(
     net.check_nodes(num_nodes)
     the_world = parse_world(world)
     the_world.check_nodes(num_nodes)
+    # once: a generator would be used up by the check and every run would train without it
+    overrides = dict(overrides) if isinstance(overrides, Mapping) else list(overrides)
     checked = resolve_strategies(labels, overrides, lr=spec.lr)  # every setting, before training
     _check_synced(checked, max_steps, allow_unsynced)
     return _Plan(
