@@ -371,6 +371,58 @@ def test_exo_gym_s_package_exports() -> None:
     assert T is Trainer
 
 
+def test_exo_gym_s_paths_and_helpers() -> None:
+    import exogym.aux.utils
+    import exogym.trainer
+
+    import exogym
+    import exogym.compat.exo_gym.auxiliary.utils as helpers
+
+    assert exogym.aux.utils is helpers and exogym.trainer.Trainer is exogym.Trainer is Trainer
+    assert helpers.get_device() == ("cuda" if torch.cuda.is_available() else "mps"
+                                    if torch.backends.mps.is_available() else "cpu")
+    from exogym.compat.exo_gym import all_reduce, strategy
+    from exogym.strategy.communicate import all_reduce as path
+    from exogym.strategy.strategy import Strategy as PerNodeBase
+
+    assert path is all_reduce and PerNodeBase is strategy.Strategy
+
+
+def test_importing_exogym_s_own_modules_loads_no_exo_gym_code() -> None:
+    # EXO Gym's names in exogym's method modules are handed on when asked for, not before
+    import subprocess
+
+    code = ("import sys, exogym.strategy.diloco, exogym.strategy.demo, exogym.strategy.sparta, "
+            "exogym.strategy.sparta_diloco, exogym.run.trainer, exogym.run.launch, exogym.cli; "
+            "print(sorted(m for m in sys.modules if m.startswith('exogym.compat')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_trainer_s_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    kw: dict[str, Any] = {"strategy": SimpleReduceStrategy(), "num_nodes": 2, "max_steps": 1,
+                          "progress": False}
+    # EXO Gym's Trainer(device=) is its runs' device, in either form of fit; fit(device="")
+    # (EXO Gym's "pick one", nanogpt_train.py's default) is that one, or auto
+    t = Trainer(mlp(), data(64), device="cpu")
+    assert t.fit(**kw, device="").parameters().__next__().device.type == "cpu"
+    assert t.fit(strategy=DiLoCo(H=1), num_nodes=2, max_steps=1, batch_size=8,
+                 progress=False).device == "cpu"
+    assert Trainer(mlp(), data(64)).fit(**kw, device="") is not None
+    with pytest.raises(ValueError, match=r"fit\(device='meta'\) and Trainer\(device='cpu'\) "
+                                         r"differ"):
+        t.fit(**kw, device="meta")
+    # devices: one CUDA index for all the simulated nodes
+    assert Trainer(mlp(), data(64), devices=[1]).device == "cuda:1"
+    with pytest.raises(ValueError, match=r"devices=\[0, 1\]: exogym simulates every node of a "
+                                         r"run on one device"):
+        Trainer(mlp(), data(64), devices=[0, 1])
+    with pytest.raises(ValueError, match=r"devices=\[0\] names CUDA devices, but "
+                                         r"device='cpu'"):
+        Trainer(mlp(), data(64), device="cpu", devices=[0])
+
+
 # -- EXO Gym's fit arguments -------------------------------------------------------------------
 def _config(tmp_path: Path, name: str, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
     t = Trainer(mlp(), data(512), data(64, 1))

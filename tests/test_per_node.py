@@ -119,6 +119,43 @@ def test_a_per_node_run_resumes_exactly(tmp_path: Any) -> None:
     assert a.bytes_sent == b.bytes_sent
 
 
+def test_engine_auto_runs_the_nodes_steps_on_the_loop_engine() -> None:
+    # with 2 intra-op threads, auto picks the threads engine for node-stacked strategies; a
+    # per-node one takes the loop engine (each node's replica), the numbers of DDP's
+    from exogym.sim.threads import intra_op_threads
+
+    with intra_op_threads(2):
+        r = fit(PerNodeReduce(OptimSpec("adamw", lr=1e-2)), engine="auto")
+        assert fit(DDP(optim=OptimSpec("adamw", lr=1e-2)), engine="auto").engine == "threads"
+    assert r.engine == "loop"
+    same_parameters(r, fit(DDP(optim=OptimSpec("adamw", lr=1e-2))))
+    with pytest.raises(ValueError, match=r"per-node strategies run on the loop engine, got "
+                                         r"engine='threads'; allowed: loop or auto"):
+        fit(PerNodeReduce(), engine="threads")
+
+
+def test_the_core_trainer_takes_exogym_s_strategies_only() -> None:
+    # exogym.run.trainer.Trainer knows nothing of EXO Gym: exogym.Trainer (its subclass in
+    # exogym.compat.exo_gym) converts EXO Gym's strategies, or they enter through as_exogym
+    from exogym.compat.exo_gym import PerNode, as_exogym
+    from exogym.run.trainer import Trainer as CoreTrainer
+
+    core = CoreTrainer(model(), DATA, DATA)
+    with pytest.raises(TypeError, match=r"strategy must be a Strategy \(exogym.strategy\) or a "
+                                        r"registry id, got PerNodeReduce"):
+        core.fit(strategy=PerNodeReduce(), **FIT)
+    with pytest.raises(TypeError, match="fit\\(\\) takes keyword arguments only, got 3"):
+        core.fit(1, PerNodeReduce(), 4)
+    converted = as_exogym(PerNodeReduce(OptimSpec("adamw", lr=1e-2)))
+    assert isinstance(converted, PerNode)
+    same_parameters(core.fit(strategy=converted, **FIT),
+                    fit(PerNodeReduce(OptimSpec("adamw", lr=1e-2))), atol=0.0)
+    assert as_exogym(SimpleReduceStrategy()) == DDP(
+        optim=OptimSpec("adamw", lr=1e-3, weight_decay=0.01), broadcast_buffers=False)
+    ddp = DDP()
+    assert as_exogym(ddp) is ddp and as_exogym("ddp") == "ddp"
+
+
 def test_a_per_node_optimizer_is_elementwise() -> None:
     with pytest.raises(ValueError, match=r"name='muon' is a node-stacked optimizer; a per-node "
                                          r"strategy's optimizer is one of \['adam', 'adamw'"):
