@@ -2,8 +2,9 @@
 
 ``PerNodeDDP`` and ``PerNodeDiLoCo`` are torch.distributed-style code: ``self.model`` is this
 node's replica, the collectives of :mod:`exogym.strategy.communicate` meet the other nodes'.
-``Trainer.fit`` runs them on N simulated nodes (or as real processes with ``--engine process`` /
-torchrun); they compute the same updates as exogym's ``ddp`` and ``diloco``
+``exogym.Trainer.fit`` runs them on N simulated nodes (or as real processes: under torchrun, or
+with ``fit_processes(..., strategy=as_exogym(PerNodeDDP(spec)))``, ``exogym.run.launch``'s and
+``exogym.compat.exo_gym``'s); they compute the same updates as exogym's ``ddp`` and ``diloco``
 (``tests/test_per_node.py``), and ``bench/per_node.py`` measures what the per-node form costs.
 
 Run ``python examples/per_node.py [--steps N]``: each per-node method beside its node-stacked
