@@ -413,6 +413,9 @@ def test_the_trainer_s_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(ValueError, match=r"fit\(device='meta'\) and Trainer\(device='cpu'\) "
                                          r"differ"):
         t.fit(**kw, device="meta")
+    with pytest.raises(ValueError, match=r"fit\(device='meta'\) and Trainer\(device='cpu'\) "
+                                         r"differ"):
+        t.fit(strategy=DiLoCo(H=1), num_nodes=2, max_steps=1, device="meta")
     # devices: one CUDA index for all the simulated nodes
     assert Trainer(mlp(), data(64), devices=[1]).device == "cuda:1"
     with pytest.raises(ValueError, match=r"devices=\[0, 1\]: exogym simulates every node of a "

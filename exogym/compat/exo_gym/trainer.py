@@ -46,8 +46,9 @@ class Trainer(CoreTrainer):
             Accepted and unused: the simulated nodes of a run live in one process and open no
             port. Kept as ``self.start_port`` (an int in [1, 65535] or None); exogym's own real
             processes take their port from ``exogym.run.launch.fit_processes(..., port=)``.
-        device: the device of this trainer's runs when ``fit`` gives none (EXO Gym's
-            ``Trainer(device=)``); None or ``""``: ``fit``'s, else ``"auto"``.
+        device: the device of this trainer's runs (EXO Gym's ``Trainer(device=)``); a
+            ``fit(device=)`` given as well must agree with it. None or ``""``: ``fit``'s, else
+            ``"auto"``.
         devices: EXO Gym's CUDA device indices, node ``i`` on ``devices[i % len(devices)]``.
             exogym's simulated nodes share one device: one index (the runs' device is then
             ``cuda:INDEX``) or None.
@@ -91,7 +92,10 @@ class Trainer(CoreTrainer):
         given = dict(kwargs)
         if isinstance(strategy, PerNodeStrategy):
             given["strategy"] = as_exogym(strategy, kwargs.get("num_nodes", 1))
-        if self.device is not None and given.get("device") is None:
+        if self.device is not None:
+            if given.get("device") not in (None, self.device):
+                raise ValueError(f"fit(device={given['device']!r}) and Trainer(device="
+                                 f"{self.device!r}) differ: give one of them")
             given["device"] = self.device
         if given.keys() == kwargs.keys() and all(given[k] is kwargs[k] for k in kwargs):
             return None  # exogym's own call, run inline (its warnings point at the caller)
