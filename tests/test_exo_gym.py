@@ -1,7 +1,7 @@
 """EXO Gym's API: its README's snippets and its MNIST example's way of building strategies run
 unchanged; its built-in classes are exogym's strategies with the same numbers; its ``fit``
-arguments map as documented (exogym.run.exo_gym); a per-node class gives the same numbers in one
-process and as 2 processes."""
+arguments map as documented (exogym.compat.exo_gym.fit_form); a per-node class gives the same
+numbers in one process and as 2 processes."""
 
 from __future__ import annotations
 
