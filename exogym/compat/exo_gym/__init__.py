@@ -5,8 +5,9 @@ run on exogym unchanged (docs/from-exo-gym.md). The parts:
 
 - :mod:`~exogym.compat.exo_gym.trainer`: ``exogym.Trainer`` (EXO Gym's ``exogym.trainer.Trainer``),
   the core trainer taking EXO Gym's strategies and call form as well;
-- :mod:`~exogym.compat.exo_gym.fit_form`: EXO Gym's ``fit`` arguments mapped onto exogym's, its
-  ``logs/RUN_NAME`` CSVs, the model returned;
+- :mod:`~exogym.compat.exo_gym.fit_form`: EXO Gym's ``fit`` arguments mapped onto exogym's, the
+  model returned; :mod:`~exogym.compat.exo_gym.logs`: its ``logs/RUN_NAME`` CSVs, W&B against
+  the examples trained;
 - :mod:`~exogym.compat.exo_gym.strategy` and :mod:`~exogym.compat.exo_gym.simple_reduce`: the
   per-node base ``Strategy`` (code for one node) and ``SimpleReduceStrategy``
   (``exogym.strategy.strategy``); :mod:`~exogym.compat.exo_gym.communicate`: its collectives

@@ -64,8 +64,6 @@ EXO Gym's form with an exogym strategy (``DiLoCo``, an id) is an error naming ex
 
 from __future__ import annotations
 
-import json
-import math
 import warnings
 from collections.abc import Callable
 from datetime import datetime
@@ -75,16 +73,17 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from exogym.compat.exo_gym.conversions import BuiltinStrategy, ExoGymWarning
+from exogym.compat.exo_gym.logs import ExamplesAxisWandb, ExoGymCSVLogs
 from exogym.compat.exo_gym.per_node import as_exogym
 from exogym.compat.exo_gym.simple_reduce import SimpleReduceStrategy
 from exogym.compat.exo_gym.strategy import Strategy as PerNodeStrategy
-from exogym.run.sinks import CSVSink, WandbSink
+from exogym.run.sinks import WandbSink
 
 if TYPE_CHECKING:
     from exogym.run.result import FitResult
     from exogym.run.trainer import Trainer
 
-__all__ = ["EXO_GYM_ONLY", "ExoGymCSVLogs", "fit", "is_exo_gym_call"]
+__all__ = ["EXO_GYM_ONLY", "fit", "is_exo_gym_call"]
 
 # EXO Gym's fit(), in order (its first three are positional there).
 POSITIONAL = ("num_epochs", "strategy", "num_nodes", "max_steps", "batch_size",
@@ -304,7 +303,7 @@ def _logging(a: _Arguments) -> None:
         put("progress", False, "disable_logging")
     elif project is not None:
         sink = WandbSink(project, name=run_name) if x_axis == "step" else \
-            _ExamplesAxis(project, name=run_name)
+            ExamplesAxisWandb(project, name=run_name)
         put("sinks", [sink], "wandb_project", "run_name")
         put("log_interval", 1)
     elif run_name is not None:
@@ -312,51 +311,3 @@ def _logging(a: _Arguments) -> None:
             raise ValueError(f"run_name must be a folder name (no '/'), got {run_name!r}")
         put("sinks", [ExoGymCSVLogs(Path("logs") / run_name)], "run_name")
         put("log_interval", 1)
-
-
-class _ExamplesAxis(WandbSink):
-    """EXO Gym's ``log_x_axis="examples"``: each row is logged at W&B step = the samples trained
-    so far (over all nodes), as EXO Gym's W&B logger did."""
-
-    def log(self, row: dict[str, Any]) -> None:
-        super().log({**row, "step": int(row["samples"])})
-
-
-class ExoGymCSVLogs:
-    """EXO Gym's ``logs/RUN_NAME`` folder: ``train.csv``, ``validation.csv`` (EXO Gym's
-    columns, written row by row by two :class:`exogym.run.sinks.CSVSink`) and ``config.json``
-    (exogym's config). A folder that already holds them is an error (EXO Gym overwrote them)."""
-
-    def __init__(self, folder: str | Path) -> None:
-        self.folder = Path(folder)
-        self._train = CSVSink(self.folder / "train.csv")
-        self._val = CSVSink(self.folder / "validation.csv")
-
-    def start(self, config: dict[str, Any], run_dir: Path | None) -> None:
-        taken = [n for n in ("train.csv", "validation.csv") if (self.folder / n).exists()]
-        if taken:
-            raise FileExistsError(f"{self.folder} already holds a run's logs ({', '.join(taken)});"
-                                  " give another run_name, or move that folder")
-        self.folder.mkdir(parents=True, exist_ok=True)
-        (self.folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
-        self._train.start(config, None)
-        self._val.start(config, None)
-
-    def log(self, row: dict[str, Any]) -> None:
-        step, loss = row["step"], row.get("train_loss")
-        if loss is not None and step > 0:  # EXO Gym numbers a step's row by the steps before it
-            self._train.log({"step": step - 1, "examples_trained": row.get("samples"),
-                             "train_loss": loss, "train_perplexity": _exp(loss),
-                             "lr": row.get("lr")})
-        if "eval_loss" in row:
-            self._val.log({"step": step, "local_loss": None, "local_perplexity": None,
-                           "global_loss": row["eval_loss"],
-                           "global_perplexity": _exp(row["eval_loss"])})
-
-    def finish(self, summary: dict[str, Any] | None) -> None:
-        self._train.finish(summary)
-        self._val.finish(summary)
-
-
-def _exp(loss: float) -> float:
-    return math.exp(loss) if loss < 700 else math.inf
