@@ -3,8 +3,12 @@
 The layers, bottom up: :mod:`exogym.sim` (N nodes on one machine: engine, communicator, codecs,
 network, clock, data shards), :mod:`exogym.strategy` (one method per file, inner optimizers),
 :mod:`exogym.tasks` (models and datasets), :mod:`exogym.run` (one training run: trainer, result,
-sinks, real processes), :mod:`exogym.lab` (many runs: compare, estimate, sample) and
-:mod:`exogym.cli`. Nothing imports upwards.
+sinks, real processes), :mod:`exogym.compat` (the interfaces exogym grew out of: EXO Gym's, the
+whole of it in :mod:`exogym.compat.exo_gym`), :mod:`exogym.lab` (many runs: compare, estimate,
+sample) and :mod:`exogym.cli`. Nothing imports upwards but EXO Gym's import paths
+(``exogym.strategy.diloco.DiLoCoStrategy``, ...), which hand its names on from
+:mod:`exogym.compat.exo_gym`. ``exogym.Trainer`` is that package's trainer: exogym's, taking EXO
+Gym's strategies and call form too.
 
 >>> from exogym import Trainer
 >>> from exogym.strategy import DiLoCo
