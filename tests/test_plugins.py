@@ -268,5 +268,5 @@ def test_the_process_engine_runs_a_strategy_and_model_from_a_file(user_code):
 
 def test_load_object_lists_module_classes_only(user_code):
     with pytest.raises(ConfigError, match=r"module 'exogym.strategy.diloco' has no 'Nope'; it "
-                                          r"defines: DiLoCo, DiLoCoStrategy$"):
+                                          r"defines: DiLoCo$"):
         load_object("exogym.strategy.diloco:Nope", "strategy")
