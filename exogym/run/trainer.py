@@ -28,6 +28,7 @@ from torch.utils.data import Dataset
 
 from exogym.run.checkpoint import Checkpointer, load_checkpoint
 from exogym.run.dist import RankContext, close_group, join_torchrun, torchrun_env
+from exogym.run.options import FitOptions
 from exogym.run.result import FitResult, check_out_dir, read_json
 from exogym.run.sinks import MultiSink, Sink
 from exogym.run.state import RUN_CONFIG_KEYS, Run, RunInterrupted, RunSettings
@@ -48,6 +49,7 @@ from exogym.strategy import Strategy, make
 from exogym.strategy import get as get_strategy
 from exogym.utils.config import apply_overrides
 from exogym.utils.signals import STOP_SIGNALS, StopSignals
+from exogym.utils.validation import check_int
 
 __all__ = ["Trainer"]
 
@@ -160,267 +162,168 @@ class Trainer:
     ) -> FitResult:
         """Train on ``num_nodes`` simulated nodes and return the global model and its metrics.
 
-        Args:
-            strategy: a :class:`Strategy` instance, or a registry id (``"diloco"``).
-            num_nodes: N, the simulated nodes.
-            max_steps: training steps (each node takes one batch per step); or give
-            num_epochs: passes over each node's shard (may be fractional).
-            batch_size: per node.
-            partition: how a shared training set is split among the nodes
-                (:mod:`exogym.sim.partition`): ``"iid"`` (a random 1/N, new each epoch),
-                ``"dirichlet:ALPHA"`` (label skew) or ``"contiguous"`` (the i-th block of
-                samples; for text, node i's own span). Sizes and label histograms go to
-                ``config.json`` (``partition_stats``).
-            eval_interval: evaluate the global model every this many steps (and always at the
-                end); default: about ten evaluations per run.
-            eval_batch_size: batch size of evaluation.
-            eval_samples: evaluations during training use a fixed random subset of this many
-                samples of the evaluation set (drawn once with seed 0: the same for every run),
-                the final one the whole set (``result.final``); None: the whole set every time.
-                The rows' ``eval_*`` metrics are on the subset (``result.eval_during_training``
-                says which), ``final`` on the whole set (``result.eval_set``).
-            eval_at_start: also evaluate the initial model, as a first row at ``step`` 0 (no
-                ``train_loss``), where every curve of :mod:`exogym.lab.compare` starts.
-            log_interval: write a metrics row every this many steps (and on evaluation steps).
-            engine: ``"loop"``, ``"vmap"``, ``"threads"`` or ``"auto"`` (vmap on CUDA;
-                threads on a CPU for several nodes and intra-op threads; else the loop).
-            micro_batch_size: split each node's batch into micro-batches of this many rows and
-                accumulate their gradients (the whole-batch gradient for a per-sample mean loss,
-                less activation memory); None: the whole batch at once.
-            precision: ``"fp32"``, or ``"bf16"``: forward passes under bfloat16 autocast
-                (parameters, gradients, optimizer state and evaluation stay fp32).
-            device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``.
-            seed: seeds data order and randomness in the model (dropout); same seed, same numbers.
-            out_dir: if given, ``metrics.jsonl``, ``config.json``, ``summary.json`` and
-                ``model.pt`` (the global model's ``state_dict`` at each evaluation and at the end)
-                go there. It must not exist or be an empty folder (checked before any work).
-            sinks: more places for the same rows (:mod:`exogym.run.sinks`: ``CSVSink()``,
-                ``TensorBoardSink()``, ``WandbSink(project)``); each is started with the config
-                and ``out_dir``, gets every row, and is finished with the summary (None if the
-                run fails).
-            run_info: more entries for ``config.json`` (the CLI records ``{"task": id}``, which
-                ``exogym sample`` reads); they may not replace the run's own keys.
-            progress: show a progress bar.
-            network: the simulated network under the run's clock (:mod:`exogym.sim.network`): a
-                profile name (``"datacenter"``, ``"home-100mbps"``, ...), a spec string
-                (``"bw=1Gbps,latency=5ms"``) or a :class:`Network`; None: no simulated clock.
-            world: the world the nodes train in (:mod:`exogym.sim.world`): per-node speeds,
-                failures and rejoins (MTBF/MTTR, explicit events, a trace), lost messages, a
-                quorum; a spec string (``"speed=1:1:0.5:0.25,mtbf=30min,mttr=5min,seed=3"``)
-                or a :class:`World`; None: a perfect world (every node up at speed 1, nothing
-                lost: the numbers of a run without one). Failures by simulated time and a
-                strategy's ``deadline`` need a ``network``. What happened goes to
-                ``events.jsonl`` and ``result.world``.
-            step_time: one node's compute per step, seconds (or ``"1.5s"``); default: measured
-                from the run's own training steps (per process in a multi-process run; see
-                :mod:`exogym.sim.clock`); or
-            flops_per_sample, device_flops: training FLOPs per sample and the device's FLOP/s,
-                ``step time = flops_per_sample * batch_size / device_flops``.
-            distributed: run as one rank of a multi-process job over ``torch.distributed``:
-                the ``N`` nodes are split evenly over the processes (``N / world_size`` stacked
-                in each) and collectives cross processes. None (default): yes when
-                ``torch.distributed`` is initialised or the process was launched by
-                ``torchrun`` (it then joins torchrun's group, and leaves it at the end); False:
-                simulate all ``N`` nodes in this process regardless.
-
-            allow_nonfinite: a NaN or infinite training loss (any node) or eval loss stops the run
-                with :class:`exogym.run.result.NonFiniteLossError` naming the step, the nodes and
-                the strategy, after the metrics so far are written; True trains on regardless (the
-                summary records where it first happened).
-            allow_unsynced: a run shorter than the strategy's period ``H`` never (fully) updates
-                the global model and is an error; True runs it anyway.
-            checkpoint_every: write a checkpoint every this many steps, and at the end
-                (:mod:`exogym.run.checkpoint`, ``out_dir/checkpoints/step-NNNNNNNN/``); None:
-                none (but a Ctrl-C still writes one).
-            checkpoint_interval: and/or every this much wall time (seconds, or ``"10min"``).
-            keep_checkpoints: how many complete checkpoints are kept (the oldest are deleted).
-            async_checkpoint: copy the state to host memory, then write it in a background
-                thread while training goes on (one process; multi-process runs write
-                synchronously).
-            resume: a run folder to continue from its newest usable checkpoint: every setting
-                comes from the checkpoint (the strategy too, if none is given); arguments given
-                here must agree with it, except ``max_steps``, which may extend the run. The
-                continued run is bit-identical to one that never stopped (every metrics row,
-                bytes, collectives, the simulated clock, the final model; wall-clock times
-                aside).
-            handle_signals: in the main thread, SIGINT (Ctrl-C) and SIGTERM end the run cleanly
-                at the next step (in a multi-process run: the next logged step): a checkpoint
-                when there is an ``out_dir``, metrics flushed, then
-                :class:`exogym.run.state.RunInterrupted` says how to resume; a second signal
-                aborts at once.
-
-        The simulated clock (:mod:`exogym.sim.clock`) never changes a training number: every row
-        gains ``sim_time_s``, the result its :class:`exogym.sim.clock.ClockReport`.
+        Every argument is documented on :class:`exogym.run.options.FitOptions`, under the same
+        name (``help(exogym.run.options.FitOptions)``). In short: ``strategy`` (an instance or
+        a registry id), the run's length (``max_steps`` or ``num_epochs``), the data
+        (``batch_size`` per node, ``partition``), evaluation, the engine and device, the
+        simulated ``network`` and ``world``, the compute price (measured by default, or
+        ``step_time``, or FLOPs), ``out_dir`` and ``sinks``, checkpoints and ``resume``.
 
         ``exogym.Trainer`` (:class:`exogym.compat.exo_gym.trainer.Trainer`, a subclass) also
-        takes EXO Gym's strategies and its form of this call (its arguments, the model returned).
-
-        In a multi-process run every rank returns the same :class:`FitResult`; rank 0 alone
-        shows progress, evaluates the global model (once per evaluation step, the metrics sent
-        to the other ranks) and writes ``out_dir``.
+        takes EXO Gym's strategies and its form of this call (its arguments, the model
+        returned). In a multi-process run every rank returns the same :class:`FitResult`.
         """
-        given = self._given  # the arguments the caller passed (a resumed run checks them)
-        for name, flag in (("allow_nonfinite", allow_nonfinite), ("async_checkpoint",
-                           async_checkpoint), ("allow_unsynced", allow_unsynced),
-                           ("eval_at_start", eval_at_start), ("handle_signals", handle_signals),
-                           ("progress", progress)):
-            if not isinstance(flag, bool):
-                raise ValueError(f"{name} must be True or False, got {flag!r}")
-        if distributed not in (None, True, False):
-            raise ValueError(f"distributed must be None, True or False, got {distributed!r}")
-        if checkpoint_every is not None:
-            _check_int("checkpoint_every (or None)", checkpoint_every, 1)
-        interval_s = _interval(checkpoint_interval)
-        _check_int("keep_checkpoints", keep_checkpoints, 1)
-        sink = MultiSink(sinks)  # a non-sink is an error before anything runs
-        checkpointing = _Checkpointing(checkpoint_every, interval_s, keep_checkpoints,
-                                       async_checkpoint)
-        if resume is not None:
-            return self._resume(resume, given=given, kwargs=locals(), sink=sink,
-                                checkpointing=checkpointing)
+        options = FitOptions(**{k: v for k, v in locals().items() if k != "self"})
+        if options.resume is not None:
+            return self._resume(options, self._given)
+        return self._start(options)
 
-        strategy, engine = _as_strategy(strategy, engine)
-        _check_int("num_nodes", num_nodes, 1)
-        _check_int("batch_size", batch_size, 1)
-        _check_int("seed", seed, 0)
-        partition = parse_partition(partition)
-        _check_int("eval_batch_size", eval_batch_size, 1)
-        if eval_samples is not None:
-            _check_int("eval_samples (or None)", eval_samples, 1)
-        _check_int("log_interval", log_interval, 1)
-        if engine not in ENGINES:
-            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
-        if micro_batch_size is not None:
-            _check_int("micro_batch_size", micro_batch_size, 1)
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-        dev = resolve_device(device)
-        net = parse_network(network) if network is not None else None
+    def _start(self, o: FitOptions) -> FitResult:
+        """A new run of ``o``: the checks that need the model, data and strategy, then the run."""
+        strategy, engine = _as_strategy(o.strategy, o.engine)
+        for name, least in (("num_nodes", 1), ("batch_size", 1), ("seed", 0),
+                            ("eval_batch_size", 1), ("log_interval", 1)):
+            check_int(name, getattr(o, name), least)
+        for name in ("eval_samples", "micro_batch_size", "eval_interval"):
+            if getattr(o, name) is not None:
+                check_int(f"{name} (or None)", getattr(o, name), 1)
+        _check_engine(engine, o.precision)
+        partition = parse_partition(o.partition)
+        net = parse_network(o.network) if o.network is not None else None
         if net is not None:
-            net.check_nodes(num_nodes)
-        the_world = _check_world(parse_world(world), num_nodes, net, strategy)
-        step_time_s, compute_source = resolve_step_time(step_time, flops_per_sample,
-                                                        device_flops, batch_size)
-        if eval_interval is not None:
-            _check_int("eval_interval (or None)", eval_interval, 1)
-        ranks, owns_group, dev = _join(distributed, num_nodes, dev)
+            net.check_nodes(o.num_nodes)
+        the_world = _check_world(parse_world(o.world), o.num_nodes, net, strategy)
+        step_time_s, source = resolve_step_time(o.step_time, o.flops_per_sample,
+                                                o.device_flops, o.batch_size)
+        checkpointing = _Checkpointing(o.checkpoint_every, _interval(o.checkpoint_interval),
+                                       o.keep_checkpoints, o.async_checkpoint)
+        sink = MultiSink(o.sinks)  # a non-sink is an error before anything runs
+        ranks, owns_group, dev = _join(o.distributed, o.num_nodes, resolve_device(o.device))
         clean = False
         try:
             lead = ranks is None or ranks.rank == 0
-            if lead and out_dir is not None:
-                check_out_dir(out_dir)
-            n_here = num_nodes if ranks is None else ranks.nodes_per_process
+            if lead and o.out_dir is not None:
+                check_out_dir(o.out_dir)
+            n_here = o.num_nodes if ranks is None else ranks.nodes_per_process
             check_memory(self.model, n_here, dev, strategy.optim.states_per_parameter)
-            batches = NodeBatches(self.train_dataset, num_nodes, batch_size, seed=seed,
+            batches = NodeBatches(self.train_dataset, o.num_nodes, o.batch_size, seed=o.seed,
                                   partition=partition)
-            total_steps = _total_steps(max_steps, num_epochs, batches.steps_per_epoch)
-            _check_sync(strategy, total_steps, allow_unsynced, warn=lead)
+            total = _total_steps(o.max_steps, o.num_epochs, batches.steps_per_epoch)
+            _check_sync(strategy, total, o.allow_unsynced, warn=lead, stacklevel=5)
             settings = RunSettings(
-                num_nodes=num_nodes, total_steps=total_steps, batch_size=batch_size,
-                partition=partition,
-                eval_interval=eval_interval or max(total_steps // 10, 1),
-                eval_samples=eval_samples, eval_at_start=eval_at_start,
-                eval_batch_size=eval_batch_size, log_interval=log_interval, engine=engine,
-                micro_batch_size=micro_batch_size, precision=precision, seed=seed,
-                network=net, step_time_s=step_time_s, compute_source=compute_source,
-                allow_nonfinite=allow_nonfinite, allow_unsynced=allow_unsynced,
-                world=the_world)
+                num_nodes=o.num_nodes, total_steps=total, batch_size=o.batch_size,
+                partition=partition, eval_interval=o.eval_interval
+                or max(total // 10, 1), eval_samples=o.eval_samples,
+                eval_at_start=o.eval_at_start, eval_batch_size=o.eval_batch_size,
+                log_interval=o.log_interval, engine=engine, micro_batch_size=o.micro_batch_size,
+                precision=o.precision, seed=o.seed, network=net, step_time_s=step_time_s,
+                compute_source=source, allow_nonfinite=o.allow_nonfinite,
+                allow_unsynced=o.allow_unsynced, world=the_world)
             run = Run(self.model, self.train_dataset, self.val_dataset, strategy, settings,
-                      device=dev, ranks=ranks, out_dir=out_dir, sink=sink, progress=progress,
-                      run_info=dict(run_info or {}), batches=batches,
+                      device=dev, ranks=ranks, out_dir=o.out_dir, sink=sink,
+                      progress=o.progress, run_info=dict(o.run_info or {}), batches=batches,
                       checkpointing=checkpointing.to_dict())
-            result = _drive(run, None, checkpointing, handle_signals)
+            result = _drive(run, None, checkpointing, o.handle_signals)
             clean = True
             return result
         finally:
             if owns_group:
                 close_group(clean=clean)
 
-    def _resume(self, run_dir: str | Path, *, given: frozenset[str], kwargs: dict[str, Any],
-                sink: MultiSink, checkpointing: _Checkpointing) -> FitResult:
-        """:meth:`fit` continuing ``run_dir`` from its newest usable checkpoint: the settings are
-        the checkpoint's, overridden by the arguments given (which must then equal them, but
-        for ``max_steps``); any difference is an error listing them."""
-        run_dir = Path(run_dir)
+    def _resume(self, o: FitOptions, given: frozenset[str]) -> FitResult:
+        """:meth:`fit` continuing ``o.resume`` from its newest usable checkpoint: the settings
+        are the checkpoint's, overridden by the arguments given (which must then equal them,
+        but for ``max_steps``); any difference is an error listing them."""
+        assert o.resume is not None
+        run_dir = Path(o.resume)
         saved = read_json(run_dir / "config.json", "resume takes a run folder that exogym "
                           "wrote with checkpoints (--checkpoint-every)")
-        if kwargs["out_dir"] is not None and Path(kwargs["out_dir"]).resolve() != \
-                run_dir.resolve():
+        if o.out_dir is not None and Path(o.out_dir).resolve() != run_dir.resolve():
             raise ValueError(f"resume={str(run_dir)!r} continues that folder; out_dir="
-                             f"{str(kwargs['out_dir'])!r} is another (give one of them)")
+                             f"{str(o.out_dir)!r} is another (give one of them)")
         if "num_epochs" in given:
             raise ValueError("a resumed run takes max_steps (to extend it), not num_epochs")
-
-        def arg(name: str, default: Any) -> Any:
-            return kwargs[name] if name in given else default
-
-        num_nodes = arg("num_nodes", saved["num_nodes"])
-        _check_int("num_nodes", num_nodes, 1)
-        dev = resolve_device(arg("device", saved["device"]))
-        distributed = kwargs["distributed"]
+        checkpointing = _Checkpointing(o.checkpoint_every, _interval(o.checkpoint_interval),
+                                       o.keep_checkpoints, o.async_checkpoint)
+        sink = MultiSink(o.sinks)
+        num_nodes = check_int("num_nodes", o.given("num_nodes", given, saved["num_nodes"]), 1)
+        distributed = o.distributed
         if distributed is None and saved.get("processes", 1) == 1:
             distributed = False  # a simulated run continues simulated
-        ranks, owns_group, dev = _join(distributed, num_nodes, dev)
+        ranks, owns_group, dev = _join(distributed, num_nodes, resolve_device(
+            o.given("device", given, saved["device"])))
         clean = False
         try:
-            world = 1 if ranks is None else ranks.world_size
-            state, where = load_checkpoint(run_dir, rank=0 if ranks is None else ranks.rank,
-                                           world_size=world, map_location=dev)
+            state, where = load_checkpoint(
+                run_dir, rank=0 if ranks is None else ranks.rank,
+                world_size=1 if ranks is None else ranks.world_size, map_location=dev)
             saved = state["config"]  # the checkpoint's own copy: its step's truth
-            strategy = kwargs["strategy"] if "strategy" in given else _strategy_from_config(saved)
+            strategy = o.strategy if "strategy" in given else _strategy_from_config(saved)
             strategy, _ = _as_strategy(strategy, "loop")
-            max_steps = arg("max_steps", None) or saved["steps"]
-            _check_int("max_steps", max_steps, 1)
-            if max_steps < state["step"]:
-                raise ValueError(f"max_steps={max_steps} is before the checkpoint's step "
-                                 f"{state['step']} ({where}); a resumed run can only be "
-                                 "extended")
-            network = arg("network", saved["network"])
-            net = parse_network(network) if network is not None else None
-            step_time_s, source = saved["step_time_s"], saved["compute_source"]
-            if given & {"step_time", "flops_per_sample", "device_flops"}:
-                step_time_s, source = resolve_step_time(
-                    kwargs["step_time"], kwargs["flops_per_sample"], kwargs["device_flops"],
-                    int(saved["batch_size_per_node"]))
-            engine = arg("engine", saved["engine"])
-            the_world = _check_world(parse_world(arg("world", saved.get("world"))), num_nodes,
-                                     net, strategy)
-            if engine not in ENGINES:
-                raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
-            settings = RunSettings(
-                num_nodes=num_nodes, total_steps=max_steps,
-                batch_size=arg("batch_size", saved["batch_size_per_node"]),
-                partition=parse_partition(arg("partition", saved["partition"])),
-                eval_interval=arg("eval_interval", None) or saved["eval_interval"],
-                eval_samples=arg("eval_samples", saved["eval_samples"]),
-                eval_at_start=arg("eval_at_start", saved["eval_at_start"]),
-                eval_batch_size=arg("eval_batch_size", saved["eval_batch_size"]),
-                log_interval=arg("log_interval", saved["log_interval"]), engine=engine,
-                micro_batch_size=arg("micro_batch_size", saved["micro_batch_size"]),
-                precision=arg("precision", saved["precision"]),
-                seed=arg("seed", saved["seed"]), network=net, step_time_s=step_time_s,
-                compute_source=source,
-                allow_nonfinite=arg("allow_nonfinite", saved["allow_nonfinite"]),
-                allow_unsynced=arg("allow_unsynced", saved["allow_unsynced"]),
-                world=the_world)
+            settings = _resumed_settings(o, given, saved, strategy, num_nodes, int(
+                state["step"]), where)
             run_info = {k: v for k, v in saved.items() if k not in RUN_CONFIG_KEYS}
-            run_info.update(dict(kwargs["run_info"] or {}))
+            run_info.update(dict(o.run_info or {}))
             checkpointing = checkpointing.resumed(saved.get("checkpointing") or {}, given)
             run = Run(self.model, self.train_dataset, self.val_dataset, strategy, settings,
                       device=dev, ranks=ranks, out_dir=run_dir, sink=sink,
-                      progress=kwargs["progress"], run_info=run_info,
+                      progress=o.progress, run_info=run_info,
                       checkpointing=checkpointing.to_dict())
             _check_same_run(saved, run.config, where)
             run.load_state_dict(state)
             run.resumed_from = {"step": int(state["step"]), "checkpoint": str(where)}
-            _check_sync(strategy, max_steps, True, warn=run.lead and max_steps != saved["steps"])
-            result = _drive(run, int(state["step"]), checkpointing, kwargs["handle_signals"])
+            _check_sync(strategy, settings.total_steps, True, stacklevel=5,
+                        warn=run.lead and settings.total_steps != saved["steps"])
+            result = _drive(run, int(state["step"]), checkpointing, o.handle_signals)
             clean = True
             return result
         finally:
             if owns_group:
                 close_group(clean=clean)
 
+
+def _resumed_settings(o: FitOptions, given: frozenset[str], saved: dict[str, Any],
+                      strategy: Strategy, num_nodes: int, step: int,
+                      where: Path) -> RunSettings:
+    """A resumed run's settings: the checkpoint's config, overridden by what was ``given``."""
+    def arg(name: str, default: Any) -> Any:
+        return o.given(name, given, default)
+
+    max_steps = check_int("max_steps", arg("max_steps", None) or saved["steps"], 1)
+    if max_steps < step:
+        raise ValueError(f"max_steps={max_steps} is before the checkpoint's step {step} "
+                         f"({where}); a resumed run can only be extended")
+    network = arg("network", saved["network"])
+    net = parse_network(network) if network is not None else None
+    step_time_s, source = saved["step_time_s"], saved["compute_source"]
+    if given & {"step_time", "flops_per_sample", "device_flops"}:
+        step_time_s, source = resolve_step_time(o.step_time, o.flops_per_sample,
+                                                o.device_flops, int(saved["batch_size_per_node"]))
+    engine = arg("engine", saved["engine"])
+    the_world = _check_world(parse_world(arg("world", saved.get("world"))), num_nodes, net,
+                             strategy)
+    _check_engine(engine, arg("precision", saved["precision"]))
+    return RunSettings(
+        num_nodes=num_nodes, total_steps=max_steps,
+        batch_size=arg("batch_size", saved["batch_size_per_node"]),
+        partition=parse_partition(arg("partition", saved["partition"])),
+        eval_interval=arg("eval_interval", None) or saved["eval_interval"],
+        eval_samples=arg("eval_samples", saved["eval_samples"]),
+        eval_at_start=arg("eval_at_start", saved["eval_at_start"]),
+        eval_batch_size=arg("eval_batch_size", saved["eval_batch_size"]),
+        log_interval=arg("log_interval", saved["log_interval"]), engine=engine,
+        micro_batch_size=arg("micro_batch_size", saved["micro_batch_size"]),
+        precision=arg("precision", saved["precision"]), seed=arg("seed", saved["seed"]),
+        network=net, step_time_s=step_time_s, compute_source=source,
+        allow_nonfinite=arg("allow_nonfinite", saved["allow_nonfinite"]),
+        allow_unsynced=arg("allow_unsynced", saved["allow_unsynced"]), world=the_world)
+
+
+def _check_engine(engine: str, precision: str) -> None:
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
 
 def _join(
     distributed: bool | None, num_nodes: int, dev: torch.device
@@ -468,7 +371,7 @@ def _check_world(world: World, num_nodes: int, net: Network | None,
 
 
 def _check_sync(strategy: Strategy, total_steps: int, allow_unsynced: bool, *,
-                warn: bool) -> None:
+                warn: bool, stacklevel: int = 2) -> None:
     """A run shorter than the strategy's period H is an error (the global model would never be
     fully updated) unless allowed; a run that is not a multiple of H gets a warning naming the
     strategy (so that a comparison warns for each one)."""
@@ -485,7 +388,7 @@ def _check_sync(strategy: Strategy, total_steps: int, allow_unsynced: bool, *,
         warnings.warn(
             f"{strategy.id}: {total_steps} steps is not a multiple of H={period}: the last "
             f"{total_steps % period} local steps never reach the global model",
-            stacklevel=4)
+            stacklevel=stacklevel)
 
 
 @dataclass(frozen=True)
@@ -651,16 +554,11 @@ def _check_same_run(saved: dict[str, Any], now: dict[str, Any], where: Path) -> 
         raise ValueError(f"this is not the run of {where}: " + "; ".join(diffs))
 
 
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
 def _total_steps(max_steps: int | None, num_epochs: float | None, steps_per_epoch: int) -> int:
     if (max_steps is None) == (num_epochs is None):
         raise ValueError("give exactly one of max_steps and num_epochs")
     if max_steps is not None:
-        _check_int("max_steps", max_steps, 1)
+        check_int("max_steps", max_steps, 1)
         return max_steps
     assert num_epochs is not None
     if not num_epochs > 0:
