@@ -49,6 +49,7 @@ from typing import Any
 from exogym.sim.comm import CommRecord
 from exogym.sim.compute import measure_step_time, resolve_step_time
 from exogym.sim.network import Network, format_duration, parse_duration, parse_network
+from exogym.sim.spans import SpanLog, node_ranges
 
 # measure_step_time and resolve_step_time are re-exported: the compute model lived here before
 # exogym.sim.compute.
@@ -167,6 +168,8 @@ class SimClock:
         self.pushes_queued = 0
         self.pending: list[_Pending] = []
         self._times: dict[tuple[str, int, int], float] = {}
+        # Span recording (exogym.sim.spans: the run's trace and picture): None, no cost.
+        self.spans: SpanLog | None = None
 
     def set_step_time(self, step_time_s: float) -> None:
         """``c`` becomes ``step_time_s`` (measured compute: the mean so far) for every node."""
@@ -188,7 +191,8 @@ class SimClock:
                 "last_release": self.last_release, "server_free": list(self.server_free),
                 "push_queue": [list(p) for p in self.push_queue],
                 "pushes_queued": self.pushes_queued,
-                "pending": [(p.tag, p.end, p.deadline_step, p.members) for p in self.pending]}
+                "pending": [(p.tag, p.end, p.deadline_step, p.members) for p in self.pending],
+                **({"spans": self.spans.state_dict()} if self.spans is not None else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if len(state["t"]) != self.num_nodes:
@@ -204,6 +208,8 @@ class SimClock:
         self.pending = [_Pending(tag, float(end), deadline,
                                  tuple(members) if members is not None else None)
                         for tag, end, deadline, members in state["pending"]]
+        if self.spans is not None and "spans" in state:
+            self.spans.load_state_dict(state["spans"])
 
     # -- compute -----------------------------------------------------------------------------
     def compute(self, step: int, active: Sequence[bool] | None = None,
@@ -215,6 +221,9 @@ class SimClock:
             if active is None or active[i]:
                 if seconds is not None:
                     c = seconds[i] / self.speeds[i]
+                if self.spans is not None:
+                    self.spans.add(i, "compute", self.t[i], self.t[i] + c, "compute",
+                                   run_step=step)
                 self.t[i] += c
                 self.node_compute[i] += c
         due = [p for p in self.pending if p.deadline_step is not None and p.deadline_step <= step]
@@ -224,6 +233,8 @@ class SimClock:
     def down(self, node: int, until: float) -> None:
         """Node ``node`` is down (a world's failure) from its time until ``until``."""
         if until > self.t[node]:
+            if self.spans is not None:
+                self.spans.add(node, "down", self.t[node], until, "down")
             self.node_down[node] += until - self.t[node]
             self.t[node] = until
             self.link_free[node] = max(self.link_free[node], until)
@@ -231,6 +242,8 @@ class SimClock:
     def wait(self, node: int, until: float) -> None:
         """Node ``node`` idles until ``until`` (waiting for a quorum)."""
         if until > self.t[node]:
+            if self.spans is not None:
+                self.spans.add(node, "idle", self.t[node], until, "quorum wait")
             self.node_idle[node] += until - self.t[node]
             self.t[node] = until
 
@@ -283,6 +296,8 @@ class SimClock:
         end = start + self.collective_time(rec)
         for i in members:
             self.link_free[i] = end
+        if self.spans is not None:
+            self._collective_spans(rec, members, issue, start, end)
         if rec.overlap:
             deadline = None if self.overlap_steps is None else rec.step + self.overlap_steps
             pending = _Pending(rec.tag, end, deadline,
@@ -306,6 +321,14 @@ class SimClock:
         end = start + (net.transfer_s(rec.payload_bytes, self.up_bps[src], self.down_bps[dst])
                        + net.message_latency_s)
         self.link_free[src] = self.link_free[dst] = end
+        if self.spans is not None:
+            name = (f"recovery from node {src}" if rec.tag == "recovery"
+                    else f"receive {rec.tag} from node {src}")
+            self.spans.add(dst, "idle", self.t[dst], start, "waiting to receive",
+                           (("from", src),), rec.step)
+            self.spans.add(dst, "comm", start, end, name,
+                           (("bytes", rec.payload_bytes), ("tag", rec.tag)), rec.step)
+            self.spans.flow(f"send {rec.tag}", (src, 0), start, (dst, 0), (start + end) / 2)
         self.node_idle[dst] += start - self.t[dst]
         self.node_comm[dst] += end - start
         self.t[dst] = end
@@ -339,6 +362,10 @@ class SimClock:
             done = start + net.transfer_s(size, self.up_bps[node], net.down_bps or net.up_bps)
             self.link_free[node] = self.server_free[0] = done
             arrival = done + net.message_latency_s
+            if self.spans is not None:
+                self.spans.link(0, start, done, f"push from node {node}", (("bytes", size),))
+                self.spans.flow("push", (node, 0), (at + arrival) / 2, ("server", 0),
+                                (start + done) / 2)
             served.append((node, arrival))
             if not final:
                 until = min(until, arrival)
@@ -353,13 +380,51 @@ class SimClock:
         done = start + net.transfer_s(payload_bytes, net.up_bps, self.down_bps[node])
         self.link_free[node] = self.server_free[1] = done
         end = done + net.message_latency_s
+        if self.spans is not None:
+            self._reply_spans(node, payload_bytes, at, start, done, end)
         if end > self.t[node]:
             self.node_comm[node] += end - self.t[node]
             self.t[node] = end
 
+    def _collective_spans(self, rec: CommRecord, members: Sequence[int], issue: float,
+                          start: float, end: float) -> None:
+        """The spans of a collective: each member's straggler wait (until the last of them
+        arrived: whom it waited for) and its wait for a busy link, then the collective itself
+        (blocking: on the member's timeline; overlapped: on its network lane)."""
+        assert self.spans is not None
+        args: tuple[tuple[str, Any], ...] = (
+            ("op", rec.op), ("tag", rec.tag), ("bytes", rec.payload_bytes),
+            ("members", "all" if rec.members < 0 else node_ranges(members)))
+        if rec.codec:
+            args += (("codec", rec.codec),)
+        name = f"{rec.op} {rec.tag}".strip()
+        if rec.overlap:
+            for i in members:
+                self.spans.lane(i, start, end, f"{name} (overlapped)", args)
+            return
+        last = (("waited_for", node_ranges([i for i in members if self.t[i] == issue])),)
+        for i in members:
+            self.spans.add(i, "idle", self.t[i], issue, "straggler wait", last, rec.step)
+            self.spans.add(i, "comm", issue, start, "waiting for the link", (), rec.step)
+            self.spans.add(i, "comm", start, end, name, args, rec.step)
+
+    def _reply_spans(self, node: int, payload_bytes: float, at: float, start: float,
+                     done: float, end: float) -> None:
+        """An asynchronous node's wait for the server: its push until it arrived (``at``),
+        then the pull of the model; the model on the server's sending link."""
+        assert self.spans is not None
+        t = self.t[node]
+        mid = min(max(at, t), end)
+        self.spans.add(node, "comm", t, mid, "push (until it reached the server)")
+        self.spans.add(node, "comm", mid, end, "pull", (("bytes", payload_bytes),))
+        self.spans.link(1, start, done, f"model to node {node}", (("bytes", payload_bytes),))
+        self.spans.flow("pull", ("server", 1), (start + done) / 2, (node, 0), (mid + end) / 2)
+
     def _await(self, p: _Pending) -> None:
         for i in (range(self.num_nodes) if p.members is None else p.members):
             if p.end > self.t[i]:
+                if self.spans is not None:
+                    self.spans.add(i, "comm", self.t[i], p.end, f"waiting for overlapped {p.tag}")
                 self.node_comm[i] += p.end - self.t[i]
                 self.t[i] = p.end
         self.pending.remove(p)
@@ -370,8 +435,12 @@ class SimClock:
             self._await(p)
         total = max(self.t)
         for i in range(self.num_nodes):
+            if self.spans is not None:
+                self.spans.add(i, "idle", self.t[i], total, "end of run: waiting for the slowest")
             self.node_idle[i] += total - self.t[i]
             self.t[i] = total
+        if self.spans is not None:
+            self.spans.finish()
         n = self.num_nodes
         compute = sum(self.node_compute) / n
         return ClockReport(
@@ -519,8 +588,10 @@ class ClockTrace:
         row = self.step_seconds[step]
         return [row[r] for r in node_processes(self.num_nodes, len(row))]
 
-    def cost(self, network: Network | str, step_time_s: float | None = None) -> ClockReport:
-        """Replay the run on ``network`` (optionally with another compute time per step).
+    def cost(self, network: Network | str, step_time_s: float | None = None,
+             spans: SpanLog | None = None) -> ClockReport:
+        """Replay the run on ``network`` (optionally with another compute time per step);
+        ``spans``: the replayed clock records its spans there (its timeline).
 
         Raises:
             ValueError: the run cannot be re-costed (:attr:`not_recostable`) on another network.
@@ -531,6 +602,7 @@ class ClockTrace:
                          overlap_steps=self.overlap_steps,
                          compute_source=self.compute_source if step_time_s is None else "given",
                          speeds=self.speeds)
+        clock.spans = spans
         if self.ops is not None:
             return self._replay(clock)
         records = sorted(self.records, key=lambda r: r.step)  # stable: keeps order in a step
