@@ -1,5 +1,5 @@
 """The ``exogym`` command line: ``run``, ``compare``, ``sample``, ``strategies``, ``tasks``,
-``networks``, ``recost``, ``estimate``.
+``networks``, ``recost``, ``trace``, ``estimate``.
 
 A thin layer over :class:`exogym.Trainer`, the task registry and the strategy registry: every
 strategy hyperparameter is reachable with ``--set KEY=VALUE`` and checked against the strategy's
@@ -7,7 +7,8 @@ fields, so a typo is an error, never a silently ignored option. ``run`` under ``
 as one rank of a multi-process job (:meth:`exogym.Trainer.fit` joins torchrun's group);
 ``compare`` runs several strategies on one task (:mod:`exogym.lab.compare`); ``sample`` prints text
 from a language-model run (:mod:`exogym.lab.sample`); ``recost`` replays a finished run's recorded
-collectives on other networks (:mod:`exogym.sim.clock`); ``estimate`` is the analytic calculator of
+collectives on other networks (:mod:`exogym.sim.clock`); ``trace`` writes a finished run's timeline
+as a Chrome trace (:mod:`exogym.run.trace`); ``estimate`` is the analytic calculator of
 :mod:`exogym.lab.estimate`.
 
 Importing this module imports no torch (only the standard library and torch-free exogym modules):
@@ -260,6 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="continue RUN_DIR from its newest usable checkpoint, exactly as if it "
                           "had never stopped (--steps may extend it)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--trace", action="store_true",
+                     help="also write the run's timeline as a Chrome trace, RUN_DIR/trace.json "
+                          "(open it in https://ui.perfetto.dev); with --engine process also "
+                          "trace_real.json, the real processes on the wall clock")
     run.add_argument("--csv", action="store_true", help="also write metrics.csv in the run folder")
     run.add_argument("--tensorboard", action="store_true",
                      help="also write TensorBoard events to RUN_DIR/tensorboard "
@@ -414,6 +419,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a network (repeatable; default: every profile)")
     recost.add_argument("--step-time", type=_argtype(_positive_duration), metavar="TIME",
                         help="re-cost with this compute per step instead of the recorded one")
+
+    trc = sub.add_parser(
+        "trace", help="a finished run's timeline as a Chrome trace (Perfetto, chrome://tracing)",
+        description="Replay a finished run's simulated clock with span recording on and write "
+                    "its timeline (every node's compute, collectives, waits, down time, the "
+                    "world's events) as a Chrome trace; open it in https://ui.perfetto.dev.")
+    trc.add_argument("run_dir", type=_path, metavar="RUN_DIR", help="a run folder")
+    trc.add_argument("-o", "--output", type=_path, metavar="FILE",
+                     help="where to write it (default RUN_DIR/trace.json)")
 
     est = sub.add_parser(
         "estimate", help="analytic training time, bytes and utilization (no training)",
@@ -604,6 +618,7 @@ def _run_fit_args(args: argparse.Namespace, task: Task, out: Path, sinks: list[A
         eval_samples=args.eval_samples,
         allow_nonfinite=args.allow_nonfinite,
         allow_unsynced=args.allow_unsynced,
+        trace=args.trace,
         run_info={**task.run_info(train), "sinks": sink_specs,
                   "launcher": "process" if args.engine == "process" else None},
         **({"num_epochs": args.epochs} if args.epochs else {"max_steps": args.steps or 500}),
@@ -660,7 +675,7 @@ def _checkpoint_args(args: argparse.Namespace) -> dict[str, Any]:
 # writing checkpoints, and --steps to extend the run. Everything else is the recorded run's.
 _RESUME_OPTIONS = {"resume", "steps", "data_dir", "no_download", "no_progress",
                    "checkpoint_every", "checkpoint_interval", "keep_checkpoints",
-                   "sync_checkpoints", "command"}
+                   "sync_checkpoints", "trace", "command"}
 
 
 def _resume_run(args: argparse.Namespace) -> int:
@@ -678,7 +693,8 @@ def _resume_run(args: argparse.Namespace) -> int:
     if changed:
         raise ConfigError("--resume continues the run as it was recorded; drop "
                           f"{', '.join(changed)} (allowed with --resume: --steps to extend it, "
-                          "--data-dir, --no-download, --no-progress and the checkpoint options)")
+                          "--data-dir, --no-download, --no-progress, --trace and the "
+                          "checkpoint options)")
     config = read_json(args.resume / "config.json",
                        "--resume takes a run folder written by `exogym run`")
     task_id = config.get("task")
@@ -691,7 +707,7 @@ def _resume_run(args: argparse.Namespace) -> int:
     torch.manual_seed(int(config["seed"]))
     model = task.build_model()
     fit_args: dict[str, Any] = dict(resume=args.resume, progress=not args.no_progress,
-                                    sinks=sinks)
+                                    sinks=sinks, trace=args.trace)
     fresh = _checkpoint_args(build_parser().parse_args(["run"]))
     # the recorded checkpoint settings go on, unless an option here changes one
     fit_args.update({k: v for k, v in _checkpoint_args(args).items() if v != fresh[k]})
@@ -861,6 +877,35 @@ def cmd_recost(args: argparse.Namespace) -> int:
     for r in rows:
         print("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                         for i, (c, w) in enumerate(zip(r, widths, strict=True))))
+    return 0
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    """``exogym trace RUN_DIR [-o FILE]``: the run's timeline rebuilt from its folder (its clock
+    replayed, :func:`exogym.run.trace.rebuild`); an asynchronous run's is the one it recorded
+    while it trained (``--trace``), copied to ``FILE``."""
+    import shutil
+
+    from exogym.run.result import check_writable
+    from exogym.run.trace import TRACE_FILE, NotReplayable, rebuild, write_trace
+
+    out = args.output if args.output is not None else args.run_dir / TRACE_FILE
+    check_writable(out, "trace")
+    recorded = args.run_dir / TRACE_FILE
+    try:
+        trace = rebuild(args.run_dir)
+    except NotReplayable:
+        if not recorded.exists():
+            raise
+        if out.resolve() != recorded.resolve():
+            shutil.copyfile(recorded, out)
+        print(f"{out}: the trace this asynchronous run recorded while it trained")
+        return 0
+    write_trace(trace, out)
+    meta = trace["otherData"]["exogym"]
+    print(f"{out}: {meta['strategy']}, {meta['num_nodes']} nodes, {meta['steps']:,} steps, "
+          f"{len(trace['traceEvents']):,} events (detail: {trace['otherData']['detail']}); "
+          "open it in https://ui.perfetto.dev or chrome://tracing")
     return 0
 
 
@@ -1107,6 +1152,7 @@ def _main(argv: Sequence[str] | None) -> int:
 _COMMANDS: dict[str, Any] = {
     "run": cmd_run, "sample": cmd_sample, "strategies": lambda a: cmd_strategies(a.ids),
     "networks": lambda a: cmd_networks(), "recost": cmd_recost, "estimate": cmd_estimate,
+    "trace": cmd_trace,
     "compare": cmd_compare, "check": cmd_check, "sweep": cmd_sweep, "bench": cmd_bench,
     "tasks": lambda a: cmd_tasks(),
 }

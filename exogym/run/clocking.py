@@ -13,6 +13,11 @@ gives it every step's compute and every collective of the communicator's log, in
   step reaches the clock as it happens.
 
 In a world with absent nodes the operations are recorded in order (``ops``) for re-costing.
+
+Asked for the run's timeline (``spans``: a trace or its picture, :mod:`exogym.run.trace`), the
+clock records its spans (:class:`~exogym.sim.spans.SpanLog`); asked for the trace of a real
+process run (``wall``), each rank times its steps and real collectives
+(:class:`~exogym.run.dist.WallSpans`).
 """
 
 from __future__ import annotations
@@ -26,13 +31,15 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from exogym.run.dist import RankContext
+from exogym.run.dist import DistributedCommunicator, RankContext, WallSpans
+from exogym.run.trace import node_names, real_trace, run_trace, trace_meta
 from exogym.sim.clock import ClockTrace, SimClock, node_processes
 from exogym.sim.comm import Communicator
 from exogym.sim.compute import OptimizerBuilder, StepMeter, calibrate_step_time, host_cores
 from exogym.sim.engine import NodeStack
 from exogym.sim.network import Network
 from exogym.sim.presence import bits
+from exogym.sim.spans import SpanLog
 from exogym.sim.world import World, speeds_of
 from exogym.strategy.base import Strategy
 
@@ -53,12 +60,16 @@ class ClockFeed:
         ranks: this process's place in a multi-process run, or None.
         device: where the nodes compute.
         record_ops: record the clock's operations for re-costing (a world with absent nodes).
+        spans: record the clock's spans (the run's timeline: its trace, its picture).
+        trace: the run's trace is asked for (``fit(trace=True)``): it needs a network; in a
+            multi-process run each rank also records its real steps and collectives on the
+            wall clock (the real trace).
     """
 
     def __init__(self, network: Network | None, world: World, num_nodes: int,
                  step_time_s: float | None, compute_source: str, overlap_steps: int | None, *,
                  comm: Communicator, ranks: RankContext | None, device: torch.device,
-                 record_ops: bool) -> None:
+                 record_ops: bool, spans: bool = False, trace: bool = False) -> None:
         self.network, self.world, self.num_nodes = network, world, num_nodes
         self.compute_source, self.overlap_steps = compute_source, overlap_steps
         self.comm, self.ranks, self.device = comm, ranks, device
@@ -79,6 +90,17 @@ class ClockFeed:
         self.fed = 0  # records of the communicator's log already given to the clock
         # The clock's operations in order (re-costing replays them) when nodes can be absent.
         self.ops: list[list[Any]] | None = [] if record_ops else None
+        self.spans = spans
+        # Whether the clock's spans cover the run from its start (not so in a run resumed from
+        # a checkpoint written without them: its timeline then comes from a replay).
+        self.spans_whole = True
+        if trace and network is None:
+            raise ValueError("trace=True: a run's trace is the timeline of its simulated clock; "
+                             "give the run a network (--network)")
+        self.wall = WallSpans() if trace and ranks is not None else None
+        if self.wall is not None:
+            assert isinstance(comm, DistributedCommunicator)
+            comm.wall = self.wall
 
     @property
     def lagging(self) -> bool:
@@ -127,13 +149,18 @@ class ClockFeed:
     def _new_clock(self, step_time_s: float) -> SimClock:
         assert self.network is not None
         speeds = speeds_of(self.world, self.network.node_speeds(self.num_nodes))
-        return SimClock(self.network, self.num_nodes, step_time_s,
-                        overlap_steps=self.overlap_steps, compute_source=self.compute_source,
-                        speeds=speeds)
+        clock = SimClock(self.network, self.num_nodes, step_time_s,
+                         overlap_steps=self.overlap_steps, compute_source=self.compute_source,
+                         speeds=speeds)
+        if self.spans:
+            clock.spans = SpanLog(self.num_nodes)
+        return clock
 
     # -- a step ----------------------------------------------------------------------------
     def begin_step(self) -> tuple[Any, float, float] | None:
         """Before a step's compute: the marks its price is read from (None: not measured)."""
+        if self.wall is not None:
+            self.wall.begin(self.comm.step)
         if not self.measured:
             return None
         return self.meter.start(), time.perf_counter(), self.comm.transport_s
@@ -148,6 +175,8 @@ class ClockFeed:
     def end_step(self, marks: tuple[Any, float, float] | None, nodes: int) -> None:
         """After a step: its measured price per node, real transport excluded (no sync: on a
         GPU, :meth:`catch_up` scales the host times to the synchronised window)."""
+        if self.wall is not None:
+            self.wall.end()
         if marks is None:
             return
         mark, start, transport = marks
@@ -240,6 +269,50 @@ class ClockFeed:
             assert self.network is not None and self.step_time_s is not None
             self.clock = self._new_clock(self.step_time_s)
             self.clock.load_state_dict(state["clock"])
+            self.spans_whole = not self.spans or "spans" in state["clock"]
+
+
+    # -- the timeline ----------------------------------------------------------------------
+    def timeline(self, trace: ClockTrace | None, events: list[dict[str, Any]], strategy: str,
+                 replayable: bool) -> dict[str, Any] | None:
+        """The run's Chrome trace (:func:`exogym.run.trace.run_trace`) from the spans its clock
+        recorded (after :meth:`SimClock.finish`), or from ``trace`` replayed where they do not
+        cover the whole run (``replayable``: a synchronous run); None: no spans recorded.
+
+        Raises:
+            ValueError: an asynchronous run resumed from a checkpoint without its spans.
+        """
+        clock = self.clock
+        if clock is None or clock.spans is None or trace is None:
+            return None
+        assert self.network is not None
+        log = clock.spans
+        if not self.spans_whole:
+            if not replayable:
+                raise ValueError(f"{strategy} is asynchronous and this run was resumed from a "
+                                 "checkpoint written without its timeline: its trace cannot "
+                                 "be made (its clock is not replayable)")
+            log = SpanLog(self.num_nodes)
+            trace.cost(self.network, spans=log)
+        meta = trace_meta(strategy, self.num_nodes, trace.steps, self.network.spec(),
+                          self.world.spec(), clock.now)
+        return run_trace(log, events, node_names(clock.speeds), meta)
+
+    def real_timeline(self, strategy: str, steps: int) -> dict[str, Any] | None:
+        """A process run's real trace (:func:`exogym.run.trace.real_trace`): every rank's wall
+        spans, gathered on rank 0 (a collective: every rank calls it); None elsewhere, or
+        when none is recorded."""
+        if self.wall is None or self.ranks is None:
+            return None
+        every: list[Any] = [None] * self.ranks.world_size
+        dist.all_gather_object(every, self.wall.to_dict())
+        if self.ranks.rank != 0:
+            return None
+        last = max((s[2] for r in every for s in r["steps"]), default=0.0)
+        first = min((s[1] for r in every for s in r["steps"]), default=0.0)
+        meta = trace_meta(strategy, self.num_nodes, steps, "real (torch.distributed)",
+                          self.world.spec(), last - first, "wall_time_s")
+        return real_trace(every, self.comm.log, self.ranks.nodes_per_process, meta)
 
 
 def _processes_here(ranks: RankContext) -> int:

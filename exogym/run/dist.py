@@ -51,7 +51,7 @@ from exogym.sim.engine import NodeStack
 from exogym.sim.sharding import NodeBatches, fetch
 
 __all__ = [
-    "COLLECTIVE_TIMEOUT_S", "DistributedCommunicator", "RankContext", "TorchrunEnv",
+    "COLLECTIVE_TIMEOUT_S", "DistributedCommunicator", "RankContext", "TorchrunEnv", "WallSpans",
     "close_group", "gather_global_state", "init_group", "join_torchrun", "local_batch",
     "local_node_ids", "torchrun_env",
 ]
@@ -233,18 +233,52 @@ def _flat_groups(dtypes: Sequence[torch.dtype]) -> dict[torch.dtype, list[int]]:
     return groups
 
 
+class WallSpans:
+    """This rank's real run on the wall clock, for its trace (``fit(trace=True)`` in a process
+    run; :func:`exogym.run.trace.real_trace`): when each training step started and ended and
+    each real collective inside it (with its record's index in the communicator's log), in
+    seconds since the epoch (``perf_counter`` plus this process's offset to ``time.time``, read
+    once, so that the ranks of one machine share a time axis)."""
+
+    def __init__(self) -> None:
+        self.offset = time.time() - time.perf_counter()
+        self.steps: list[tuple[int, float, float]] = []
+        self.comms: list[tuple[float, float, int]] = []
+        self._open: tuple[int, float] | None = None
+
+    def begin(self, step: int) -> None:
+        self._open = (step, time.perf_counter() + self.offset)
+
+    def end(self) -> None:
+        if self._open is not None:
+            step, start = self._open
+            self.steps.append((step, start, time.perf_counter() + self.offset))
+            self._open = None
+
+    def collective(self, start: float, end: float, index: int) -> None:
+        """A real collective from ``start`` to ``end`` (``perf_counter`` seconds)."""
+        self.comms.append((start + self.offset, end + self.offset, index))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"steps": [list(s) for s in self.steps], "comms": [list(c) for c in self.comms]}
+
+
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _transport(method: _F) -> _F:
-    """Add the wall time of a real collective to ``self.transport_s``."""
+    """Add the wall time of a real collective to ``self.transport_s`` (and to ``self.wall``,
+    when the run's real trace is recorded)."""
     @functools.wraps(method)
     def timed(self: DistributedCommunicator, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
         try:
             return method(self, *args, **kwargs)
         finally:
-            self.transport_s += time.perf_counter() - start
+            end = time.perf_counter()
+            self.transport_s += end - start
+            if self.wall is not None:
+                self.wall.collective(start, end, len(self.log) - 1)
     return timed  # type: ignore[return-value]
 
 
@@ -269,6 +303,7 @@ class DistributedCommunicator(Communicator):
             raise RuntimeError("DistributedCommunicator needs torch.distributed initialised "
                                "(torch.distributed.init_process_group) before it is built")
         self.group = group
+        self.wall: WallSpans | None = None  # the real trace's recorder, when one is recorded
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         n_local = len(self.node_ids)

@@ -118,6 +118,13 @@ class FitOptions:
             when there is an ``out_dir``, metrics flushed, then
             :class:`exogym.run.state.RunInterrupted` says how to resume; a second signal
             aborts at once.
+        trace: write the run's timeline as a Chrome trace, ``out_dir/trace.json`` (open it in
+            https://ui.perfetto.dev or chrome://tracing; :mod:`exogym.run.trace`): every
+            node's compute, collectives, straggler waits, down time and recoveries on the
+            simulated clock, and the world's events. Needs ``out_dir`` and a ``network``. A
+            real multi-process run also writes ``trace_real.json``, its ranks on the wall
+            clock. ``timeline.png`` (its picture) is drawn beside every run with a world,
+            nodes that differ or an asynchronous strategy, and with ``trace``.
 
     The simulated clock (:mod:`exogym.sim.clock`) never changes a training number: every row
     gains ``sim_time_s``, the result its :class:`exogym.sim.clock.ClockReport`.
@@ -164,10 +171,11 @@ class FitOptions:
     async_checkpoint: bool = True
     resume: str | Path | None = None
     handle_signals: bool = True
+    trace: bool = False
 
     def __post_init__(self) -> None:
         for name in ("allow_nonfinite", "async_checkpoint", "allow_unsynced", "eval_at_start",
-                     "handle_signals", "progress"):
+                     "handle_signals", "progress", "trace"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.distributed not in (None, True, False):
@@ -176,6 +184,11 @@ class FitOptions:
         if self.checkpoint_every is not None:
             check_int("checkpoint_every (or None)", self.checkpoint_every, 1)
         check_int("keep_checkpoints", self.keep_checkpoints, 1)
+        if self.trace and self.out_dir is None and self.resume is None:
+            raise ValueError("trace=True writes trace.json into the run folder: give out_dir")
+        if self.trace and self.network is None:
+            raise ValueError("trace=True: a run's trace is the timeline of its simulated "
+                             "clock; give the run a network")
 
     def given(self, name: str, names: frozenset[str], default: Any) -> Any:
         """The argument ``name`` if the caller gave it (``names``), else ``default``."""

@@ -9,6 +9,7 @@ any rank holds them.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from tqdm.auto import tqdm
 
 from exogym.run.result import MetricsWriter
 from exogym.run.sinks import MultiSink
+from exogym.run.trace import PICTURE_FILE, REAL_TRACE_FILE, TRACE_FILE, write_trace
 
 __all__ = ["Recorder"]
 
@@ -31,12 +33,13 @@ class Recorder:
         lead: whether this process writes (rank 0).
         progress: show a progress bar (rank 0 only).
         total_steps: the bar's length.
+        trace: write the run's trace (``trace.json``) beside its picture.
     """
 
     def __init__(self, out_dir: str | Path | None, config: dict[str, Any], sink: MultiSink, *,
-                 lead: bool, progress: bool, total_steps: int) -> None:
+                 lead: bool, progress: bool, total_steps: int, trace: bool = False) -> None:
         self.out_dir = Path(out_dir) if out_dir is not None else None
-        self.config, self.lead = config, lead
+        self.config, self.lead, self.trace = config, lead, trace
         self.sink = sink if lead else MultiSink(())
         self.history: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
@@ -86,6 +89,24 @@ class Recorder:
         """The global model as ``model.pt`` (when the run has a folder)."""
         if self.writer is not None:
             self.writer.save_model(state)
+
+    def timeline(self, trace: dict[str, Any] | None, real: dict[str, Any] | None) -> None:
+        """The run's timeline in its folder (:mod:`exogym.run.trace`): ``trace.json`` if the run
+        was asked for it, ``timeline.png`` (:mod:`exogym.run.trace_plot`) whenever its clock
+        recorded one, and a real process run's ``trace_real.json``."""
+        if self.writer is None:
+            return
+        if trace is not None:
+            if self.trace:
+                write_trace(trace, self.writer.dir / TRACE_FILE)
+            try:
+                from exogym.run.trace_plot import plot_trace
+
+                plot_trace(trace, self.writer.dir / PICTURE_FILE)
+            except ImportError as err:  # matplotlib is a core dependency: a broken install
+                warnings.warn(f"{PICTURE_FILE} not drawn: {err}", stacklevel=2)
+        if real is not None:
+            write_trace(real, self.writer.dir / REAL_TRACE_FILE)
 
     def advanced(self, row: dict[str, Any] | None = None) -> None:
         """One step more on the bar; ``row``: its losses beside it."""

@@ -62,6 +62,7 @@ from exogym.run.record import Recorder
 from exogym.run.result import FitResult, NonFiniteLossError
 from exogym.run.schedule import Lockstep, PerNodeTimelines, Scheduler
 from exogym.run.sinks import MultiSink
+from exogym.run.trace import picture_due
 from exogym.sim.clock import ClockReport, ClockTrace, SimClock
 from exogym.sim.comm import Communicator, InProcessCommunicator
 from exogym.sim.engine import EngineName, NodeStack, Precision, metrics_of
@@ -118,6 +119,7 @@ class RunSettings:
     allow_nonfinite: bool
     allow_unsynced: bool
     world: World = PERFECT
+    trace: bool = False
 
 
 class Run:
@@ -179,14 +181,16 @@ class Run:
         self.nonfinite: dict[str, Any] | None = None
         self.train_time_s = 0.0  # wall time of the training steps (not state of the numbers)
         self.record = Recorder(out_dir, self.config, sink, lead=self.lead, progress=progress,
-                               total_steps=s.total_steps)
+                               total_steps=s.total_steps, trace=s.trace)
         self.scheduler = self._scheduler()
         # Whether nodes can be absent at a step (a world that is not perfect, or a deadline);
         # an asynchronous run's world gives speeds only, which its timelines follow.
         worldly = isinstance(self.scheduler, Lockstep) and self.scheduler.worldly
         self.feed = ClockFeed(s.network, s.world, s.num_nodes, s.step_time_s, s.compute_source,
                               strategy.overlap_steps, comm=self.comm, ranks=ranks,
-                              device=device, record_ops=worldly)
+                              device=device, record_ops=worldly, trace=s.trace,
+                              spans=self.lead and out_dir is not None and (s.trace or picture_due(
+                                  s.world, s.network, s.num_nodes, self.timelines is not None)))
         self.presence = Presence(s.world, s.num_nodes, self.record.event, self.feed.ops)
         if worldly:
             self.comm.timeline = self
@@ -359,6 +363,9 @@ class Run:
                 tuple(self.clock.speeds) if not self.settings.world.perfect else None,
                 not_recostable(self.strategy, self.settings.world,
                                self.timelines is not None))
+        self.record.timeline(self.feed.timeline(trace, self.events, self.strategy.id,
+                                                self.timelines is None),
+                             self.feed.real_timeline(self.strategy.id, self.settings.total_steps))
         model = copy.deepcopy(self.model).to(self.device)
         _load_state(model, self.global_state())
         self.record.save_model(model.state_dict())

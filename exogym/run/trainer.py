@@ -159,6 +159,7 @@ class Trainer:
         async_checkpoint: bool = True,
         resume: str | Path | None = None,
         handle_signals: bool = True,
+        trace: bool = False,
     ) -> FitResult:
         """Train on ``num_nodes`` simulated nodes and return the global model and its metrics.
 
@@ -167,7 +168,8 @@ class Trainer:
         a registry id), the run's length (``max_steps`` or ``num_epochs``), the data
         (``batch_size`` per node, ``partition``), evaluation, the engine and device, the
         simulated ``network`` and ``world``, the compute price (measured by default, or
-        ``step_time``, or FLOPs), ``out_dir`` and ``sinks``, checkpoints and ``resume``.
+        ``step_time``, or FLOPs), ``out_dir`` and ``sinks``, checkpoints and ``resume``, and
+        ``trace`` (the run's timeline as a Chrome trace).
 
         ``exogym.Trainer`` (:class:`exogym.compat.exo_gym.trainer.Trainer`, a subclass) also
         takes EXO Gym's strategies and its form of this call (its arguments, the model
@@ -218,7 +220,7 @@ class Trainer:
                 log_interval=o.log_interval, engine=engine, micro_batch_size=o.micro_batch_size,
                 precision=o.precision, seed=o.seed, network=net, step_time_s=step_time_s,
                 compute_source=source, allow_nonfinite=o.allow_nonfinite,
-                allow_unsynced=o.allow_unsynced, world=the_world)
+                allow_unsynced=o.allow_unsynced, world=the_world, trace=o.trace)
             run = Run(self.model, self.train_dataset, self.val_dataset, strategy, settings,
                       device=dev, ranks=ranks, out_dir=o.out_dir, sink=sink,
                       progress=o.progress, run_info=dict(o.run_info or {}), batches=batches,
@@ -316,7 +318,8 @@ def _resumed_settings(o: FitOptions, given: frozenset[str], saved: dict[str, Any
         precision=arg("precision", saved["precision"]), seed=arg("seed", saved["seed"]),
         network=net, step_time_s=step_time_s, compute_source=source,
         allow_nonfinite=arg("allow_nonfinite", saved["allow_nonfinite"]),
-        allow_unsynced=arg("allow_unsynced", saved["allow_unsynced"]), world=the_world)
+        allow_unsynced=arg("allow_unsynced", saved["allow_unsynced"]), world=the_world,
+        trace=o.trace)
 
 
 def _check_engine(engine: str, precision: str) -> None:

@@ -23,7 +23,8 @@ to its node.
 Large runs stay small: a node's spans are grouped by step (from one compute to the next), and
 consecutive steps with the same operations (the same kinds, names and arguments; their times
 may differ) form one :class:`Block` with a count, its times summed per kind and its first step
-kept in detail. A 1,000-step DDP run of a node is one block.
+kept in detail. A 1,000-step DDP run of a node is one block. Steps in which the node was down
+are never merged: a failure stays where it happened.
 """
 
 from __future__ import annotations
@@ -183,7 +184,8 @@ class SpanLog:
         steps = [s.step for s in group if s.step is not None]
         blocks = self.blocks[node]
         last = blocks[-1] if blocks else None
-        if last is not None and last.key == tuple(s.key for s in group):
+        if last is not None and last.key == tuple(s.key for s in group) and not any(
+                s.kind == "down" for s in group):  # a failure is shown where it happened
             last.count += 1
             last.end = group[-1].end
             last.totals = [a + v for a, v in zip(last.totals, totals, strict=True)]
