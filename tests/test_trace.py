@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import sys
 import warnings
 from collections import defaultdict
 from pathlib import Path
@@ -15,9 +16,12 @@ import pytest
 import torch
 from torch import Tensor, nn
 from torch.utils.data import TensorDataset
+from toy_task import toy_task_source
 
 from exogym import Trainer
 from exogym.cli import main
+from exogym.lab.compare import compare
+from exogym.lab.sweep import sweep
 from exogym.run.launch import fit_processes
 from exogym.run.trace import MAX_BYTES, run_trace
 from exogym.sim.clock import ClockTrace
@@ -302,6 +306,34 @@ def test_trace_is_checked_like_every_option(tmp_path: Path) -> None:
     # a plain run (no world, identical nodes) draws no picture unless asked for its trace
     fit(tmp_path / "plain", DDP(), None, n=2, steps=2)
     assert not (tmp_path / "plain" / "timeline.png").exists()
+
+
+# -- comparisons and sweeps link each run's timeline --------------------------------------------
+@pytest.fixture
+def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "trace_toy_task.py").write_text(toy_task_source("trace-toy-v0"))
+    yield f"{tmp_path}/trace_toy_task.py:make_task"
+    sys.modules.pop("trace_toy_task", None)
+
+
+def test_compare_and_sweep_link_each_run_s_timeline(toy: str, tmp_path: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        c = compare(toy, ["ddp"], num_nodes=2, max_steps=2, step_time="10ms",
+                    world="speed=1:0.5", out_dir=tmp_path / "cmp", progress=False)
+        s = sweep(toy, "ddp", {"network": ["home-100mbps", "home-100mbps,node_speed=1:0.5"]},
+                  num_nodes=2, max_steps=2, step_time="10ms", out_dir=tmp_path / "sw",
+                  progress=False)
+    md = c.results_md.read_text()
+    assert ("- `ddp`: [ddp-seed0](runs/ddp-seed0/) ([timeline](runs/ddp-seed0/timeline.png))"
+            in md)
+    assert (tmp_path / "cmp" / "runs" / "ddp-seed0" / "timeline.png").is_file()
+    md = (tmp_path / "sw" / "results.md").read_text()
+    # only the network whose nodes differ draws a picture
+    assert "## Timelines" in md and "p000" not in md.split("## Timelines")[1]
+    link = s.points[1].runs[0].out_dir.relative_to(tmp_path / "sw").as_posix()
+    assert f"- p001 seed 0: [timeline]({link}/timeline.png)" in md
 
 
 # -- a real run --------------------------------------------------------------------------------

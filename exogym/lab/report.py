@@ -7,7 +7,8 @@ The result types: :class:`ComparisonRow` (one strategy, aggregated over its runs
 (``results.md``) and :func:`format_json` (``results.json``: the same numbers, exact, with every
 run's).
 
-Nothing here trains or reads files, and nothing here imports the runner: it imports only the
+Nothing here trains or reads files (it only looks for each run's timeline files, to link them:
+:func:`exogym.run.trace.timeline_links`), and nothing here imports the runner: it imports only the
 lab's shared types and number formats (:mod:`exogym.lab.outcome`, :mod:`exogym.lab.formats`).
 :func:`exogym.lab.compare.compare` builds a :class:`Comparison` and writes these texts,
 :mod:`exogym.lab.plots` draws its curves.
@@ -23,6 +24,7 @@ from exogym.lab.formats import format_bytes, format_metric
 from exogym.lab.outcome import RUN_METRICS, CurvePoint, RunOutcome, Stat
 from exogym.run.result import _dumps as _dumps_json
 from exogym.run.result import world_line
+from exogym.run.trace import timeline_links
 from exogym.sim.network import format_duration
 
 __all__ = [
@@ -219,6 +221,14 @@ def format_table(c: Comparison) -> list[str]:
     return lines
 
 
+def _run_link(run_dir: Path, root: Path) -> str:
+    """A run's folder as a link, with its timeline's files where it has them (a world's
+    picture, a trace: open it in https://ui.perfetto.dev)."""
+    link = f"[{run_dir.name}]({run_dir.relative_to(root).as_posix()}/)"
+    files = timeline_links(run_dir, root)
+    return f"{link} ({files})" if files else link
+
+
 def format_markdown(c: Comparison) -> str:
     """The ``results.md`` text."""
     runs = len(c.seeds)
@@ -277,8 +287,7 @@ def format_markdown(c: Comparison) -> str:
         lines.append(f"- `{r.label}`: {r.strategy}, {changed}")
     lines += ["", "## Runs", ""]
     for r in c.rows:
-        dirs = ", ".join(f"[{o.out_dir.name}]({o.out_dir.relative_to(c.out_dir).as_posix()}/)"
-                         for o in r.runs)
+        dirs = ", ".join(_run_link(o.out_dir, c.out_dir) for o in r.runs)
         lines.append(f"- `{r.label}`: {dirs}")
     lines += ["", "## Plots", ""]
     if c.plot_note:

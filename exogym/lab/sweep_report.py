@@ -5,7 +5,8 @@ and :class:`SweepResult` (the whole sweep). Their renderings: :func:`format_mark
 (``results.md``) and :func:`format_json` (``results.json``), and :func:`score_table` (the score
 per value of one or two axes, which :func:`exogym.lab.plots.plot_sweep` draws).
 
-Nothing here trains or reads files, and nothing here imports the runner: it imports only the
+Nothing here trains or reads files (it only looks for each run's timeline files, to link them:
+:func:`exogym.run.trace.timeline_links`), and nothing here imports the runner: it imports only the
 lab's shared types and number formats (:mod:`exogym.lab.outcome`, :mod:`exogym.lab.formats`).
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 
 from exogym.lab.formats import format_metric
 from exogym.lab.outcome import RunOutcome, Stat
+from exogym.run.trace import timeline_links
 
 __all__ = ["SweepPoint", "SweepResult", "format_json", "format_markdown", "score_table"]
 
@@ -95,6 +97,12 @@ def format_markdown(result: SweepResult) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Values are mean ± sample standard deviation over the seeds; evaluation on the "
               "whole test set after the last step; each run's folder is runs/pNNN-seedS."]
+    timelines = [(p, r, links) for p in result.points for r in p.runs
+                 if (links := timeline_links(r.out_dir, result.out_dir))]
+    if timelines:
+        lines += ["", "## Timelines", "",
+                  "Each run's timeline (a trace opens in https://ui.perfetto.dev):", ""]
+        lines += [f"- p{p.index:03d} seed {r.seed}: {links}" for p, r, links in timelines]
     return "\n".join(lines) + "\n"
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -48,8 +49,8 @@ from exogym.sim.spans import KINDS, Block, Span, SpanLog, node_ranges
 from exogym.sim.world import World
 
 __all__ = ["MAX_BYTES", "PICTURE_FILE", "REAL_TRACE_FILE", "TRACE_FILE", "NotReplayable",
-           "picture_due",
-           "read_events", "real_trace", "rebuild", "run_trace", "write_trace"]
+           "node_names", "picture_due", "read_events", "real_trace", "rebuild", "run_trace",
+           "timeline_links", "trace_meta", "write_trace"]
 
 TRACE_FILE = "trace.json"
 REAL_TRACE_FILE = "trace_real.json"
@@ -269,6 +270,20 @@ def write_trace(trace: dict[str, Any], path: str | Path) -> Path:
     tmp.write_text(_dumps(trace), encoding="utf-8")
     tmp.replace(path)
     return path
+
+
+def timeline_links(run_dir: str | Path, root: str | Path) -> str:
+    """Markdown links to a run's timeline files that are there (its picture, its trace, a real
+    run's trace), relative to ``root`` (a results folder holding ``results.md``); ``""`` if
+    none: ``"[timeline](runs/ddp-seed0/timeline.png), [trace](runs/ddp-seed0/trace.json)"``."""
+    run_dir, root = Path(run_dir), Path(root)
+    out = []
+    for label, name in (("timeline", PICTURE_FILE), ("trace", TRACE_FILE),
+                        ("real trace", REAL_TRACE_FILE)):
+        if (run_dir / name).is_file():
+            where = Path(os.path.relpath(run_dir / name, root)).as_posix()
+            out.append(f"[{label}]({where})")
+    return ", ".join(out)
 
 
 def read_events(run_dir: str | Path) -> list[dict[str, Any]]:
