@@ -223,6 +223,23 @@ def test_an_asynchronous_run_s_trace_has_the_server_and_adds_up(
     assert "asynchronous strategy" in err and "--trace" in err
 
 
+@pytest.mark.parametrize("sid, settings", [
+    ("streaming_diloco", {"H": 4}), ("diloco_eager", {"H": 3}), ("noloco", {"H": 2}),
+    ("fedbuff", {"H": 2, "K": 2}), ("sparta", {}), ("demo", {})])
+def test_every_kind_of_communication_adds_up(tmp_path: Path, sid: str,
+                                             settings: dict[str, Any]) -> None:
+    # overlapped collectives (their lanes), gossip sends (their flows), a server, every step
+    r = fit(tmp_path / "run", make(sid, **settings), "speed=1:1:0.5:0.25", trace=True)
+    trace = load(tmp_path / "run" / "trace.json")
+    assert_spans_add_up(trace, r.clock)
+    lanes = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["tid"] == 1
+             and e["pid"] < 4]
+    overlapped = any(rec.overlap for rec in r.comm_log)
+    assert bool(lanes) == overlapped
+    for i in range(4):
+        top_level([e for e in lanes if e["pid"] == i], gaps=True)  # one at a time per node
+
+
 # -- size --------------------------------------------------------------------------------------
 def test_merged_steps_keep_the_totals_and_say_so(tmp_path: Path) -> None:
     r = fit(tmp_path / "run", DDP(), "speed=1:0.5", n=2, steps=30, trace=True)

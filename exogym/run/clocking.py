@@ -277,11 +277,9 @@ class ClockFeed:
                  replayable: bool) -> dict[str, Any] | None:
         """The run's Chrome trace (:func:`exogym.run.trace.run_trace`) from the spans its clock
         recorded (after :meth:`SimClock.finish`), or from ``trace`` replayed where they do not
-        cover the whole run (``replayable``: a synchronous run); None: no spans recorded.
-
-        Raises:
-            ValueError: an asynchronous run resumed from a checkpoint without its spans.
-        """
+        cover the whole run (``replayable``: a synchronous run); None: no spans recorded, or
+        an asynchronous run resumed from a checkpoint written without them (a warning says
+        so: its clock is not replayable, and the run itself is done)."""
         clock = self.clock
         if clock is None or clock.spans is None or trace is None:
             return None
@@ -289,9 +287,10 @@ class ClockFeed:
         log = clock.spans
         if not self.spans_whole:
             if not replayable:
-                raise ValueError(f"{strategy} is asynchronous and this run was resumed from a "
-                                 "checkpoint written without its timeline: its trace cannot "
-                                 "be made (its clock is not replayable)")
+                warnings.warn(f"{strategy} is asynchronous and this run was resumed from a "
+                              "checkpoint written without its timeline: no trace or picture "
+                              "(its clock cannot be replayed)", RuntimeWarning, stacklevel=2)
+                return None
             log = SpanLog(self.num_nodes)
             trace.cost(self.network, spans=log)
         meta = trace_meta(strategy, self.num_nodes, trace.steps, self.network.spec(),
