@@ -199,6 +199,22 @@ def test_a_resumed_run_s_trace_is_the_uninterrupted_one(tmp_path: Path) -> None:
     assert load(tmp_path / "cut" / "trace.json") == load(tmp_path / "whole" / "trace.json")
 
 
+def test_a_run_resumed_from_a_checkpoint_without_spans_is_traced_by_replay(
+        tmp_path: Path) -> None:
+    # identical nodes, no world: no picture, so its checkpoint holds no spans
+    fit(tmp_path / "run", DDP(), None, n=2, steps=3, checkpoint_every=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = Trainer(Net(), data(), data()).fit(resume=tmp_path / "run", max_steps=6,
+                                               progress=False, trace=True)
+    trace = load(tmp_path / "run" / "trace.json")
+    assert_spans_add_up(trace, r.clock)
+    first = next(e for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == 0)
+    assert (first["ts"], first["args"]["count"], first["args"]["steps"]) == (0.0, 6, "0-5")
+    assert main(["trace", str(tmp_path / "run"), "-o", str(tmp_path / "again.json")]) == 0
+    assert load(tmp_path / "again.json") == trace
+
+
 # -- an asynchronous run -----------------------------------------------------------------------
 def test_an_asynchronous_run_s_trace_has_the_server_and_adds_up(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
