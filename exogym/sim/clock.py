@@ -37,6 +37,10 @@ Every node's time splits exactly into ``compute + communication + idle`` (commun
 on the network, including stalls on overlapped collectives; idle: waiting for slower nodes).
 The report gives the means over nodes (equal for identical nodes) and
 ``utilization = compute / total``.
+
+Given a :class:`~exogym.sim.spans.SpanLog` (``clock.spans``; None by default, at no cost), the
+clock records a span wherever it moves a node's time, with the start and length it adds to
+that node's split: the run's timeline (:mod:`exogym.run.trace`). Recording changes no number.
 """
 
 from __future__ import annotations
