@@ -91,8 +91,9 @@ def run(cmd: str) -> list[str]:
     lines = []
     for line in (proc.stderr + proc.stdout).split("\n"):
         parts = [p for p in line.split("\r") if p.strip()]
-        if parts:
-            lines.append(parts[-1].rstrip())
+        lines.append(parts[-1].rstrip() if parts else "")  # blank lines are part of a table
+    while lines and not lines[-1]:
+        lines.pop()
     return lines
 
 
@@ -100,6 +101,8 @@ def fill(shown: list[str], got: list[str]) -> list[str]:
     """The new lines for a block that showed ``shown`` of an output that is now ``got``."""
     bar = [g for g in got if BAR.match(g)]
     plain = [g for g in got if not BAR.match(g) and not g.startswith("exogym: warning")]
+    while plain and not plain[0]:
+        plain.pop(0)
     head = bar[-1:] if shown and BAR.match(shown[0]) else []
     if "..." not in shown:
         return head + plain
@@ -143,13 +146,16 @@ def main(argv: list[str] | None = None) -> int:
     found = blocks(text)
     if args.check:
         return check(found)
-    for b in reversed(found):
+    new = []  # in the README's order: a later block may read what an earlier one wrote
+    for b in found:
         lines = []
         for cmd, shown in b.commands:
             print(f"running: {cmd}", flush=True)
             got = fill(shown, run(cmd))
             lines += got if b.hidden_command else [_wrapped(cmd), *got]
-        text = text[:b.start] + "```\n" + "\n".join(lines) + "\n```" + text[b.end:]
+        new.append("```\n" + "\n".join(lines) + "\n```")
+    for b, block in reversed(list(zip(found, new, strict=True))):
+        text = text[:b.start] + block + text[b.end:]
     text = MACHINE.sub(lambda m: f"{m.group(1)}\n{machine()}\n{m.group(3)}", text)
     README.write_text(text, encoding="utf-8")
     print(f"rewrote {len(found)} blocks of {README}")

@@ -296,6 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "module:Class[-NAME], labelled by its id (the class name) "
                           "(default ddp,fedavg,diloco,sparta,demo)")
     _add_training_options(cmp)
+    cmp.add_argument("--trace", action="store_true",
+                     help="every run also writes its timeline as a Chrome trace (trace.json), "
+                          "linked from results.md")
     cmp.add_argument("--seed", type=_argtype(_seed), default=0,
                      help="the first seed, an integer >= 0 (default 0)")
     cmp.add_argument("--steps", type=_positive_int, default=500,
@@ -756,7 +759,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             overrides=args.overrides, step_time=args.step_time, device=args.device,
             data_dir=args.data_dir, download=not args.no_download, progress=not args.no_progress,
             eval_samples=args.eval_samples, allow_unsynced=args.allow_unsynced,
-            allow_nonfinite=args.allow_nonfinite, world=args.world)
+            allow_nonfinite=args.allow_nonfinite, world=args.world, trace=args.trace)
     print("\n".join(format_table(c)))
     if c.plot_note:
         print(f"exogym: {c.plot_note}")

@@ -387,3 +387,15 @@ def test_a_process_run_writes_its_real_trace_too(tmp_path: Path) -> None:
     assert real["otherData"]["exogym"]["network"] == "real (torch.distributed)"
     assert (tmp_path / "run" / "trace.json").exists()  # and the simulated one
     shutil.rmtree(tmp_path / "run")
+
+
+def test_compare_with_trace_writes_and_links_every_run_s_trace(toy: str, tmp_path: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        c = compare(toy, ["ddp"], num_nodes=2, max_steps=2, step_time="10ms",
+                    network="home-100mbps", out_dir=tmp_path / "cmp", progress=False,
+                    trace=True)
+    run = tmp_path / "cmp" / "runs" / "ddp-seed0"
+    events = json.loads((run / "trace.json").read_text())["traceEvents"]
+    assert any(e.get("ph") == "X" for e in events)
+    assert "runs/ddp-seed0/trace.json" in c.results_md.read_text()

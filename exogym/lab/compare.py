@@ -100,7 +100,7 @@ def compare(
     step_time: float | str | None = None, device: str = "auto",
     data_dir: str | Path | None = None, download: bool = True, progress: bool = False,
     allow_unsynced: bool = False, allow_nonfinite: bool = False,
-    world: World | str | None = None,
+    world: World | str | None = None, trace: bool = False,
 ) -> Comparison:
     """Train every strategy on ``task`` with the same seeds and write the comparison.
 
@@ -143,6 +143,8 @@ def compare(
             trains every run to the end regardless.
         world: the world every run trains in (:mod:`exogym.sim.world`; None: perfect): the same
             failures, speeds and losses for every strategy (the world is seeded).
+        trace: every run also writes its timeline as a Chrome trace (``trace.json``, as
+            :meth:`exogym.Trainer.fit`'s ``trace``), linked from ``results.md``.
 
     Returns:
         The :class:`Comparison`; the plots are skipped, with ``plot_note`` saying why and a
@@ -158,7 +160,8 @@ def compare(
                  batch_size=batch_size, partition=partition, micro_batch_size=micro_batch_size,
                  precision=precision, eval_interval=eval_interval, eval_samples=eval_samples,
                  overrides=overrides, step_time=step_time, device=device, progress=progress,
-                 allow_unsynced=allow_unsynced, allow_nonfinite=allow_nonfinite, world=world)
+                 allow_unsynced=allow_unsynced, allow_nonfinite=allow_nonfinite, world=world,
+                 trace=trace)
     train, test = plan.spec.load_data(data_dir, download)
     plan.out.mkdir(parents=True, exist_ok=True)
     outcomes, built, last = _train_all(plan, train, test)
@@ -198,6 +201,7 @@ class _Plan:
     progress: bool
     allow_unsynced: bool
     allow_nonfinite: bool
+    trace: bool = False
 
 
 def _plan(
@@ -207,7 +211,7 @@ def _plan(
     precision: Precision, eval_interval: int | None, eval_samples: int | None,
     overrides: Mapping[str, Any] | Iterable[tuple[str, Any]], step_time: float | str | None,
     device: str, progress: bool, allow_unsynced: bool, allow_nonfinite: bool,
-    world: World | str | None,
+    world: World | str | None, trace: bool = False,
 ) -> _Plan:
     """Check every argument of :func:`compare` and build every strategy once, before any data
     loads or anything trains; the errors are :func:`compare`'s, in this order."""
@@ -253,7 +257,7 @@ def _plan(
         batch=batch, partition=part, micro_batch_size=micro_batch_size, precision=precision,
         interval=interval, eval_samples=eval_samples, network=net, step_time=step_time,
         world=the_world, out=check_out_dir(out_dir), device=device, progress=progress,
-        allow_unsynced=allow_unsynced, allow_nonfinite=allow_nonfinite)
+        allow_unsynced=allow_unsynced, allow_nonfinite=allow_nonfinite, trace=trace)
 
 
 def _check_synced(built: Mapping[str, Strategy], max_steps: int, allow_unsynced: bool) -> None:
@@ -320,7 +324,7 @@ def _train_one(plan: _Plan, strategy: Strategy, seed: int, run_dir: Path, train:
             device=plan.device, seed=seed, out_dir=run_dir, progress=plan.progress,
             network=plan.network, step_time=plan.step_time, world=plan.world,
             run_info=plan.spec.run_info(train), allow_unsynced=plan.allow_unsynced,
-            allow_nonfinite=plan.allow_nonfinite)
+            allow_nonfinite=plan.allow_nonfinite, trace=plan.trace)
     return result, tuple(dict.fromkeys(str(w.message) for w in caught))
 
 
