@@ -400,3 +400,22 @@ def test_the_command_line_runs_a_world_and_says_what_happened(
                  "--steps", "100", "--set", "H=10", "--set", "deadline=soon"]) == 2
     assert "deadline 'soon'" in capsys.readouterr().err
     assert math.isfinite(summary["final"]["eval_loss"])
+
+
+def test_a_node_down_at_the_end_is_down_not_idle_and_replays_the_same() -> None:
+    # Node 1 fails before step 2 and never comes back: from its failure to the end of the run it
+    # is down (it was counted as idle: "waiting for the slowest"); a replay on the same network
+    # (a step-based world may be re-costed) gives the same split.
+    from resume_cases import Net, data
+
+    torch.manual_seed(1)
+    r = Trainer(Net(), data(), data()).fit(
+        strategy=make("diloco", H=2), num_nodes=2, max_steps=6, batch_size=4, step_time=0.1,
+        network="home-100mbps", world="fail=1@2", progress=False)
+    c = r.clock
+    assert c.node_compute_s[1] == pytest.approx(0.2, rel=1e-12)  # steps 0 and 1
+    assert c.node_idle_s[1] == 0.0
+    assert c.node_down_s[1] == pytest.approx(
+        c.total_s - c.node_compute_s[1] - c.node_comm_s[1], rel=1e-12)
+    assert c.node_down_s[0] == 0.0
+    assert r.recost("home-100mbps") == c

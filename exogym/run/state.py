@@ -357,7 +357,10 @@ class Run:
             self.feed.catch_up(self.step, self.nodes.num_nodes)
         if self.clock is not None and self.feed.step_time_s is not None:
             self.feed.feed()
-            report = self.clock.finish()
+            down = [i for i, d in enumerate(self.presence.down) if d]
+            if self.feed.ops is not None:
+                self.feed.ops.extend(["e", i] for i in down)
+            report = self.clock.finish(down)
             trace = self.feed.trace(
                 self.settings.total_steps,
                 tuple(self.clock.speeds) if not self.settings.world.perfect else None,

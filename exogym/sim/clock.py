@@ -433,12 +433,17 @@ class SimClock:
                 self.t[i] = p.end
         self.pending.remove(p)
 
-    def finish(self) -> ClockReport:
-        """Await every overlapped collective, let every node reach the slowest; the report."""
+    def finish(self, down: Sequence[int] = ()) -> ClockReport:
+        """Await every overlapped collective, let every node reach the slowest; the report.
+        ``down``: nodes down at the end of the run (failed, never back): their wait for the
+        slowest is down time, not idle."""
         for p in list(self.pending):
             self._await(p)
         total = max(self.t)
         for i in range(self.num_nodes):
+            if i in down:
+                self.down(i, total)
+                continue
             if self.spans is not None:
                 self.spans.add(i, "idle", self.t[i], total, "end of run: waiting for the slowest")
             self.node_idle[i] += total - self.t[i]
@@ -555,8 +560,8 @@ class ClockTrace:
         ops: the clock's operations in order, for a run in a world with absent nodes
             (``["c", step, active bits]`` compute, ``["r", k]`` record ``k``, ``["n", node, up
             bits]`` a node back at a step (its clock jumps to the up nodes'), ``["d", node,
-            until]`` down until a time, ``["w", node, until]`` waiting for a quorum); None: every
-            node computed every step.
+            until]`` down until a time, ``["w", node, until]`` waiting for a quorum, ``["e",
+            node]`` down at the end of the run); None: every node computed every step.
         not_recostable: why this run cannot be re-costed on another network (its world decided
             who took part by simulated time), or None.
         step_seconds: measured compute: per step, the seconds of a node's step on each process
@@ -631,9 +636,12 @@ class ClockTrace:
             return [bool(bits >> i & 1) for i in range(n)]
 
         assert self.ops is not None
+        down_at_end: list[int] = []
         for op in self.ops:
             kind = op[0]
-            if kind == "r":
+            if kind == "e":  # down at the end of the run
+                down_at_end.append(int(op[1]))
+            elif kind == "r":
                 clock.collective(self.records[int(op[1])])
             elif kind == "c":
                 clock.compute(int(op[1]), flags(int(op[2])))
@@ -647,7 +655,7 @@ class ClockTrace:
                 clock.wait(int(op[1]), float(op[2]))
             else:
                 raise ValueError(f"unknown clock operation {op!r}")
-        return clock.finish()
+        return clock.finish(down_at_end)
 
     def check_recostable(self, network: Network) -> None:
         """Raise ValueError if the run cannot be re-costed on ``network`` (another than its
