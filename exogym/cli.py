@@ -228,6 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"strategy id ({', '.join(strategies.registry())}), or your own: "
                           "path/to/file.py:Class or package.module:Class")
     _add_training_options(run)
+    run.add_argument("--participation", metavar="K|C", default=None,
+                   help="partial participation: K nodes (an integer) or a fraction C in (0, 1] "
+                        "take part in each round (the strategy's H steps), drawn among the nodes "
+                        "that are up (fedavg, fedprox, fedopt's, diloco, muloco, sparta_diloco)")
+    run.add_argument("--client-state", choices=("fresh", "keep"), default="fresh",
+                   help="with --participation: a client's inner optimizer state starts fresh "
+                        "each round it takes part in (default, as Flower) or is kept")
     run.add_argument("--seed", type=_argtype(_seed), default=0, help="seed (an integer >= 0)")
     length = run.add_mutually_exclusive_group()
     length.add_argument("--steps", type=_positive_int, help="training steps (default 500)")
@@ -613,6 +620,8 @@ def _run_fit_args(args: argparse.Namespace, task: Task, out: Path, sinks: list[A
         sinks=sinks,
         network=args.network,
         world=args.world,
+        participation=args.participation,
+        client_state=args.client_state,
         step_time=args.step_time,
         flops_per_sample=args.flops_per_sample,
         device_flops=args.device_flops,

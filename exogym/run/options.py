@@ -81,6 +81,14 @@ class FitOptions:
             lost: the numbers of a run without one). Failures by simulated time and a
             strategy's ``deadline`` need a ``network``. What happened goes to
             ``events.jsonl`` and ``result.world``.
+        participation: partial participation (:mod:`exogym.sim.participation`): ``K`` (an
+            integer) or a fraction ``C`` in (0, 1] of the nodes take part in each round (the
+            strategy's ``H`` steps), drawn at random among the nodes that are up, seeded by
+            ``seed``; only they compute, send and are charged, and a client selected again
+            receives the global model. None: every node every round. FedAvg, FedProx, the
+            FedOpt family, DiLoCo, MuLoCo and SPARTA-DiLoCo take it.
+        client_state: with ``participation``, whether a client's inner optimizer state starts
+            ``"fresh"`` each round it takes part in (Flower's default) or is kept (``"keep"``).
         step_time: one node's compute per step, seconds (or ``"1.5s"``); default: measured
             from the run's own training steps (per process in a multi-process run; see
             :mod:`exogym.sim.clock`); or
@@ -157,6 +165,8 @@ class FitOptions:
     progress: bool = True
     network: Network | str | None = "datacenter"
     world: World | str | None = None
+    participation: int | float | str | None = None
+    client_state: str = "fresh"
     step_time: float | str | None = None
     flops_per_sample: float | None = None
     device_flops: float | None = None

@@ -20,6 +20,7 @@ from exogym.run.events import Timelines, same_or_before
 if TYPE_CHECKING:
     from exogym.run.dist import RankContext
     from exogym.run.state import Run, RunSettings
+    from exogym.sim.participation import Participation
 
 __all__ = ["Lockstep", "PerNodeTimelines", "Scheduler"]
 
@@ -38,22 +39,47 @@ class Scheduler(Protocol):
 
 class Lockstep:
     """Synchronous runs: every node that computes takes the step together. ``worldly``: nodes
-    may be absent (a world that is not perfect, or a deadline): the run's world decides before
-    each step who computes (:meth:`exogym.run.state.Run.world_step`)."""
+    may be absent (a world that is not perfect, a deadline, partial participation): the run's
+    world decides before each step who is up (:meth:`exogym.run.state.Run.world_step`), and
+    with ``participation`` only the round's participants among them compute
+    (:mod:`exogym.sim.participation`; a round is ``period`` steps)."""
 
-    def __init__(self, worldly: bool) -> None:
-        self.worldly = worldly
+    def __init__(self, worldly: bool, participation: Participation | None = None,
+                 period: int = 1) -> None:
+        self.worldly = worldly or participation is not None
+        self.participation, self.period = participation, period
+        self.participants: list[bool] | None = None  # this round's
 
     def advance(self, run: Run) -> int:
         step = run.step
-        run.compute(step, run.world_step() if self.worldly else None)
+        run.compute(step, run.world_step(self.select if self.participation else None)
+                    if self.worldly else None)
         return step + 1
 
-    def state_dict(self) -> None:
-        return None
+    def select(self, step: int, up: list[bool]) -> tuple[list[bool], dict[int, int]]:
+        """``(who computes at step, {node joining the round now: its donor})``: at a round's
+        first step the participants are drawn among the ``up`` nodes; a participant that did not
+        take part in the previous round joins: it receives the global model from a client of
+        the previous round that is up (in turn, so that no client carries every download; the
+        peer-to-peer stand-in for a server's broadcast). None is up: no donor given (the run's
+        usual choice)."""
+        assert self.participation is not None
+        joining: dict[int, int] = {}
+        if step % self.period == 0 or self.participants is None:
+            previous = self.participants
+            self.participants = self.participation.draw(step // self.period, up)
+            if previous is not None:
+                new = [i for i, p in enumerate(self.participants) if p and not previous[i]]
+                donors = [i for i, p in enumerate(previous) if p and up[i]] or [-1]
+                joining = {node: donors[k % len(donors)] for k, node in enumerate(new)}
+        return [u and p for u, p in zip(up, self.participants, strict=True)], joining
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return None if self.participants is None else {"participants": list(self.participants)}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        return None
+        self.participants = (None if not state else
+                             [bool(p) for p in state["participants"]])
 
 
 class PerNodeTimelines:

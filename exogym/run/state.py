@@ -32,12 +32,13 @@ resume-and-compare-hashes tests, torchdata's StatefulDataLoader (the data positi
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import random
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,7 @@ from exogym.sim.clock import ClockReport, ClockTrace, SimClock
 from exogym.sim.comm import Communicator, InProcessCommunicator
 from exogym.sim.engine import EngineName, NodeStack, Precision, metrics_of
 from exogym.sim.network import Network
+from exogym.sim.participation import Participation
 from exogym.sim.partition import Partition
 from exogym.sim.presence import Presence
 from exogym.sim.sharding import DatasetFactory, FixedSubset, NodeBatches, iterate_batches
@@ -85,7 +87,7 @@ RUN_CONFIG_KEYS = (
     "log_interval", "partition", "partition_stats", "engine", "device", "seed",
     "micro_batch_size", "precision", "processes", "parameters", "eval_set", "network",
     "step_time_s", "compute_source", "allow_nonfinite", "allow_unsynced", "checkpointing",
-    "world",
+    "world", "participation",
 )
 """The keys of ``config.json`` that are the run's own (``run_info`` may add others)."""
 
@@ -119,6 +121,7 @@ class RunSettings:
     allow_nonfinite: bool
     allow_unsynced: bool
     world: World = PERFECT
+    participation: Participation | None = None
     trace: bool = False
 
 
@@ -175,6 +178,7 @@ class Run:
         self.loss_sum = torch.zeros((), device=device)
         self.loss_count = 0
         self.loss_nodes = 0  # node-steps in loss_sum (the nodes that computed)
+        self.node_steps = 0  # node-steps computed so far (absent nodes take none)
         # First step (0-based) at which each local node's loss was not finite, -1 while it is:
         # tracked on the device (no host sync per step), read at log steps.
         self.first_bad = torch.full((self.nodes.num_nodes,), -1, dtype=torch.long, device=device)
@@ -209,9 +213,11 @@ class Run:
     def _scheduler(self) -> Scheduler:
         """Per-node timelines for an asynchronous strategy (checked here), else lockstep."""
         s = self.settings
+        if s.participation is not None:
+            _check_participation(self.strategy, s)
         if not getattr(self.strategy, "asynchronous", False):
-            return Lockstep(not s.world.perfect
-                            or getattr(self.strategy, "deadline", None) is not None)
+            return Lockstep(not s.world.perfect or getattr(self.strategy, "deadline", None)
+                            is not None, s.participation, self.strategy.sync_period or 1)
         PerNodeTimelines.check(self.strategy.id, s, self.ranks)
         assert s.network is not None
         self.strategy.set_speeds(  # type: ignore[attr-defined]
@@ -300,7 +306,9 @@ class Run:
         self.feed.end_step(marks, nodes.num_nodes)
         self.loss_sum += losses.sum()
         self.loss_count += 1
-        self.loss_nodes += s.num_nodes if active is None else sum(active)
+        computed = s.num_nodes if active is None else sum(active)
+        self.loss_nodes += computed
+        self.node_steps += computed
         if not s.allow_nonfinite or self.nonfinite is None:
             self.first_bad.masked_fill_((self.first_bad < 0) & ~torch.isfinite(losses), step)
 
@@ -315,7 +323,7 @@ class Run:
             "epoch": self.batches.epoch,
             "train_loss": float(self.loss_sum) / max(self.loss_nodes, 1),
             "lr": self.strategy.lr,
-            "samples": self.step * s.num_nodes * s.batch_size,
+            "samples": self.node_steps * s.batch_size,
             "bytes_sent": max(self.comm.bytes_sent),
             "bytes_received": max(self.comm.bytes_received),
             "wall_s": time.perf_counter() - self.wall_start,
@@ -323,7 +331,6 @@ class Run:
         if self.clock is not None:
             row["sim_time_s"] = self.clock.now
         if self.timelines is not None:
-            row["samples"] = sum(self.timelines.steps) * s.batch_size
             row.update(self.timelines.row(self.strategy.staleness))  # type: ignore[attr-defined]
         self.loss_sum.zero_()
         self.loss_count = 0
@@ -398,8 +405,7 @@ class Run:
             model=model, history=self.history, final=final, strategy=self.strategy.id,
             hyperparameters=self.strategy.hyperparameters(), num_nodes=s.num_nodes,
             steps=s.total_steps, batch_size=s.batch_size,
-            samples=(s.total_steps * s.num_nodes if tl is None else sum(tl.steps))
-            * s.batch_size,
+            samples=self.node_steps * s.batch_size,
             train_time_s=self.train_time_s, wall_time_s=time.perf_counter() - self.wall_start,
             bytes_sent=list(self.comm.bytes_sent), bytes_received=list(self.comm.bytes_received),
             engine=self.nodes.engine, device=str(self.device), seed=s.seed,
@@ -467,6 +473,7 @@ class Run:
             **self.feed.state_dict(),
             "metrics": {"history": _plain(self.history), "loss_sum": self.loss_sum,
                         "loss_count": self.loss_count, "loss_nodes": self.loss_nodes,
+                        "node_steps": self.node_steps,
                         "first_bad": self.first_bad, "nonfinite": _plain(self.nonfinite),
                         "train_time_s": self.train_time_s,
                         "wall_time_s": time.perf_counter() - self.wall_start},
@@ -499,6 +506,7 @@ class Run:
         self.loss_sum.copy_(m["loss_sum"])
         self.loss_count = int(m["loss_count"])
         self.loss_nodes = int(m["loss_nodes"])
+        self.node_steps = int(m.get("node_steps", self.step * self.settings.num_nodes))
         self.first_bad.copy_(m["first_bad"])
         self.nonfinite = m["nonfinite"]
         self.train_time_s = float(m["train_time_s"])
@@ -544,18 +552,25 @@ class Run:
         return time.perf_counter() - m0
 
     # -- the world (the lockstep scheduler's and the strategies' calls) --------------------------
-    def world_step(self) -> list[bool] | None:
-        """Before a step: the world says who computes (:meth:`Presence.before_step`); nodes
-        that rejoined, or were out of sync, recover from a live peer when they compute again
+    def world_step(self, select: Any = None) -> list[bool] | None:
+        """Before a step: the world says who computes (:meth:`Presence.before_step`; ``select``:
+        the round's participants among the up nodes, and who joins the round); nodes that
+        rejoined, joined, or were out of sync, recover from a live peer when they compute again
         (a late node heals once it has caught up, from the state the others hold then); the
         nodes that compute this step (None: all)."""
         active, rejoined = self.presence.before_step(self.step, self.clock)
-        if rejoined:
-            self.strategy.request_recovery(rejoined)
+        joining: dict[int, int] = {}
+        if select is not None:
+            active, joining = select(self.step, active)
+        if rejoined or joining:
+            self.strategy.request_recovery(rejoined + list(joining))
         pending = [i for i in self.strategy.pending_recovery if active[i]]
-        for node, donor in self.presence.donors(pending) if pending else []:
+        pairs = self.presence.donors(pending) if pending else []
+        for node, donor in [(n, joining.get(n, d) if joining.get(n, -1) >= 0 else d)
+                            for n, d in pairs]:
             received, start = self.comm.bytes_received[node], self._time(node)
-            self.strategy.recover(node, donor)
+            with _client_recovery(self.strategy, self.settings.participation, node in joining):
+                self.strategy.recover(node, donor)
             self.feed.feed()
             self.presence.recovered(node, donor, self.comm.bytes_received[node] - received,
                                     self._time(node) - start)
@@ -630,6 +645,7 @@ def _config(run: Run, run_info: dict[str, Any], checkpointing: dict[str, Any]) -
         "step_time_s": s.step_time_s, "compute_source": s.compute_source,
         "allow_nonfinite": s.allow_nonfinite, "allow_unsynced": s.allow_unsynced,
         "checkpointing": checkpointing, "world": s.world.spec(),
+        "participation": None if s.participation is None else s.participation.to_dict(),
     }
     assert set(config) == set(RUN_CONFIG_KEYS)
     clash = sorted(set(run_info) & set(config))
@@ -673,6 +689,34 @@ def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     random.setstate((version, tuple(rest[0]), rest[1]))
     name, keys, *tail = state["numpy"]
     np.random.set_state((name, keys.cpu().numpy().astype(np.uint32), *tail))
+
+
+def _check_participation(strategy: Strategy, s: RunSettings) -> None:
+    """Partial participation needs a method whose clients receive a global model each round."""
+    if not strategy.supports_participation:
+        raise ValueError(
+            f"{strategy.id} does not take partial participation (participation="
+            f"{s.participation.spec() if s.participation else None!r}): a client selected again "
+            "must receive the method's global model; allowed: fedavg, fedprox, the FedOpt "
+            "family, diloco, muloco, sparta_diloco")
+    assert s.participation is not None
+    s.participation.per_round(s.num_nodes)  # more participants than nodes: an error
+
+
+@contextlib.contextmanager
+def _client_recovery(strategy: Strategy, participation: Participation | None,
+                     joining: bool) -> Iterator[None]:
+    """A client joining a round recovers with its ``client_state``: a fresh inner optimizer
+    state (``recovery="restart"``) or its own (``"keep"``); any other recovery as set."""
+    if participation is None or not joining:
+        yield
+        return
+    before = strategy.recovery
+    strategy.recovery = "restart" if participation.client_state == "fresh" else "keep"
+    try:
+        yield
+    finally:
+        strategy.recovery = before
 
 
 def _from_lead(value: Any, ranks: RankContext | None) -> Any:

@@ -42,6 +42,7 @@ from exogym.sim.engine import (
     resolve_device,
 )
 from exogym.sim.network import Network, parse_duration, parse_network
+from exogym.sim.participation import Participation, parse_participation
 from exogym.sim.partition import Partition, parse_partition
 from exogym.sim.sharding import DatasetFactory, NodeBatches
 from exogym.sim.world import World, parse_world, speeds_of
@@ -145,6 +146,8 @@ class Trainer:
         progress: bool = True,
         network: Network | str | None = "datacenter",
         world: World | str | None = None,
+        participation: int | float | str | None = None,
+        client_state: str = "fresh",
         step_time: float | str | None = None,
         flops_per_sample: float | None = None,
         device_flops: float | None = None,
@@ -195,6 +198,8 @@ class Trainer:
         if net is not None:
             net.check_nodes(o.num_nodes)
         the_world = _check_world(parse_world(o.world), o.num_nodes, net, strategy)
+        participation = parse_participation(o.participation, client_state=o.client_state,
+                                            seed=o.seed)
         step_time_s, source = resolve_step_time(o.step_time, o.flops_per_sample,
                                                 o.device_flops, o.batch_size)
         checkpointing = _Checkpointing(o.checkpoint_every, _interval(o.checkpoint_interval),
@@ -220,7 +225,8 @@ class Trainer:
                 log_interval=o.log_interval, engine=engine, micro_batch_size=o.micro_batch_size,
                 precision=o.precision, seed=o.seed, network=net, step_time_s=step_time_s,
                 compute_source=source, allow_nonfinite=o.allow_nonfinite,
-                allow_unsynced=o.allow_unsynced, world=the_world, trace=o.trace)
+                allow_unsynced=o.allow_unsynced, world=the_world, trace=o.trace,
+                participation=participation)
             run = Run(self.model, self.train_dataset, self.val_dataset, strategy, settings,
                       device=dev, ranks=ranks, out_dir=o.out_dir, sink=sink,
                       progress=o.progress, run_info=dict(o.run_info or {}), batches=batches,
@@ -319,7 +325,17 @@ def _resumed_settings(o: FitOptions, given: frozenset[str], saved: dict[str, Any
         network=net, step_time_s=step_time_s, compute_source=source,
         allow_nonfinite=arg("allow_nonfinite", saved["allow_nonfinite"]),
         allow_unsynced=arg("allow_unsynced", saved["allow_unsynced"]), world=the_world,
-        trace=o.trace)
+        trace=o.trace, participation=_resumed_participation(o, given, saved))
+
+
+def _resumed_participation(o: FitOptions, given: frozenset[str],
+                           saved: dict[str, Any]) -> Participation | None:
+    """The recorded partial participation, or the one given (which must then agree)."""
+    recorded = saved.get("participation") or {}
+    value = o.given("participation", given, recorded.get("participation"))
+    state = o.given("client_state", given, recorded.get("client_state", "fresh"))
+    return parse_participation(value, client_state=state, seed=o.given("seed", given,
+                                                                       saved["seed"]))
 
 
 def _check_engine(engine: str, precision: str) -> None:

@@ -114,11 +114,16 @@ class Strategy(metaclass=_Recognising):
             following steps until the others' clocks reach its own (it is still finishing the
             round it was cut from; the run does not wait for it). None: wait for all.
         recovery: what a node that comes back gets of its inner optimizer state: ``"copy"``
-            (the donor's, as torchft heals) or ``"restart"`` (fresh).
+            (the donor's, as torchft heals), ``"restart"`` (fresh) or ``"keep"`` (its own, as it
+            was when it left: a client that sat out rounds of partial participation, or a node
+            whose optimizer state survived its outage).
     """
 
     id: ClassVar[str] = ""
     supports_codec: ClassVar[bool] = True
+    #: Whether partial participation applies (``fit(participation=K)``): a method with a
+    #: global model that a client selected again receives (FedAvg, FedOpt, DiLoCo).
+    supports_participation: ClassVar[bool] = False
     #: Attributes :meth:`init_state` rebuilds from the hyperparameters alone (caches, layouts):
     #: not part of :meth:`state_dict`.
     derived_state: ClassVar[tuple[str, ...]] = ()
@@ -129,7 +134,7 @@ class Strategy(metaclass=_Recognising):
     error_feedback: bool = False
     codec_seed: int = 0
     deadline: str | None = None
-    recovery: Literal["copy", "restart"] = "copy"
+    recovery: Literal["copy", "restart", "keep"] = "copy"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -164,8 +169,8 @@ class Strategy(metaclass=_Recognising):
                              f"{err}") from None
         if self.deadline is not None:
             parse_deadline(self.deadline)
-        if self.recovery not in ("copy", "restart"):
-            raise ValueError(f"recovery must be 'copy' or 'restart', got {self.recovery!r}")
+        if self.recovery not in ("copy", "restart", "keep"):
+            raise ValueError(f"recovery must be 'copy', 'restart' or 'keep', got {self.recovery!r}")
 
     # -- called by the trainer -----------------------------------------------------------------
     def setup(self, nodes: NodeStack, comm: Communicator, total_steps: int) -> None:
@@ -330,7 +335,7 @@ class Strategy(metaclass=_Recognising):
                 for t in _optimizer_rows(self.optimizer, self.nodes.num_nodes):
                     t[row].zero_()
                 self.node_steps[row] = 0
-            else:
+            elif self.recovery == "copy":
                 donor_row = self._row(donor)
                 if donor_row is not None:
                     self.node_steps[row] = self.node_steps[donor_row]

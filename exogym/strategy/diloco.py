@@ -70,7 +70,7 @@ bytes per node per outer step, 12,922.2 bytes per step at ``H = 100``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor
@@ -109,6 +109,7 @@ class DiLoCo(Strategy):
     """
 
     id = "diloco"
+    supports_participation: ClassVar[bool] = True
     H: int = 100
     outer_optimizer: OuterOptimizerName = "nesterov"
     outer_lr: float = 0.7

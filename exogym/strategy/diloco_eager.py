@@ -111,7 +111,7 @@ evaluation loss oscillates; ``H = 100`` with outer learning rate 0.5, 0.4, 0.3: 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -144,6 +144,9 @@ class DiLoCoEager(DiLoCo):
     """
 
     id = "diloco_eager"
+    # each node keeps its own outer model and state: a client selected again would need the
+    # eager bookkeeping of the rounds it missed (not modelled)
+    supports_participation: ClassVar[bool] = False
     H: int = 30
     outer_lr: float = 0.4
     eager: bool = True

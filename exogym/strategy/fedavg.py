@@ -33,6 +33,7 @@ rejected.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -51,6 +52,7 @@ class FedAvg(Strategy):
     """
 
     id = "fedavg"
+    supports_participation: ClassVar[bool] = True
     H: int = 100
 
     def __post_init__(self) -> None:

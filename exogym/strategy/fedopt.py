@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -69,6 +70,7 @@ class FedOpt(Strategy):
         eta: the server learning rate (the paper's eta).
     """
 
+    supports_participation: ClassVar[bool] = True
     H: int = 100
     eta: float = 1e-2
 
