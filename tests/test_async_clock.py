@@ -58,3 +58,12 @@ def test_asynchronous_trace_with_a_slow_node_and_a_slow_server_link() -> None:
     assert r.clock.node_compute_s == pytest.approx((4.0, 8.0), rel=1e-12)
     assert r.clock.node_comm_s == pytest.approx((4.0, 2.0), rel=1e-12)
     assert r.clock.node_idle_s == pytest.approx((2.0, 0.0), abs=1e-12)
+
+
+def test_an_asynchronous_run_is_not_re_costed_even_on_its_own_network() -> None:
+    # its clock was its event loop's; a replay of the recorded records dropped every push and
+    # pull and reported another clock (found in review)
+    r = fit(make("async_local_sgd", H=1, dylu=False, optim=sgd()), nodes=2, steps=4,
+            speeds="1:0.25", network=SLOW_LINK)
+    with pytest.raises(ValueError, match="asynchronous run's clock cannot be replayed"):
+        r.recost(SLOW_LINK)

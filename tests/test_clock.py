@@ -508,3 +508,23 @@ def test_a_run_that_cannot_be_recosted_refuses_another_step_time(
     assert ("            on another network: exogym recost RUN_DIR --network NAME"
             in plain.summary().splitlines())
     assert "cannot be re-costed" not in plain.summary()
+
+
+def test_a_helper_thread_ending_during_a_step_is_not_priced_as_the_nodes_work() -> None:
+    # a checkpoint writer's CPU, ended before the step's second reading, was priced as compute
+    # (found in review); a thread that says so when it ends is subtracted
+    import threading
+
+    from exogym.sim.compute import StepMeter, thread_done
+
+    meter = StepMeter(torch.device("cpu"), 1)
+
+    def helper() -> None:
+        burn(0.2)
+        thread_done()
+
+    worker = threading.Thread(target=helper, name="exogym-checkpoint-test")
+    worker.start()
+    mark = meter.start()
+    worker.join()
+    assert meter.stop(mark, 1) < 0.1

@@ -608,3 +608,19 @@ def test_the_processes_meet_at_the_port_given(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(ValueError, match=r"port must be an integer in \[1, 65535\] or None"):
         fit_processes(mlp(), data(64), None, strategy=DiLoCo(H=1), num_nodes=2, max_steps=1,
                       port=70000)
+
+
+def test_as_exogym_without_n_refuses_an_island_size_it_cannot_check() -> None:
+    # through fit_processes(strategy=as_exogym(s)) an island_size below N went unchecked and
+    # was ignored (found in review)
+    with pytest.raises(ValueError, match=r"island_size=2\) depends on the run's N: give "
+                                         r"as_exogym\(strategy, num_nodes=N\)"):
+        as_exogym(FedAvgStrategy(island_size=2, H=2))
+    assert isinstance(as_exogym(FedAvgStrategy(H=2)), FedAvg)
+
+
+def test_the_same_device_in_two_spellings_is_not_a_conflict() -> None:
+    from exogym.compat.exo_gym.fit_form import same_device
+
+    assert same_device(torch.device("cpu"), "cpu") and same_device("cpu", "cpu")
+    assert not same_device("cpu", "auto") and same_device("auto", "auto")

@@ -158,11 +158,13 @@ def test_absent_nodes_neither_accumulate_nor_send_and_lost_messages_leave_the_ac
     step_with(s, nodes, [[3.0, 1.0, 0.0, 0.0], [0.0, 0.0, 2.0, 4.0], [0.0] * 4], 1)
 
     # Assert: e_2 = [-.3, -1, -.25, -.25] sends -1 (chunk 0) and -.25 (chunk 1, the first of
-    # the tie), keeping [-.3, 0, 0, -.25]; node 1 sent .4 (lost in transit) and keeps
-    # [0, 0, .2, 0]; node 0 sends .3 and keeps [0, .1, 0, 0]. Delta = mean over nodes 0 and 2:
+    # the tie), keeping [-.3, 0, 0, -.25]; node 0 sends .3 and keeps [0, .1, 0, 0]. Node 1's
+    # message is lost: it keeps its accumulator as before the round, [0, 0, 0, 0], and its
+    # parameters (its next pseudo-gradient measures the round again; keeping [0, 0, .2, 0] too
+    # would count .2 twice). Delta = mean over nodes 0 and 2:
     # ([.3, 0, 0, 0] + [0, -1, -.25, 0]) / 2 = [.15, -.5, -.125, 0]
     assert torch.allclose(s.global_state()["w"], t([0.35, 1.5, 2.875, 3.75]), **TOL)
-    assert torch.allclose(s.error["w"], t([[0.0, 0.1, 0.0, 0.0], [0.0, 0.0, 0.2, 0.0],
+    assert torch.allclose(s.error["w"], t([[0.0, 0.1, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0],
                                            [-0.3, 0.0, 0.0, -0.25]]), **TOL)
     assert comm.log[-1].members == 0b101
 

@@ -40,6 +40,8 @@ from typing import Any, BinaryIO
 import torch
 import torch.distributed as dist
 
+from exogym.sim.compute import thread_done
+
 __all__ = [
     "CheckpointError",
     "Checkpointer",
@@ -178,6 +180,9 @@ class Checkpointer:
                 f"writing the checkpoint of step {step} under {self.run_dir / FOLDER} failed "
                 f"({type(err).__name__}: {err}); the previous checkpoints are intact")
             self._error.__cause__ = err
+        finally:
+            if threading.current_thread().name.startswith("exogym-checkpoint-"):
+                thread_done()  # the step it ends during does not price its work
 
     def _write(self, snapshot: Any, step: int) -> None:
         folder = self.run_dir / FOLDER

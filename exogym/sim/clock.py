@@ -603,8 +603,14 @@ class ClockTrace:
         ``spans``: the replayed clock records its spans there (its timeline).
 
         Raises:
-            ValueError: the run cannot be re-costed (:attr:`not_recostable`) on another network.
+            ValueError: the run cannot be re-costed (:attr:`not_recostable`) on another network;
+                or it is asynchronous: its clock was its event loop's (when each push arrived),
+                which the recorded collectives do not replay, on any network.
         """
+        if any(r.op in ("push", "pull") for r in self.records):
+            raise ValueError(f"an asynchronous run's clock cannot be replayed, on its own network "
+                             f"or another: {self.not_recostable or 'its event loop decided it'};"
+                             " its report is the run's own (summary.json, result.clock)")
         net = parse_network(network)
         clock = SimClock(net, self.num_nodes,
                          self.step_time_s if step_time_s is None else step_time_s,

@@ -120,6 +120,17 @@ def _thread_cpu(thread: threading.Thread) -> float | None:
         return None
 
 
+# The last CPU reading of helper threads that have ended (thread_done), by thread id: a thread
+# that ends between a step's two readings is no longer there to be read at the second.
+_ENDED: dict[int, float] = {}
+
+
+def thread_done() -> None:
+    """A helper thread's last call (a checkpoint writer's): its CPU time so far, so that a step
+    it ended during does not price the thread's work as the nodes'."""
+    _ENDED[threading.get_ident()] = time.thread_time()
+
+
 def _other_threads_cpu() -> dict[int, float]:
     """CPU seconds so far of the Python threads that are not training work (a checkpoint
     writer, a metrics sink's), by thread id."""
@@ -177,7 +188,10 @@ class StepMeter:
             return max(time.perf_counter() - mark.wall - exclude_wall_s, 0.0) / nodes
         spent = time.process_time() - mark.cpu
         now = _other_threads_cpu()
-        spent -= sum(now[k] - v for k, v in mark.others.items() if k in now)
+        for k, v in mark.others.items():
+            end = now.get(k, _ENDED.pop(k, None))
+            if end is not None:
+                spent -= end - v
         return max(spent, 0.0) / nodes / self.cores
 
 

@@ -36,11 +36,12 @@ With ``R`` nodes and the global parameters ``theta^(t-1)``, each outer step ``t`
 
 Absent nodes (a world), as in DiLoCo: ``R`` becomes the ``M`` nodes whose messages arrive (the
 all-gather runs among them, ``(M-1) * S`` bytes each, nothing for the others), and only they
-restart from ``theta^(t)``; an outer step where no message arrives changes nothing. A node that
-is down accumulates nothing (steps 2 and 4 skip it); a node whose message was lost or cut by a
-``deadline`` did send, so what it sent leaves its accumulator and is lost with the message. A
-node back up gets ``theta^(t)`` from a live peer and an empty accumulator (:meth:`SparseLoCo.
-recover`).
+restart from ``theta^(t)``; an outer step where no message arrives changes nothing. A node whose
+message does not arrive (down, lost, or cut by a ``deadline``) keeps its accumulator as it was
+before the round (steps 2 and 4 skip it): it keeps its parameters too, so its next
+pseudo-gradient measures the whole progress since ``theta`` again; accumulating it now as well
+would count it twice. A node back up gets ``theta^(t)`` from a live peer and an empty
+accumulator (:meth:`SparseLoCo.recover`).
 
 Defaults: the production ``hparams.json``: ``H`` = 30 (``inner_steps``), ``beta`` = 0.95
 (``momentum_decay``), ``k`` = 64 per chunk and ``s`` = 64 (``topk_compression``, ``target_chunk``:
@@ -233,20 +234,20 @@ class SparseLoCo(Strategy):
         """Accumulate, compress and send every node's pseudo-gradient; step and restart (absent
         nodes: the module docstring)."""
         members = self.arrivals()  # a world's: the active nodes whose messages arrive
-        computed = self.active  # local rows that took this round's last step (None: all)
+        heard = None if members is None else self.comm.local_rows(members, self.nodes.device)
         names = list(self.nodes.params)
         payload: list[Tensor] = []
         for name in names:
             p, e, lay = self.nodes.params[name], self.error[name], self.layouts[name]
-            before = e.clone() if computed is not None else None
+            before = e.clone() if heard is not None else None
             e.mul_(self.beta).add_(self.global_params[name].unsqueeze(0) - p)         # 2
             idx, val = lay.top_k(_chunks(e, lay))                                      # 3
             n = val.shape[0]
             codes, shift, lookup = quantize(val.reshape(n, -1), self.bits, self.sigmas)
             sent = _dequantize(codes, shift, lookup).view_as(val)
             e.sub_(_unchunk(lay.scatter(idx, sent), lay))                              # 4
-            if before is not None:  # a node that is down accumulates nothing
-                e.copy_(torch.where(computed.view(-1, *([1] * (e.dim() - 1))), e, before))
+            if before is not None:  # a node not heard keeps its accumulator (docstring)
+                e.copy_(torch.where(heard.view(-1, *([1] * (e.dim() - 1))), e, before))
             payload += [pack_bits(idx.reshape(n, -1), index_bits(lay.area)),
                         pack_bits(codes, self.bits), torch.cat([shift, lookup], dim=1)]
         if members is not None and not any(members):

@@ -70,6 +70,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
 from exogym.compat.exo_gym.conversions import BuiltinStrategy, ExoGymWarning
@@ -274,7 +275,7 @@ def _placement(a: _Arguments, device: str | None) -> None:
     """The device (``fit``'s, or the trainer's), the seed, and ``kwargs`` as ``run_info``."""
     exo, put = a.exo, a.put
     given = exo.get("device")
-    if given in (None, "") or given == device:
+    if given in (None, "") or (device and same_device(given, device)):
         chosen = device or "auto"
     elif device:
         raise ValueError(f"fit(device={given!r}) and Trainer(device={device!r}) differ; EXO "
@@ -311,3 +312,14 @@ def _logging(a: _Arguments) -> None:
             raise ValueError(f"run_name must be a folder name (no '/'), got {run_name!r}")
         put("sinks", [ExoGymCSVLogs(Path("logs") / run_name)], "run_name")
         put("log_interval", 1)
+
+
+def same_device(a: Any, b: Any) -> bool:
+    """Whether two device specs name the same device (``"cpu"`` and ``torch.device("cpu")``);
+    ``"auto"`` and ``""`` name themselves."""
+    if str(a) in ("auto", "") or str(b) in ("auto", ""):
+        return str(a) == str(b)
+    try:
+        return torch.device(a) == torch.device(b)
+    except (RuntimeError, TypeError):
+        return a == b

@@ -131,8 +131,12 @@ def as_exogym(strategy: Any, num_nodes: int | None = None) -> Any:
     """
     if not isinstance(strategy, NodeStrategy):
         return strategy
-    if isinstance(strategy, BuiltinStrategy) and num_nodes is not None:
-        strategy.check_num_nodes(num_nodes)
+    if isinstance(strategy, BuiltinStrategy):
+        if num_nodes is not None:
+            strategy.check_num_nodes(num_nodes)
+        elif getattr(strategy, "island_size", None) is not None:
+            raise ValueError(f"{type(strategy).__name__}(island_size={strategy.island_size}) "
+                             "depends on the run's N: give as_exogym(strategy, num_nodes=N)")
     stacked = strategy.to_exogym()  # EXO Gym's built-ins: exogym's strategy of the method
     return PerNode(node=strategy) if stacked is None else stacked
 

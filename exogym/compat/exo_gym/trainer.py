@@ -93,7 +93,8 @@ class Trainer(CoreTrainer):
         if isinstance(strategy, PerNodeStrategy):
             given["strategy"] = as_exogym(strategy, kwargs.get("num_nodes", 1))
         if self.device is not None:
-            if given.get("device") not in (None, self.device):
+            if given.get("device") is not None and not fit_form.same_device(given["device"],
+                                                                    self.device):
                 raise ValueError(f"fit(device={given['device']!r}) and Trainer(device="
                                  f"{self.device!r}) differ: give one of them")
             given["device"] = self.device
@@ -115,3 +116,4 @@ def _device(device: str | None, devices: Sequence[int] | None) -> str | None:
         raise ValueError(f"devices={devices!r} names CUDA devices, but device={device!r}; "
                          "give device='cuda' or None")
     return f"cuda:{indices[0]}"
+
