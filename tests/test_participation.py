@@ -150,3 +150,15 @@ def test_the_command_line_takes_participation(tmp_path: Path) -> None:
     assert config["participation"] == {"participation": "0.25", "client_state": "keep"}
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["samples"] == 2 * 4 * 8  # 2 of 8 nodes, 4 steps, batch 8
+
+
+def test_a_round_whose_participants_all_fail_goes_on_with_a_new_draw() -> None:
+    # 2 nodes, 1 per round, H = 4: the round's participant fails at step 1 and the other node
+    # takes its place for the rest of the round (the engine had no node to compute: a crash)
+    first = Participation(count=1).draw(0, [True, True]).index(True)
+    other = 1 - first
+    r = fit(make("fedavg", H=4), nodes=2, steps=4, participation=1,
+            world=f"fail={first}@1")
+    (reduce,) = [rec for rec in r.comm_log if rec.op == "all_reduce"]
+    assert members(reduce.members, 2) == [i == other for i in range(2)]
+    assert r.samples == (1 + 3) * 4  # step 0 by the first, steps 1-3 by the other

@@ -47,10 +47,12 @@ class Drawn:
     nodes: int
     world: str
     deadline: str | None
+    participation: int | float | None = None
 
     def describe(self) -> str:
         return (f"strategy={self.strategy} engine={self.engine} nodes={self.nodes} "
-                f"world={self.world!r} deadline={self.deadline!r}")
+                f"world={self.world!r} deadline={self.deadline!r} "
+                f"participation={self.participation!r}")
 
 
 @st.composite
@@ -83,7 +85,8 @@ def worlds(draw: st.DrawFn) -> Drawn:
     deadline = draw(st.sampled_from([None, None, "2x", "1.5x"]))
     return Drawn(strategy=draw(st.sampled_from(registry())),
                  engine=draw(st.sampled_from(["loop", "vmap", "threads"])), nodes=n,
-                 world=",".join(items), deadline=deadline)
+                 world=",".join(items), deadline=deadline,
+                 participation=draw(st.sampled_from([None, None, None, 1, 0.5])))
 
 
 def _fit(d: Drawn, out_dir: Path, resume: Path | None = None) -> Any:
@@ -98,6 +101,7 @@ def _fit(d: Drawn, out_dir: Path, resume: Path | None = None) -> Any:
         strategy=make(d.strategy, **overrides), num_nodes=d.nodes, max_steps=STEPS,
         batch_size=4, log_interval=1, eval_interval=4, eval_samples=20, engine=d.engine,
         network="home-100mbps", step_time=STEP_TIME, seed=3, world=d.world,
+        participation=d.participation,
         out_dir=out_dir, checkpoint_every=CHECKPOINT_AT, keep_checkpoints=3,
         allow_unsynced=True, allow_nonfinite=True, progress=False)
 

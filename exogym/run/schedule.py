@@ -65,9 +65,11 @@ class Lockstep:
         usual choice)."""
         assert self.participation is not None
         joining: dict[int, int] = {}
-        if step % self.period == 0 or self.participants is None:
-            previous = self.participants
-            self.participants = self.participation.draw(step // self.period, up)
+        fresh = step % self.period == 0 or self.participants is None
+        if fresh or not any(u and p for u, p in zip(up, self.participants, strict=True)):
+            previous = self.participants  # every participant down: a new draw in the round
+            self.participants = self.participation.draw(step // self.period, up,
+                                                        0 if fresh else step + 1)
             if previous is not None:
                 new = [i for i, p in enumerate(self.participants) if p and not previous[i]]
                 donors = [i for i, p in enumerate(previous) if p and up[i]] or [-1]

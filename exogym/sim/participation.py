@@ -13,7 +13,9 @@ its availability traces say are online. Here:
   fewer up nodes than ``k``: all of them;
 - only the participants compute, send and are charged (the others are absent from the round,
   as a down node is: no forward, no data drawn, no optimizer step, not a member of the round's
-  collectives); a participant that fails during the round is down as any node;
+  collectives); a participant that fails during the round is down as any node; if every
+  participant is down at a step, the round goes on with a new draw among the up nodes (seeded
+  by the round and the step), which join it as any newly selected client;
 - a client selected again starts its round from the current global model, received from the
   server (a point-to-point transfer, charged to it: the run's live recovery); whether it keeps
   its own inner optimizer state between its rounds is a setting, ``client_state``: ``"fresh"``
@@ -79,11 +81,13 @@ class Participation:
         assert self.fraction is not None
         return max(math.floor(self.fraction * num_nodes + 0.5), 1)
 
-    def draw(self, round_index: int, up: Sequence[bool]) -> list[bool]:
-        """The participants of round ``round_index``: ``k`` of the ``up`` nodes, at random."""
+    def draw(self, round_index: int, up: Sequence[bool], again: int = 0) -> list[bool]:
+        """The participants of round ``round_index``: ``k`` of the ``up`` nodes, at random
+        (``again``: a new draw within the round, after every participant failed)."""
         candidates = [i for i, u in enumerate(up) if u]
         k = min(self.per_round(len(up)), len(candidates))
-        rng = np.random.default_rng(np.random.SeedSequence([self.seed, _STREAM, round_index]))
+        key = [self.seed, _STREAM, round_index] + ([again] if again else [])
+        rng = np.random.default_rng(np.random.SeedSequence(key))
         chosen = set(rng.choice(len(candidates), size=k, replace=False).tolist())
         picked = {candidates[j] for j in chosen}
         return [i in picked for i in range(len(up))]
