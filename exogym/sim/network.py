@@ -41,15 +41,26 @@ units (bits vs bytes, decimal prefixes)::
     parse_network("home-100mbps,node_speed=1:1:1:0.5")       # node 3 computes at half speed
     parse_network("cloud-10g,bw_sigma=0.5,speed_sigma=0.2,seed=3")   # random heterogeneity
     parse_network("bw=100Mbps,latency=20ms,efficiency=1,hop_latency=0s")  # uncalibrated
+    parse_network("mynet.json")               # a network file (``exogym calibrate`` writes one)
+    parse_network("mynet.json,latency=20ms")  # a file plus changes, as a profile
+
+A network file is JSON: ``{"format": "exogym-network", "version": 1, "network": {FIELD:
+VALUE, ...}}`` with :class:`Network`'s fields (bits/s and seconds; per-node lists as arrays),
+plus whatever else its writer keeps beside them (``exogym calibrate``: ``"calibration"``, the
+measurements and the fit). :func:`write_network_file` writes one, :func:`load_network_file`
+reads one; :meth:`Network.spec` of a loaded network is a full ``key=value`` spec, so a run's
+``summary.json`` can be re-costed without the file.
 """
 
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -61,6 +72,7 @@ __all__ = [
     "collective_time",
     "format_duration",
     "format_rate",
+    "load_network_file",
     "parse_duration",
     "parse_network",
     "parse_rate",
@@ -70,6 +82,7 @@ __all__ = [
     "star_broadcast_time",
     "tree_all_reduce_time",
     "tree_broadcast_time",
+    "write_network_file",
 ]
 
 AllReduceAlgo = Literal["ring", "tree", "star"]
@@ -554,7 +567,9 @@ def parse_network(spec: str | Network | None = None) -> Network:
     ``all_gather`` (ring), ``broadcast`` (star, tree), per-node lists separated by ``:``
     (``node_bw``, ``node_up``, ``node_down`` with units, ``node_speed`` as plain numbers),
     ``bw_sigma``, ``speed_sigma``, ``seed``, ``name``, ``efficiency`` (a plain number in (0, 1])
-    and ``hop_latency`` (a duration). None gives ``datacenter``.
+    and ``hop_latency`` (a duration). The first item may instead be a network file (a path
+    ending in ``.json``, or any existing file: :func:`load_network_file`), changed by the items
+    after it as a profile is. None gives ``datacenter``.
     """
     if spec is None:
         return PROFILES["datacenter"]
@@ -567,11 +582,14 @@ def parse_network(spec: str | Network | None = None) -> Network:
     base: Network | None = None
     if "=" not in items[0]:
         name = items.pop(0)
-        if name not in PROFILES:
+        if name in PROFILES:
+            base = PROFILES[name]
+        elif name.endswith(".json") or Path(name).is_file():
+            base = load_network_file(name)
+        else:
             raise ValueError(f"unknown network profile {name!r}; profiles: {', '.join(PROFILES)}"
-                             "; or give key=value items such as 'bw=1Gbps,latency=5ms'"
-                             f"{_did_you_mean(name, PROFILES)}")
-        base = PROFILES[name]
+                             "; or give key=value items such as 'bw=1Gbps,latency=5ms', or a "
+                             f"network file (FILE.json){_did_you_mean(name, PROFILES)}")
     values: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -642,3 +660,68 @@ def collective_time(op: str, payload_bytes: float, num_nodes: int,
     """Seconds for one collective on ``network`` (default ``datacenter``); see
     :meth:`Network.collective_time`."""
     return parse_network(network).collective_time(op, payload_bytes, num_nodes, src=src)
+
+
+# -- network files -------------------------------------------------------------------------------
+#: The ``format`` of a network file; :data:`NETWORK_FILE_VERSION` its ``version``.
+NETWORK_FILE_FORMAT = "exogym-network"
+NETWORK_FILE_VERSION = 1
+_TUPLE_FIELDS = ("node_up_bps", "node_down_bps", "node_speed")
+
+
+def write_network_file(path: str | Path, network: Network,
+                       extra: dict[str, Any] | None = None) -> Path:
+    """Write ``network`` as a network file (JSON) at ``path``; ``extra`` is kept beside it
+    (e.g. ``{"calibration": ...}``; its keys must not be ``format``, ``version`` or
+    ``network``). Returns the path. :func:`load_network_file` reads it back to an equal
+    :class:`Network` (floats are written with Python's round-tripping repr)."""
+    extra = dict(extra or {})
+    clash = sorted({"format", "version", "network"} & set(extra))
+    if clash:
+        raise ValueError(f"extra keys {clash} would overwrite the file's own")
+    body = {f.name: getattr(network, f.name) for f in fields(Network)}
+    for key in _TUPLE_FIELDS:
+        if body[key] is not None:
+            body[key] = list(body[key])
+    out = Path(path)
+    out.write_text(json.dumps({"format": NETWORK_FILE_FORMAT, "version": NETWORK_FILE_VERSION,
+                               "network": body, **extra}, indent=2) + "\n")
+    return out
+
+
+def load_network_file(path: str | Path) -> Network:
+    """The :class:`Network` of a network file (see the module docstring).
+
+    Raises:
+        ValueError: the file is missing, is not JSON, is not a network file of a known version,
+            or its ``network`` has unknown fields or invalid values (the message names them).
+    """
+    where = Path(path)
+    try:
+        data = json.loads(where.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"network file {str(where)!r} does not exist (a network is a profile "
+                         f"name, key=value items, or an existing FILE.json)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"network file {str(where)!r} could not be read as JSON: {err}") from None
+    if not isinstance(data, dict) or data.get("format") != NETWORK_FILE_FORMAT:
+        raise ValueError(f"{str(where)!r} is not a network file: it needs \"format\": "
+                         f"\"{NETWORK_FILE_FORMAT}\" (as `exogym calibrate --out` writes)")
+    if data.get("version") != NETWORK_FILE_VERSION:
+        raise ValueError(f"network file {str(where)!r} has version {data.get('version')!r}; "
+                         f"this exogym reads version {NETWORK_FILE_VERSION}")
+    body = data.get("network")
+    known = {f.name for f in fields(Network)}
+    if not isinstance(body, dict):
+        raise ValueError(f"network file {str(where)!r}: \"network\" must be an object of "
+                         f"Network fields ({', '.join(sorted(known))})")
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise ValueError(f"network file {str(where)!r}: unknown fields {unknown}; allowed: "
+                         f"{', '.join(sorted(known))}")
+    values = {k: (tuple(v) if k in _TUPLE_FIELDS and isinstance(v, list) else v)
+              for k, v in body.items()}
+    try:
+        return Network(**values)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"network file {str(where)!r}: {err}") from None

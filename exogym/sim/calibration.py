@@ -1,0 +1,387 @@
+"""Fitting the network model to measured transfers: what ``exogym calibrate`` writes.
+
+Pure arithmetic on measurements (no ``torch.distributed``; the measuring is
+:mod:`exogym.run.calibrate`). Two kinds of :class:`Sample`:
+
+- ``pingpong``: rank ``src`` sends ``S`` payload bytes to rank ``dst``, which answers with a
+  4-byte message; the round trip is timed on ``src``'s own clock (no clock is shared between
+  machines). Model: ``t = 8S / r_ij + 2 m``, ``r_ij`` the payload rate of one stream from ``i``
+  to ``j`` and ``m`` the latency of one message (propagation plus both ends' software);
+- ``all_reduce``: a ring all-reduce of ``S`` bytes per rank over all ``N`` ranks, the time from
+  the last rank's arrival to the result (the clock's definition). Model, the ring formula of
+  :mod:`exogym.sim.network`: ``t = 2(N-1)/N * 8S / R + 2(N-1) h``, ``R`` the payload rate the
+  ring reaches and ``h`` the latency of one hop.
+
+The fit (:func:`fit_network`), each step a weighted least-squares line through the medians of
+the repeats (weights ``1 / t^2``: every size counts by its relative error, so a 4-byte message
+and a 64 MB transfer weigh alike), leaving out the points far off a robust line through all
+(:func:`fit_line`):
+
+1. per directed pair: ``r_ij`` and ``m_ij`` from its ping-pong line;
+2. per node, the link rates: the model's per-node ``up_i`` / ``down_j`` with ``r_ij =
+   p * min(up_i, down_j)``, ``p = 1448 / 1514`` the payload share of one TCP stream's Ethernet
+   frames (:data:`STREAM_EFFICIENCY`; only the product ``p * rate`` is observed, so the rates are
+   what the links carry in frames). Estimate: ``up_i = max_j r_ij / p``, ``down_j = max_i r_ij /
+   p``, exact when every transfer is limited by one end, as in a star of access links; a node's
+   rate above all its peers' is not observable and shows as theirs (a lower bound);
+3. the ring: ``R`` and ``h`` from the all-reduce line; ``efficiency = R / min_i min(up_i,
+   down_i)`` (or, for a network with one rate for all nodes, ``R / min(median up, median
+   down)``, see ``per_node`` of :func:`fit_network`): what the ring reaches of its slowest
+   link, which holds the ACKs sharing each uplink, the congestion control (a loss-based one,
+   Reno or CUBIC, keeps a link busy; BBR's window, sized from the minimum RTT, leaves part of
+   a low-delay link unused) and what the ring loses beyond its slowest link; capped at 1
+   (reported);
+4. latencies: ``latency_s = min(m, h)`` (``m`` the median over pairs) and ``hop_latency_s = h -
+   latency_s``, so that ``L = latency + hop_latency = h``, the measured per-hop cost of the
+   collective the clock prices most.
+
+:func:`fit_network` returns a :class:`Fit`: the :class:`~exogym.sim.network.Network`, every
+fitted number, and every sample's prediction and residual (``(predicted - measured) /
+measured``), for the report ``exogym calibrate`` prints and keeps in the network file.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from exogym.sim.network import (
+    TCP_FRAME_BYTES,
+    TCP_PAYLOAD_BYTES,
+    Network,
+    format_duration,
+    format_rate,
+)
+
+__all__ = ["STREAM_EFFICIENCY", "Fit", "Line", "Sample", "fit_line", "fit_network",
+           "format_fit"]
+
+#: Payload share of one TCP stream's frames on an Ethernet link (MTU 1500, timestamps):
+#: 1448 / 1514. Its ACKs travel the other way, so a one-way transfer reaches this share of the
+#: rate with a loss-based congestion control.
+STREAM_EFFICIENCY = TCP_PAYLOAD_BYTES / TCP_FRAME_BYTES
+#: Points of a line whose relative residual exceeds this many robust standard deviations
+#: (1.4826 x the median absolute deviation, at least 1%) are dropped before the refit.
+OUTLIER_SIGMAS = 3.0
+#: :func:`fit_network` lists every node's rates when the fastest is this much (relative) above
+#: the slowest: beyond the measurements' own spread (a few percent), a slower link.
+PER_NODE_SPREAD = 0.10
+
+Op = Literal["pingpong", "all_reduce"]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measured case: its repeats, seconds each.
+
+    Attributes:
+        op: ``pingpong`` (``src`` -> ``dst`` and a 4-byte answer back, timed on ``src``) or
+            ``all_reduce`` (ring over all ``nodes`` ranks).
+        nodes: ranks in the run (N).
+        payload_bytes: ``S``, bytes sent (ping-pong) or contributed by each rank (all-reduce).
+        seconds: the repeats' times (the fit takes their median).
+        src, dst: the ranks of a ping-pong (None for an all-reduce).
+    """
+
+    op: Op
+    nodes: int
+    payload_bytes: int
+    seconds: tuple[float, ...]
+    src: int | None = None
+    dst: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.op not in ("pingpong", "all_reduce"):
+            raise ValueError(f"op must be 'pingpong' or 'all_reduce', got {self.op!r}")
+        if isinstance(self.nodes, bool) or not isinstance(self.nodes, int) or self.nodes < 2:
+            raise ValueError(f"nodes must be an integer >= 2, got {self.nodes!r}")
+        if not self.payload_bytes >= 0:
+            raise ValueError(f"payload_bytes must be >= 0, got {self.payload_bytes!r}")
+        secs = tuple(float(s) for s in self.seconds)
+        if not secs or not all(math.isfinite(s) and s > 0 for s in secs):
+            raise ValueError(f"seconds must be a non-empty list of times > 0, got {secs!r}")
+        object.__setattr__(self, "seconds", secs)
+        pair = (self.src, self.dst)
+        if self.op == "pingpong":
+            if not all(isinstance(r, int) and 0 <= r < self.nodes for r in pair) or (
+                    self.src == self.dst):
+                raise ValueError(f"a ping-pong needs two different ranks src, dst in [0, "
+                                 f"{self.nodes}), got {pair!r}")
+        elif pair != (None, None):
+            raise ValueError(f"an all-reduce has no src/dst, got {pair!r}")
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def spread(self) -> float:
+        """``(max - min) / median`` of the repeats."""
+        return (max(self.seconds) - min(self.seconds)) / self.median_s
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["seconds"] = list(self.seconds)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Sample:
+        return cls(**{**data, "seconds": tuple(data["seconds"])})
+
+
+@dataclass(frozen=True)
+class Line:
+    """``t = slope * x + intercept`` through ``(x, t)`` points, and which were used.
+
+    Attributes:
+        slope, intercept: the fitted line (both >= 0).
+        kept: for every input point, whether the final fit used it (False: an outlier).
+    """
+
+    slope: float
+    intercept: float
+    kept: tuple[bool, ...]
+
+    def __call__(self, x: float) -> float:
+        return self.slope * x + self.intercept
+
+
+def _weighted_line(xs: Sequence[float], ts: Sequence[float]) -> tuple[float, float]:
+    """Least squares of ``t = a x + b`` with weights ``1 / t^2`` (relative errors); ``a, b >=
+    0`` (a negative one is set to 0 and the other refitted alone)."""
+    w = [1.0 / t ** 2 for t in ts]
+    sw = sum(w)
+    sx = sum(wi * x for wi, x in zip(w, xs, strict=True))
+    st = sum(wi * t for wi, t in zip(w, ts, strict=True))
+    sxx = sum(wi * x * x for wi, x in zip(w, xs, strict=True))
+    sxt = sum(wi * x * t for wi, x, t in zip(w, xs, ts, strict=True))
+    det = sw * sxx - sx * sx
+    if det > 0:
+        a = (sw * sxt - sx * st) / det
+        b = (st - a * sx) / sw
+        if a >= 0 and b >= 0:
+            return a, b
+    if sxx > 0:
+        a_only = sxt / sxx  # b = 0
+        if a_only > 0 and (det <= 0 or (sw * sxt - sx * st) / det >= 0):
+            return a_only, 0.0
+    return 0.0, st / sw  # a = 0: no size dependence visible
+
+
+def _l1_line(xs: Sequence[float], ts: Sequence[float]) -> tuple[float, float]:
+    """The line ``t = a x + b`` (``a, b >= 0``) with the least sum of absolute relative
+    residuals. Such a line passes through two of the points (or one, with ``a`` or ``b`` 0),
+    so the candidates are tried one by one (a few dozen for a calibration's sizes)."""
+    cands = [(t / x, 0.0) for x, t in zip(xs, ts, strict=True) if x > 0]
+    cands += [(0.0, t) for t in ts]
+    for k in range(len(xs)):
+        for m in range(k + 1, len(xs)):
+            if xs[k] != xs[m]:
+                a = (ts[m] - ts[k]) / (xs[m] - xs[k])
+                b = ts[k] - a * xs[k]
+                if a >= 0 and b >= 0:
+                    cands.append((a, b))
+    return min(cands, key=lambda ab: sum(abs(ab[0] * x + ab[1] - t) / t
+                                         for x, t in zip(xs, ts, strict=True)))
+
+
+def fit_line(xs: Sequence[float], ts: Sequence[float]) -> Line:
+    """A robust line ``t = a x + b``. First the line of least absolute relative residuals
+    (insensitive to a few bad points); the points whose relative residual from it is beyond
+    :data:`OUTLIER_SIGMAS` robust standard deviations (1.4826 x the median absolute deviation,
+    at least 1%) are left out (at least 3 points at 2 sizes stay); then weighted least squares
+    (weights ``1/t^2``) through the rest. Needs 2 or more distinct ``x``."""
+    if len(xs) != len(ts) or len(set(xs)) < 2:
+        raise ValueError(f"a line needs points at 2 or more different sizes, got x = {list(xs)}")
+    if not all(t > 0 for t in ts):
+        raise ValueError(f"times must be > 0, got {list(ts)}")
+    a, b = _l1_line(xs, ts)
+    rel = [(a * x + b - t) / t for x, t in zip(xs, ts, strict=True)]
+    scale = max(1.4826 * statistics.median(abs(r) for r in rel), 0.01)
+    kept = tuple(abs(r) <= OUTLIER_SIGMAS * scale for r in rel)
+    used = [k for k in range(len(xs)) if kept[k]]
+    if len(used) < 3 or len({xs[k] for k in used}) < 2:
+        kept, used = (True,) * len(xs), list(range(len(xs)))
+    a, b = _weighted_line([xs[k] for k in used], [ts[k] for k in used])
+    return Line(a, b, kept)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """What :func:`fit_network` found.
+
+    Attributes:
+        network: the fitted network (per-node rates, efficiency, latencies).
+        pair_rate_bps: ``{(i, j): r_ij}``, payload bits/s of one stream ``i -> j``.
+        pair_latency_s: ``{(i, j): m_ij}``, one message's latency (half the ping-pong's
+            intercept).
+        ring_rate_bps: ``R``, payload bits/s of the ring all-reduce.
+        hop_s: ``h``, seconds per ring hop.
+        raw_efficiency: ``R / slowest link`` before the cap at 1.
+        node_up_bps, node_down_bps: every node's fitted link rates (in the network only where
+            it is per node).
+        residuals: per sample, ``(sample, predicted seconds, (predicted - measured) /
+            measured, used by the fit)``; a ping-pong is predicted from the node rates
+            (``8S / (p min(up_i, down_j)) + 2 m_ij``), an all-reduce by ``network``.
+    """
+
+    network: Network
+    pair_rate_bps: dict[tuple[int, int], float]
+    pair_latency_s: dict[tuple[int, int], float]
+    ring_rate_bps: float
+    hop_s: float
+    raw_efficiency: float
+    node_up_bps: tuple[float, ...]
+    node_down_bps: tuple[float, ...]
+    residuals: list[tuple[Sample, float, float, bool]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: what the network file keeps under ``"calibration"``."""
+        return {
+            "pair_rate_bps": {f"{i}->{j}": r for (i, j), r in self.pair_rate_bps.items()},
+            "pair_latency_s": {f"{i}->{j}": m for (i, j), m in self.pair_latency_s.items()},
+            "ring_rate_bps": self.ring_rate_bps, "hop_s": self.hop_s,
+            "raw_efficiency": self.raw_efficiency, "node_up_bps": list(self.node_up_bps),
+            "node_down_bps": list(self.node_down_bps),
+            "samples": [{**s.to_dict(), "median_s": s.median_s, "predicted_s": p,
+                         "residual": r, "used": u} for s, p, r, u in self.residuals],
+        }
+
+
+def _sig(value: float, digits: int = 6) -> float:
+    """``value`` to ``digits`` significant digits: what :meth:`Network.spec` writes (``:g``),
+    so that a run's recorded spec re-parses to exactly the fitted network."""
+    return float(f"{value:.{digits}g}")
+
+
+def _pair_lines(samples: Sequence[Sample]) -> dict[tuple[int, int], tuple[Line, list[Sample]]]:
+    pairs: dict[tuple[int, int], list[Sample]] = {}
+    for s in samples:
+        if s.op == "pingpong":
+            pairs.setdefault((s.src, s.dst), []).append(s)  # type: ignore[arg-type]
+    out = {}
+    for pair, group in sorted(pairs.items()):
+        group.sort(key=lambda s: s.payload_bytes)
+        out[pair] = (fit_line([s.payload_bytes for s in group], [s.median_s for s in group]),
+                     group)
+    return out
+
+
+def fit_network(samples: Sequence[Sample], *, name: str = "calibrated",
+                description: str = "", per_node: bool | None = None) -> Fit:
+    """Fit the network model to ``samples`` (see the module docstring for the steps).
+
+    ``per_node``: True writes every node's rates (``node_up_bps``, ``node_down_bps``: the
+    network then fits runs of exactly ``N`` nodes); False one upload and one download rate for
+    all, the medians over the nodes, with the efficiency relative to them (the ring's measured
+    rate is kept, and the network fits runs of any size); None (default): per node when the
+    nodes' rates differ by more than :data:`PER_NODE_SPREAD`.
+
+    Needs, for one ``N``: an all-reduce at 2 or more sizes, and a ping-pong at 2 or more sizes
+    for every ordered pair of ranks (``N (N-1)`` pairs), so that every node's upload and
+    download is seen.
+
+    Raises:
+        ValueError: samples of different ``N``, or a pair or the all-reduce missing.
+    """
+    sizes = {s.nodes for s in samples}
+    if len(sizes) != 1:
+        raise ValueError(f"the samples must come from one run of N ranks, got N = {sorted(sizes)}")
+    n = sizes.pop()
+    lines = _pair_lines(samples)
+    missing = [(i, j) for i in range(n) for j in range(n) if i != j and (i, j) not in lines]
+    if missing:
+        raise ValueError(f"no ping-pong measured for the rank pairs {missing}: every ordered "
+                         f"pair of the {n} ranks is needed to see each node's up and down link")
+    ring = sorted((s for s in samples if s.op == "all_reduce"), key=lambda s: s.payload_bytes)
+    if len({s.payload_bytes for s in ring}) < 2:
+        raise ValueError("the all-reduce must be measured at 2 or more sizes")
+    rate = {p: 8.0 / line.slope if line.slope > 0 else math.inf
+            for p, (line, _) in lines.items()}
+    if not all(math.isfinite(r) for r in rate.values()):
+        bad = [p for p, r in rate.items() if not math.isfinite(r)]
+        raise ValueError(f"the ping-pong times of pairs {bad} do not grow with the size: measure "
+                         "larger transfers (a higher --target-time)")
+    msg = {p: line.intercept / 2 for p, (line, _) in lines.items()}
+    up = tuple(_sig(max(rate[(i, j)] for j in range(n) if j != i) / STREAM_EFFICIENCY)
+               for i in range(n))
+    down = tuple(_sig(max(rate[(i, j)] for i in range(n) if i != j) / STREAM_EFFICIENCY)
+                 for j in range(n))
+    ring_line = fit_line([s.payload_bytes for s in ring], [s.median_s for s in ring])
+    if ring_line.slope <= 0:
+        raise ValueError("the all-reduce times do not grow with the size: measure larger "
+                         "transfers (a higher --target-time)")
+    ring_rate = 8.0 * 2 * (n - 1) / n / ring_line.slope
+    hop = ring_line.intercept / (2 * (n - 1))
+    if per_node is None:
+        per_node = max(*up, *down) / min(*up, *down) > 1 + PER_NODE_SPREAD
+    if per_node:
+        raw_eff = ring_rate / min(min(up), min(down))
+        rates: dict[str, Any] = {"up_bps": min(up), "down_bps": min(down), "node_up_bps": up,
+                                 "node_down_bps": down}
+    else:
+        med_up, med_down = _sig(statistics.median(up)), _sig(statistics.median(down))
+        raw_eff = ring_rate / min(med_up, med_down)
+        rates = {"up_bps": med_up, "down_bps": med_down}
+    latency = _sig(min(statistics.median(msg.values()), hop))
+    net = Network(name=name, **rates, latency_s=latency, efficiency=min(raw_eff, 1.0),
+                  hop_latency_s=max(hop - latency, 0.0), description=description)
+    residuals = []
+    for line, group in lines.values():
+        for s, used in zip(group, line.kept, strict=True):
+            pred = (8 * s.payload_bytes / (STREAM_EFFICIENCY * min(up[s.src], down[s.dst]))
+                    + 2 * msg[(s.src, s.dst)])  # type: ignore[index]
+            residuals.append((s, pred, (pred - s.median_s) / s.median_s, used))
+    for s, used in zip(ring, ring_line.kept, strict=True):
+        pred = net.collective_time("all_reduce", s.payload_bytes, n)
+        residuals.append((s, pred, (pred - s.median_s) / s.median_s, used))
+    return Fit(network=net, pair_rate_bps=rate, pair_latency_s=msg, ring_rate_bps=ring_rate,
+               hop_s=hop, raw_efficiency=raw_eff, node_up_bps=up, node_down_bps=down,
+               residuals=residuals)
+
+
+def format_fit(fit: Fit) -> str:
+    """The report ``exogym calibrate`` prints: the fitted parameters, each ping-pong pair's
+    rate, message latency and worst residual, and every all-reduce size with its prediction and
+    residual (``*``: left out of the fit as an outlier)."""
+    net = fit.network
+    lines = ["fitted network: " + net.describe(),
+             f"  {'node':>4}  {'up':>13}  {'down':>13}   (link rates, in frames)",
+             *(f"  {i:>4}  {format_rate(u):>13}  {format_rate(d):>13}"
+               for i, (u, d) in enumerate(zip(fit.node_up_bps, fit.node_down_bps,
+                                              strict=True))),
+             "  the file lists every node (runs of exactly this N)" if net.node_up_bps else
+             "  the file has one rate for all nodes, the medians (runs of any N)",
+             f"  ring all-reduce: {format_rate(fit.ring_rate_bps)} of payload = efficiency "
+             f"{fit.raw_efficiency:.4f} x "
+             + ("the slowest link" if net.node_up_bps else "min(up, down)")
+             + (" (capped at 1)" if fit.raw_efficiency > 1 else ""),
+             f"  per hop {format_duration(fit.hop_s)} = latency {format_duration(net.latency_s)}"
+             f" + hop latency {format_duration(net.hop_latency_s)}",
+             "", f"{'ping-pong':<10} {'payload rate':>13} {'message':>9} {'sizes':>6} "
+                 f"{'spread':>7} {'worst residual':>15}"]
+    pairs: dict[tuple[int, int], list[tuple[Sample, float, float, bool]]] = {}
+    for row in fit.residuals:
+        if row[0].op == "pingpong":
+            pairs.setdefault((row[0].src, row[0].dst), []).append(row)  # type: ignore[arg-type]
+    for (i, j), rows in pairs.items():
+        worst = max((r for _, _, r, u in rows if u), key=abs)
+        dropped = sum(not u for *_, u in rows)
+        lines.append(f"{f'{i} -> {j}':<10} {format_rate(fit.pair_rate_bps[(i, j)]):>13} "
+                     f"{format_duration(fit.pair_latency_s[(i, j)]):>9} {len(rows):>6} "
+                     f"{100 * max(s.spread for s, *_ in rows):>6.1f}% {100 * worst:>+14.2f}%"
+                     + (f" ({dropped} outlier{'s' * (dropped > 1)} left out)" if dropped else ""))
+    lines += ["", f"{'all-reduce':<10} {'bytes':>13} {'measured':>10} {'spread':>7} "
+                  f"{'predicted':>10} {'residual':>9}"]
+    for s, pred, res, used in fit.residuals:
+        if s.op == "all_reduce":
+            lines.append(f"{f'N = {s.nodes}':<10} {s.payload_bytes:>13,} "
+                         f"{format_duration(s.median_s):>10} {100 * s.spread:>6.1f}% "
+                         f"{format_duration(pred):>10} {100 * res:>+8.2f}%"
+                         + ("" if used else " *"))
+    worst = max((abs(r) for _, _, r, u in fit.residuals if u), default=0.0)
+    lines.append(f"worst residual of the cases fitted: {100 * worst:.2f}%")
+    return "\n".join(lines)

@@ -1,0 +1,253 @@
+"""``exogym calibrate``: the fit against synthetic measurements with known parameters, network
+files, the size plan, and the command on real local processes."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from exogym.cli import main
+from exogym.run.calibrate import FIRST_BYTES, PROBE_BYTES, CalibrateOptions, plan_sizes
+from exogym.sim.calibration import STREAM_EFFICIENCY, Sample, fit_line, fit_network
+from exogym.sim.network import (
+    Network,
+    load_network_file,
+    parse_network,
+    write_network_file,
+)
+
+SIZES = (4, 65536, 262144, 1048576, 4194304)
+
+
+def synthetic(up: list[float], down: list[float], efficiency: float, hop_s: float,
+              message_s: float, noise: float = 0.0, seed: int = 0) -> list[Sample]:
+    """Samples the model would measure: ping-pongs ``8S / (p min(up_i, down_j)) + 2 m`` and
+    ring all-reduces of a per-node network with ``efficiency`` and per-hop ``hop_s``; each
+    repeat times ``1 + noise * z``."""
+    rng = random.Random(seed)
+    n = len(up)
+
+    def reps(t: float) -> tuple[float, ...]:
+        return tuple(t * (1 + noise * rng.gauss(0, 1)) for _ in range(5))
+
+    out = []
+    for i in range(n):
+        for j in range(n):
+            if i != j:
+                for s in SIZES:
+                    t = 8 * s / (STREAM_EFFICIENCY * min(up[i], down[j])) + 2 * message_s
+                    out.append(Sample("pingpong", n, s, reps(t), i, j))
+    truth = Network(up_bps=1.0, node_up_bps=tuple(up), node_down_bps=tuple(down),
+                    efficiency=efficiency, latency_s=hop_s, hop_latency_s=0.0)
+    for s in SIZES:
+        out.append(Sample("all_reduce", n, s, reps(truth.collective_time("all_reduce", s, n))))
+    return out
+
+
+# -- the line --------------------------------------------------------------------------------------
+def test_fit_line_recovers_an_exact_line():
+    line = fit_line([4, 1000, 4000, 16000], [2e-4 + 8e-6 * x for x in (4, 1000, 4000, 16000)])
+    assert line.slope == pytest.approx(8e-6, rel=1e-12)
+    assert line.intercept == pytest.approx(2e-4, rel=1e-9)
+    assert line.kept == (True,) * 4
+
+
+def test_fit_line_drops_an_outlier_and_refits():
+    xs = [4, 1e3, 4e3, 16e3, 64e3, 256e3]
+    ts = [1e-4 + 1e-6 * x for x in xs]
+    ts[3] *= 1.5  # a repeat hit by a scheduling hiccup
+    line = fit_line(xs, ts)
+    assert line.kept == (True, True, True, False, True, True)
+    assert line.slope == pytest.approx(1e-6, rel=1e-9)
+    assert line.intercept == pytest.approx(1e-4, rel=1e-6)
+
+
+def test_fit_line_weights_relative_errors():
+    """A 10% error on the smallest time counts as much as 10% on the largest: with weights
+    1/t^2, the intercept stays near the small points' level rather than being swamped."""
+    xs = [0, 1e6, 2e6]
+    ts = [1e-3 * 1.1, 1.0 + 1e-3, 2.0 + 1e-3]
+    line = fit_line(xs, ts)
+    assert line.intercept == pytest.approx(1.1e-3, rel=0.05)
+    assert line.slope == pytest.approx(1e-6, rel=1e-3)
+
+
+def test_fit_line_needs_two_sizes():
+    with pytest.raises(ValueError, match="2 or more different sizes"):
+        fit_line([1000, 1000], [1.0, 1.1])
+
+
+# -- the network fit -----------------------------------------------------------------------------
+def test_fit_recovers_known_parameters_exactly():
+    """Asymmetric links and a slow uplink in the ring (node 2, 10 Mbit/s): every parameter the
+    measurements determine comes back (to the 6 significant digits the fit keeps)."""
+    up, down = [20e6, 20e6, 10e6, 20e6], [20e6, 20e6, 25e6, 20e6]
+    fit = fit_network(synthetic(up, down, efficiency=0.9, hop_s=120e-6, message_s=80e-6))
+    net = fit.network
+    assert net.node_up_bps == pytest.approx(up, rel=1e-6)
+    # node 2's download (25) is above every peer's upload that reaches it (20): not observable,
+    # the fit gives the fastest rate seen, the lower bound
+    assert net.node_down_bps == pytest.approx([20e6, 20e6, 20e6, 20e6], rel=1e-6)
+    assert net.efficiency == pytest.approx(0.9, rel=1e-6)
+    assert net.latency_s == pytest.approx(80e-6, rel=1e-5)
+    assert net.latency_s + net.hop_latency_s == pytest.approx(120e-6, rel=1e-6)
+    assert fit.ring_rate_bps == pytest.approx(0.9 * 10e6, rel=1e-6)
+    assert all(abs(r) < 1e-5 for _, _, r, _ in fit.residuals)
+
+
+def test_fit_with_noise_and_an_outlier_stays_close():
+    samples = synthetic([20e6] * 4, [20e6] * 4, efficiency=0.93, hop_s=150e-6,
+                        message_s=100e-6, noise=0.01, seed=3)
+    ring = [s for s in samples if s.op == "all_reduce"]
+    bad = ring[2]  # every repeat of one size 40% slow (a burst of cross traffic)
+    samples[samples.index(bad)] = replace(bad, seconds=tuple(1.4 * t for t in bad.seconds))
+    fit = fit_network(samples)
+    assert fit.network.node_up_bps is None  # uniform within 10%: one rate for all
+    assert fit.network.up_bps == pytest.approx(20e6, rel=0.02)
+    assert fit.network.efficiency == pytest.approx(0.93, rel=0.02)
+    outliers = [s for s, _, _, used in fit.residuals if not used]
+    assert outliers == [samples[samples.index(replace(bad, seconds=tuple(
+        1.4 * t for t in bad.seconds)))]]
+
+
+def test_one_rate_for_all_keeps_the_ring_rate_at_any_n():
+    """Uniform links (one rate in the file): the ring's measured payload rate R and hop h
+    price an all-reduce of any N, ``2(N-1)/N 8S/R + 2(N-1) h``."""
+    fit = fit_network(synthetic([100e6] * 2, [100e6] * 2, efficiency=0.936, hop_s=90e-6,
+                                message_s=60e-6))
+    assert fit.network.node_up_bps is None
+    s, n = 32e6, 64
+    expected = 2 * (n - 1) / n * 8 * s / (0.936 * 100e6) + 2 * (n - 1) * 90e-6
+    assert fit.network.collective_time("all_reduce", s, n) == pytest.approx(expected, rel=1e-5)
+
+
+def test_per_node_can_be_forced_either_way():
+    samples = synthetic([20e6, 10e6], [20e6, 20e6], efficiency=0.9, hop_s=1e-4, message_s=1e-4)
+    assert fit_network(samples).network.node_up_bps is not None  # 2x apart: per node
+    one = fit_network(samples, per_node=False).network
+    assert one.node_up_bps is None
+    assert one.up_bps == pytest.approx(15e6, rel=1e-6)  # the median of 20 and 10
+    # the ring's time is the measured one either way
+    assert one.collective_time("all_reduce", 1e6, 2) == pytest.approx(
+        fit_network(samples, per_node=True).network.collective_time("all_reduce", 1e6, 2),
+        rel=1e-5)
+    uniform = synthetic([20e6] * 2, [20e6] * 2, efficiency=0.9, hop_s=1e-4, message_s=1e-4)
+    assert fit_network(uniform, per_node=True).network.node_up_bps == pytest.approx(
+        [20e6, 20e6], rel=1e-6)
+
+
+def test_fit_refuses_incomplete_measurements():
+    samples = synthetic([20e6] * 3, [20e6] * 3, efficiency=0.9, hop_s=1e-4, message_s=1e-4)
+    with pytest.raises(ValueError, match=r"pairs \[\(2, 1\)\]"):
+        fit_network([s for s in samples if (s.src, s.dst) != (2, 1)])
+    with pytest.raises(ValueError, match="all-reduce must be measured at 2 or more sizes"):
+        fit_network([s for s in samples if s.op == "pingpong" or s.payload_bytes == 4])
+    other = Sample("all_reduce", 4, 100, (1.0,))
+    with pytest.raises(ValueError, match=r"one run of N ranks, got N = \[3, 4\]"):
+        fit_network([*samples, other])
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"op": "send"}, "op must be"),
+    ({"nodes": 1}, "nodes must be an integer >= 2"),
+    ({"seconds": (0.0,)}, "times > 0"),
+    ({"src": 1, "dst": 1}, "two different ranks"),
+    ({"src": 0, "dst": 5}, "two different ranks"),
+])
+def test_sample_validates(kwargs, match):
+    base = {"op": "pingpong", "nodes": 2, "payload_bytes": 4, "seconds": (1e-4,), "src": 0,
+            "dst": 1}
+    with pytest.raises(ValueError, match=match):
+        Sample(**{**base, **kwargs})
+
+
+def test_sample_round_trips_through_a_dict():
+    s = Sample("pingpong", 3, 65536, (0.1, 0.2), 2, 0)
+    assert Sample.from_dict(json.loads(json.dumps(s.to_dict()))) == s
+
+
+# -- network files ---------------------------------------------------------------------------------
+def test_network_file_round_trips_and_is_a_network_spec(tmp_path: Path):
+    fit = fit_network(synthetic([20e6, 10e6], [30e6, 20e6], efficiency=0.9, hop_s=1.2e-4,
+                                message_s=8e-5), name="mine", description="test")
+    path = write_network_file(tmp_path / "mine.json", fit.network,
+                              {"calibration": fit.to_dict()})
+    assert load_network_file(path) == fit.network
+    assert parse_network(str(path)) == fit.network
+    # a file plus changes, as a profile; its spec re-parses to the same network
+    changed = parse_network(f"{path},latency=20ms")
+    assert changed.latency_s == 0.02 and changed.node_up_bps == fit.network.node_up_bps
+    assert parse_network(fit.network.spec()) == replace(fit.network, description="")
+    data = json.loads(path.read_text())
+    assert len(data["calibration"]["samples"]) == len(fit.residuals)
+
+
+@pytest.mark.parametrize("content, match", [
+    (None, "does not exist"),
+    ("{not json", "could not be read as JSON"),
+    ('{"format": "other"}', "is not a network file"),
+    ('{"format": "exogym-network", "version": 9, "network": {}}', "has version 9"),
+    ('{"format": "exogym-network", "version": 1, "network": {"up_bps": 1e6, "bw": 2}}',
+     r"unknown fields \['bw'\]"),
+    ('{"format": "exogym-network", "version": 1, "network": {"up_bps": -1}}',
+     "up_bps must be a number > 0"),
+])
+def test_bad_network_files_are_named(tmp_path: Path, content, match):
+    path = tmp_path / "net.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ValueError, match=match):
+        parse_network(str(path))
+
+
+def test_write_network_file_refuses_clashing_extra_keys(tmp_path: Path):
+    with pytest.raises(ValueError, match="overwrite"):
+        write_network_file(tmp_path / "n.json", Network(up_bps=1e6), {"network": 1})
+
+
+# -- measuring ---------------------------------------------------------------------------------
+def test_plan_sizes_grow_to_the_target_time():
+    # a 1 MB all-reduce took 0.1 s: 4 MB takes about 0.4 s <= 0.5, 16 MB 1.6 s > 0.5
+    opts = CalibrateOptions(target_s=0.5)
+    assert plan_sizes(0.1, 2, opts) == [4, FIRST_BYTES, 4 * FIRST_BYTES, 16 * FIRST_BYTES,
+                                        64 * FIRST_BYTES]
+    assert 64 * FIRST_BYTES * 0.1 / PROBE_BYTES <= 0.5 < 256 * FIRST_BYTES * 0.1 / PROBE_BYTES
+    # a slow link still gets two sizes above 4 bytes; a fast one stops at max_bytes
+    assert plan_sizes(100.0, 2, opts) == [4, FIRST_BYTES, 4 * FIRST_BYTES]
+    assert plan_sizes(1e-6, 2, CalibrateOptions(max_bytes=1_000_000))[-1] == 4 * FIRST_BYTES
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"reps": 0}, "reps"), ({"target_s": 0}, "target_s"), ({"max_bytes": 10}, "max_bytes")])
+def test_calibrate_options_validate(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        CalibrateOptions(**kwargs)
+
+
+def test_calibrate_needs_torchrun_or_the_process_engine(tmp_path: Path, capsys):
+    assert main(["calibrate", "--out", str(tmp_path / "n.json")]) == 2
+    assert "--engine process" in capsys.readouterr().err
+
+
+def test_calibrate_command_on_local_processes(tmp_path: Path, capsys):
+    """The real command, 2 processes over loopback (unshaped: the numbers are this machine's,
+    only their shape is checked): it prints the fit and writes a file --network accepts."""
+    out = tmp_path / "loop.json"
+    assert main(["calibrate", "--engine", "process", "--nodes", "2", "--reps", "2",
+                 "--target-time", "50ms", "--max-size", "5000000", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "fitted network:" in text and "0 -> 1" in text and "1 -> 0" in text
+    assert "worst residual" in text and f"wrote {out}" in text
+    net = parse_network(str(out))
+    assert net.name == "calibrated" and 0 < net.efficiency <= 1
+    data = json.loads(out.read_text())["calibration"]
+    assert [r["rank"] for r in data["ranks"]] == [0, 1]
+    assert data["sizes"][:3] == [4, FIRST_BYTES, 4 * FIRST_BYTES]
+    assert data["sizes"][-1] <= 5_000_000
+    kinds = {(s["op"], s["src"], s["dst"]) for s in data["samples"]}
+    assert kinds == {("all_reduce", None, None), ("pingpong", 0, 1), ("pingpong", 1, 0)}
+    assert all(len(s["seconds"]) == 2 for s in data["samples"])
