@@ -89,6 +89,14 @@ class FitOptions:
             FedOpt family, DiLoCo, MuLoCo and SPARTA-DiLoCo take it.
         client_state: with ``participation``, whether a client's inner optimizer state starts
             ``"fresh"`` each round it takes part in (Flower's default) or is kept (``"keep"``).
+        resident: at most this many nodes' state in memory at once (:mod:`exogym.run.paging`):
+            the nodes compute in groups of ``resident``, one group at a time, the others'
+            state paged out to ``offload``; the numbers are those of the run with every node
+            in memory, bit for bit. None: every node in memory. Synchronous strategies, the
+            loop and threads engines, one process.
+        offload: where paged-out groups live: ``"host"`` (host memory: on a GPU run, the
+            device holds one group), ``"disk"`` (files in a temporary folder) or
+            ``"disk:DIR"``. On a CPU only ``"disk"`` lowers the memory a run needs.
         step_time: one node's compute per step, seconds (or ``"1.5s"``); default: measured
             from the run's own training steps (per process in a multi-process run; see
             :mod:`exogym.sim.clock`); or
@@ -167,6 +175,8 @@ class FitOptions:
     world: World | str | None = None
     participation: int | float | str | None = None
     client_state: str = "fresh"
+    resident: int | None = None
+    offload: str = "host"
     step_time: float | str | None = None
     flops_per_sample: float | None = None
     device_flops: float | None = None

@@ -59,6 +59,7 @@ from exogym.run.dist import (
     local_batch,
 )
 from exogym.run.events import Timelines
+from exogym.run.paging import Paged
 from exogym.run.record import Recorder
 from exogym.run.result import FitResult, NonFiniteLossError
 from exogym.run.schedule import Lockstep, PerNodeTimelines, Scheduler
@@ -66,7 +67,7 @@ from exogym.run.sinks import MultiSink
 from exogym.run.trace import picture_due
 from exogym.sim.clock import ClockReport, ClockTrace, SimClock
 from exogym.sim.comm import Communicator, InProcessCommunicator
-from exogym.sim.engine import EngineName, NodeStack, Precision, metrics_of
+from exogym.sim.engine import EngineName, NodeStack, Precision, auto_engine, metrics_of
 from exogym.sim.network import Network
 from exogym.sim.participation import Participation
 from exogym.sim.partition import Partition
@@ -87,7 +88,7 @@ RUN_CONFIG_KEYS = (
     "log_interval", "partition", "partition_stats", "engine", "device", "seed",
     "micro_batch_size", "precision", "processes", "parameters", "eval_set", "network",
     "step_time_s", "compute_source", "allow_nonfinite", "allow_unsynced", "checkpointing",
-    "world", "participation",
+    "world", "participation", "paging",
 )
 """The keys of ``config.json`` that are the run's own (``run_info`` may add others)."""
 
@@ -123,6 +124,8 @@ class RunSettings:
     world: World = PERFECT
     participation: Participation | None = None
     trace: bool = False
+    resident: int | None = None  # nodes in memory at once (exogym.run.paging); None: all
+    offload: str = "host"
 
 
 class Run:
@@ -164,8 +167,10 @@ class Run:
         torch.manual_seed(s.seed)
         self.batches = batches if batches is not None else NodeBatches(
             train_data, s.num_nodes, s.batch_size, seed=s.seed, partition=s.partition)
+        self.paged: Paged | None = None
         self.nodes, self.comm = self._build_nodes(model)
-        strategy.setup(self.nodes, self.comm, s.total_steps)
+        if self.paged is None:
+            strategy.setup(self.nodes, self.comm, s.total_steps)
         self.eval_full = self.eval_set = val_data
         if val_data is not None and s.eval_samples is not None and s.eval_samples < len(
                 val_data):  # type: ignore[arg-type]
@@ -181,7 +186,7 @@ class Run:
         self.node_steps = 0  # node-steps computed so far (absent nodes take none)
         # First step (0-based) at which each local node's loss was not finite, -1 while it is:
         # tracked on the device (no host sync per step), read at log steps.
-        self.first_bad = torch.full((self.nodes.num_nodes,), -1, dtype=torch.long, device=device)
+        self.first_bad = torch.full((self.comm.n_local,), -1, dtype=torch.long, device=device)
         self.nonfinite: dict[str, Any] | None = None
         self.train_time_s = 0.0  # wall time of the training steps (not state of the numbers)
         self.record = Recorder(out_dir, self.config, sink, lead=self.lead, progress=progress,
@@ -204,6 +209,14 @@ class Run:
         """The node-stacked replicas this process computes and their communicator."""
         s, ranks = self.settings, self.ranks
         n_here = s.num_nodes if ranks is None else ranks.nodes_per_process
+        if s.resident is not None and ranks is None:
+            hub = InProcessCommunicator(s.num_nodes)
+            engine = auto_engine(self.device, s.num_nodes) if s.engine == "auto" else s.engine
+            self.paged = Paged(model, self.strategy, hub, resident=s.resident,
+                               offload=s.offload, device=self.device, engine=engine,
+                               micro_batch_size=s.micro_batch_size, precision=s.precision,
+                               total_steps=s.total_steps)
+            return self.paged.groups[0].nodes, hub
         nodes = NodeStack(model, n_here, device=self.device, engine=s.engine,
                           micro_batch_size=s.micro_batch_size, precision=s.precision)
         if ranks is None:
@@ -287,7 +300,7 @@ class Run:
             torch.cuda.synchronize(self.device)
         self.train_time_s += time.perf_counter() - t0
         if self.feed.measured and (self._log_now or done >= s.total_steps):
-            self.feed.catch_up(self.step, self.nodes.num_nodes)
+            self.feed.catch_up(self.step, self.comm.n_local)
         self.feed.feed()
         self.record.advanced()
 
@@ -299,11 +312,17 @@ class Run:
         self.comm.active = active
         local = None if active is None else [active[i] for i in self.comm.node_ids]
         batch = nodes.to_batch_device(self._next_batch(active))
-        losses = nodes.forward_backward(batch, local)
-        self.feed.computed(step, active)
-        self.strategy.step(step)
-        nodes.zero_grad()
-        self.feed.end_step(marks, nodes.num_nodes)
+        if self.paged is not None:
+            self.feed.computed(step, active)
+            paging = self.paged.seconds
+            losses = self.paged.step(step, batch, active)
+            self.comm.transport_s += self.paged.seconds - paging  # not the nodes' compute
+        else:
+            losses = nodes.forward_backward(batch, local)
+            self.feed.computed(step, active)
+            self.strategy.step(step)
+            nodes.zero_grad()
+        self.feed.end_step(marks, self.comm.n_local)
         self.loss_sum += losses.sum()
         self.loss_count += 1
         computed = s.num_nodes if active is None else sum(active)
@@ -361,7 +380,7 @@ class Run:
         final = self._final_evaluation()
         report = trace = None
         if self.feed.measured:
-            self.feed.catch_up(self.step, self.nodes.num_nodes)
+            self.feed.catch_up(self.step, self.comm.n_local)
         if self.clock is not None and self.feed.step_time_s is not None:
             self.feed.feed()
             down = [i for i, d in enumerate(self.presence.down) if d]
@@ -430,10 +449,14 @@ class Run:
         """Close the metrics file (writing ``summary.json`` if given), the sinks (``None``: the
         run did not finish) and the progress bar. Safe to call twice."""
         self.record.close(summary)
+        if self.paged is not None:
+            self.paged.close()
 
     # -- evaluation ----------------------------------------------------------------------------
     def global_state(self) -> dict[str, Tensor]:
         """The model to evaluate; across processes a collective (every rank calls it)."""
+        if self.paged is not None:
+            return self.paged.global_state()
         if self.ranks is None:
             return self.strategy.global_state()
         assert isinstance(self.comm, DistributedCommunicator)
@@ -459,14 +482,12 @@ class Run:
         copies them to host memory). Only tensors, dicts, lists, tuples and plain values, so
         that ``torch.load(weights_only=True)`` reads it back."""
         if self.feed.measured:  # the clock is complete in a checkpoint
-            self.feed.catch_up(self.step, self.nodes.num_nodes)
+            self.feed.catch_up(self.step, self.comm.n_local)
         return {
             "format": STATE_FORMAT,
             "config": _plain(self.config),
             "step": self.step,
-            "nodes": {"params": {k: p.detach() for k, p in self.nodes.params.items()},
-                      "buffers": dict(self.nodes.buffers), "engine": self.nodes.engine},
-            "strategy": self.strategy.state_dict(),
+            **self._nodes_state(),
             "comm": self.comm.state_dict(),
             "data": self.batches.state_dict(),
             "rng": _rng_state(self.device),
@@ -488,8 +509,11 @@ class Run:
         if state.get("format") != STATE_FORMAT:
             raise ValueError(f"checkpoint format {state.get('format')!r} is not this exogym's "
                              f"({STATE_FORMAT})")
-        self._load_nodes(state["nodes"])
-        self.strategy.load_state_dict(state["strategy"])
+        if self.paged is not None:
+            self.paged.load_groups(state["groups"], _load_nodes)
+        else:
+            _load_nodes(self.nodes, state["nodes"])
+            self.strategy.load_state_dict(state["strategy"])
         self.comm.load_state_dict(state["comm"])
         self.batches.load_state_dict(state["data"])
         self.step = int(state["step"])
@@ -514,18 +538,12 @@ class Run:
         self.wall_start = time.perf_counter() - float(m.get("wall_time_s", 0.0))
         _set_rng_state(state["rng"], self.device)
 
-    def _load_nodes(self, saved: Mapping[str, Any]) -> None:
-        with torch.no_grad():
-            for kind in ("params", "buffers"):
-                own = getattr(self.nodes, kind)
-                if set(saved[kind]) != set(own):
-                    raise ValueError(f"the checkpoint's model has other {kind} "
-                                     f"({sorted(set(saved[kind]) ^ set(own))}) than this model")
-                for k, t in own.items():
-                    t.copy_(saved[kind][k])
-        if saved["engine"] != self.nodes.engine:  # vmap fell back to the loop
-            self.nodes.engine = saved["engine"]
-        self.nodes._vmap_checked = True
+    def _nodes_state(self) -> dict[str, Any]:
+        """The replicas and the strategy's state; a paged run's, group by group (copied out
+        of each group while it is in memory)."""
+        if self.paged is not None:
+            return {"groups": self.paged.save_groups(_nodes_state)}
+        return {"nodes": _nodes_state(self.nodes), "strategy": self.strategy.state_dict()}
 
     # -- internals -----------------------------------------------------------------------------
     @property
@@ -562,21 +580,32 @@ class Run:
         joining: dict[int, int] = {}
         if select is not None:
             active, joining = select(self.step, active)
+        paged = self.paged
         if rejoined or joining:
-            self.strategy.request_recovery(rejoined + list(joining))
+            for strategy in self._strategies:
+                strategy.request_recovery(rejoined + list(joining))
         pending = [i for i in self.strategy.pending_recovery if active[i]]
         pairs = self.presence.donors(pending) if pending else []
         for node, donor in [(n, joining.get(n, d) if joining.get(n, -1) >= 0 else d)
                             for n, d in pairs]:
             received, start = self.comm.bytes_received[node], self._time(node)
-            with _client_recovery(self.strategy, self.settings.participation, node in joining):
-                self.strategy.recover(node, donor)
+            joins, part = node in joining, self.settings.participation
+            if paged is None:
+                _recover(self.strategy, node, donor, part, joins)
+            else:
+                paged.call(lambda g, n=node, d=donor, j=joins, p=part: _recover(
+                    g.strategy, n, d, p, j))
             self.feed.feed()
             self.presence.recovered(node, donor, self.comm.bytes_received[node] - received,
                                     self._time(node) - start)
-        self.strategy.pending_recovery = [i for i in self.strategy.pending_recovery
-                                          if not active[i]]
+        for strategy in self._strategies:
+            strategy.pending_recovery = [i for i in strategy.pending_recovery if not active[i]]
         return None if all(active) else active
+
+    @property
+    def _strategies(self) -> list[Strategy]:
+        """The run's strategy, or every group's copy of it in a paged run."""
+        return [self.strategy] if self.paged is None else self.paged.strategies
 
     def arrivals(self, active: list[bool] | None, deadline: str | None) -> list[bool] | None:
         """The :class:`~exogym.sim.comm.Timeline` the strategies ask at a synchronisation: the
@@ -646,6 +675,8 @@ def _config(run: Run, run_info: dict[str, Any], checkpointing: dict[str, Any]) -
         "allow_nonfinite": s.allow_nonfinite, "allow_unsynced": s.allow_unsynced,
         "checkpointing": checkpointing, "world": s.world.spec(),
         "participation": None if s.participation is None else s.participation.to_dict(),
+        "paging": None if run.paged is None else {"resident": s.resident,
+                                                   "offload": s.offload},
     }
     assert set(config) == set(RUN_CONFIG_KEYS)
     clash = sorted(set(run_info) & set(config))
@@ -717,6 +748,31 @@ def _client_recovery(strategy: Strategy, participation: Participation | None,
         yield
     finally:
         strategy.recovery = before
+
+
+def _nodes_state(nodes: NodeStack) -> dict[str, Any]:
+    return {"params": {k: p.detach() for k, p in nodes.params.items()},
+            "buffers": dict(nodes.buffers), "engine": nodes.engine}
+
+
+def _load_nodes(nodes: NodeStack, saved: Mapping[str, Any]) -> None:
+    with torch.no_grad():
+        for kind in ("params", "buffers"):
+            own = getattr(nodes, kind)
+            if set(saved[kind]) != set(own):
+                raise ValueError(f"the checkpoint's model has other {kind} "
+                                 f"({sorted(set(saved[kind]) ^ set(own))}) than this model")
+            for k, t in own.items():
+                t.copy_(saved[kind][k])
+    if saved["engine"] != nodes.engine:  # vmap fell back to the loop
+        nodes.engine = saved["engine"]
+    nodes._vmap_checked = True
+
+
+def _recover(strategy: Strategy, node: int, donor: int, participation: Participation | None,
+             joining: bool) -> None:
+    with _client_recovery(strategy, participation, joining):
+        strategy.recover(node, donor)
 
 
 def _from_lead(value: Any, ranks: RankContext | None) -> Any:

@@ -29,6 +29,7 @@ from torch.utils.data import Dataset
 from exogym.run.checkpoint import Checkpointer, load_checkpoint
 from exogym.run.dist import RankContext, close_group, join_torchrun, torchrun_env
 from exogym.run.options import FitOptions
+from exogym.run.paging import parse_offload, resident_check
 from exogym.run.result import FitResult, check_out_dir, read_json
 from exogym.run.sinks import MultiSink, Sink
 from exogym.run.state import RUN_CONFIG_KEYS, Run, RunInterrupted, RunSettings
@@ -148,6 +149,8 @@ class Trainer:
         world: World | str | None = None,
         participation: int | float | str | None = None,
         client_state: str = "fresh",
+        resident: int | None = None,
+        offload: str = "host",
         step_time: float | str | None = None,
         flops_per_sample: float | None = None,
         device_flops: float | None = None,
@@ -200,6 +203,7 @@ class Trainer:
         the_world = _check_world(parse_world(o.world), o.num_nodes, net, strategy)
         participation = parse_participation(o.participation, client_state=o.client_state,
                                             seed=o.seed)
+        resident = _check_paging(o.resident, o.offload, o.num_nodes, strategy, engine)
         step_time_s, source = resolve_step_time(o.step_time, o.flops_per_sample,
                                                 o.device_flops, o.batch_size)
         checkpointing = _Checkpointing(o.checkpoint_every, _interval(o.checkpoint_interval),
@@ -212,6 +216,12 @@ class Trainer:
             if lead and o.out_dir is not None:
                 check_out_dir(o.out_dir)
             n_here = o.num_nodes if ranks is None else ranks.nodes_per_process
+            if resident is not None:
+                if ranks is not None:
+                    raise ValueError("resident= pages nodes within one process; a "
+                                     "multi-process run (torchrun, distributed=True) spreads "
+                                     "them over processes instead: give one or the other")
+                n_here = resident
             check_memory(self.model, n_here, dev, strategy.optim.states_per_parameter)
             batches = NodeBatches(self.train_dataset, o.num_nodes, o.batch_size, seed=o.seed,
                                   partition=partition)
@@ -226,7 +236,7 @@ class Trainer:
                 precision=o.precision, seed=o.seed, network=net, step_time_s=step_time_s,
                 compute_source=source, allow_nonfinite=o.allow_nonfinite,
                 allow_unsynced=o.allow_unsynced, world=the_world, trace=o.trace,
-                participation=participation)
+                participation=participation, resident=resident, offload=o.offload)
             run = Run(self.model, self.train_dataset, self.val_dataset, strategy, settings,
                       device=dev, ranks=ranks, out_dir=o.out_dir, sink=sink,
                       progress=o.progress, run_info=dict(o.run_info or {}), batches=batches,
@@ -325,7 +335,37 @@ def _resumed_settings(o: FitOptions, given: frozenset[str], saved: dict[str, Any
         network=net, step_time_s=step_time_s, compute_source=source,
         allow_nonfinite=arg("allow_nonfinite", saved["allow_nonfinite"]),
         allow_unsynced=arg("allow_unsynced", saved["allow_unsynced"]), world=the_world,
-        trace=o.trace, participation=_resumed_participation(o, given, saved))
+        trace=o.trace, participation=_resumed_participation(o, given, saved),
+        **_resumed_paging(o, given, saved, num_nodes, strategy, engine))
+
+
+def _resumed_paging(o: FitOptions, given: frozenset[str], saved: dict[str, Any],
+                    num_nodes: int, strategy: Strategy, engine: str) -> dict[str, Any]:
+    """A resumed run pages as recorded (``resident`` must then be the checkpoint's: its
+    groups); ``offload`` may change (where the pages live is not the run's state)."""
+    recorded = saved.get("paging") or {}
+    resident = o.given("resident", given, recorded.get("resident"))
+    offload = o.given("offload", given, recorded.get("offload", "host"))
+    return {"resident": _check_paging(resident, offload, num_nodes, strategy, engine),
+            "offload": offload}
+
+
+def _check_paging(resident: int | None, offload: str, num_nodes: int, strategy: Strategy,
+                  engine: str) -> int | None:
+    """``resident`` validated (None: every node in memory, also when ``resident >= N``)."""
+    parse_offload(offload)
+    resident = resident_check(resident, num_nodes)
+    if resident is None:
+        return None
+    if getattr(strategy, "asynchronous", False):
+        raise ValueError(f"resident= pages the nodes of a synchronous strategy; "
+                         f"{strategy.id} is asynchronous (its event loop steps one node at a "
+                         "time): run it with every node in memory")
+    if engine == "vmap":
+        raise ValueError("resident= computes with the loop or threads engine, got "
+                         "engine='vmap' (vmap batches the nodes it holds: a group's kernels "
+                         "would not be the whole run's)")
+    return resident
 
 
 def _resumed_participation(o: FitOptions, given: frozenset[str],

@@ -64,9 +64,11 @@ __all__ = [
     "Communicator",
     "InProcessCommunicator",
     "Timeline",
+    "accumulate_rows",
     "all_gather_bytes",
     "all_reduce_bytes",
     "broadcast_bytes",
+    "finish_reduce",
     "member_mask",
 ]
 
@@ -87,6 +89,34 @@ def all_gather_bytes(payload: int, num_nodes: int) -> float:
 def broadcast_bytes(payload: int, num_nodes: int) -> tuple[float, float]:
     """``(sent by the source, received by every other node)`` for a star broadcast."""
     return float((num_nodes - 1) * payload), float(payload) if num_nodes > 1 else 0.0
+
+
+def accumulate_rows(acc: Tensor | None, rows: Tensor) -> Tensor:
+    """``acc + rows[0] + rows[1] + ...``, one row after the other in row order.
+
+    The reduction order of every collective in one process: a fixed order, so that a run whose
+    nodes are computed a group at a time (:mod:`exogym.run.paging`, each group adding its rows
+    to the sum in turn) gets the very same bits as the run with every node in memory. The
+    accumulator is fp32 for half-precision payloads and int64 for integers (as NCCL and gloo
+    reduce them), else the payload's own dtype; ``acc`` None starts a new sum.
+    """
+    start = 0
+    if acc is None:
+        dtype = (torch.float32 if rows.dtype in (torch.float16, torch.bfloat16) else
+                 rows.dtype if rows.is_floating_point() else torch.int64)
+        acc, start = rows[0].to(dtype, copy=True), 1
+    for i in range(start, rows.shape[0]):
+        acc.add_(rows[i])
+    return acc
+
+
+def finish_reduce(acc: Tensor, op: ReduceOp, num_nodes: int, dtype: torch.dtype) -> Tensor:
+    """A sum from :func:`accumulate_rows` as the collective's result: divided by ``num_nodes``
+    for a mean (an integer mean truncates toward zero), in the payload's ``dtype``."""
+    if op == "mean":
+        acc = (acc / num_nodes if acc.is_floating_point()
+               else torch.div(acc, num_nodes, rounding_mode="trunc"))
+    return acc.to(dtype)
 
 
 @dataclass(frozen=True)
@@ -378,6 +408,20 @@ class Communicator(abc.ABC):
             self._account(op, tensors, tag, False, sent=none, received=one,
                           members=[i == node for i in range(self.num_nodes)], dst=node)
 
+    def mean_rows(self, x: Tensor) -> Tensor:
+        """The mean of every node's row of ``x`` (``x.shape[1:]``), summed in node order, and
+        not traffic: what evaluation reads (the global model of a method whose nodes never hold
+        one; a multi-process run gathers every node's rows first). A paged run's communicator
+        adds the other groups' rows."""
+        return finish_reduce(accumulate_rows(None, x), "mean", x.shape[0], x.dtype)
+
+    def fetch_row(self, x: Tensor, src: int) -> Tensor:
+        """Node ``src``'s row of node-stacked ``x`` on every process, not counted as traffic:
+        bookkeeping that a real system carries inside a message counted elsewhere (a
+        recovering node's optimizer step count, sent with the optimizer state). Every process
+        calls it (a collective in a multi-process run)."""
+        return self._broadcast([x], src)[0]
+
     def local_rows(self, mask: Sequence[bool] | Tensor, device: torch.device) -> Tensor:
         """A global ``[N]`` mask as this process's ``[n_local]`` bool tensor on ``device``."""
         flags = mask.tolist() if isinstance(mask, Tensor) else list(mask)
@@ -503,14 +547,8 @@ class InProcessCommunicator(Communicator):
             t.copy_(self._reduce(t, op, keepdim=True).expand_as(t))
 
     def _reduce(self, t: Tensor, op: ReduceOp, *, keepdim: bool) -> Tensor:
-        if t.dtype in (torch.float32, torch.float64):
-            return t.mean(0, keepdim=keepdim) if op == "mean" else t.sum(0, keepdim=keepdim)
-        # Low-precision and integer payloads accumulate in fp32/int64, as NCCL/gloo reduce them;
-        # an integer mean truncates toward zero.
-        acc = t.sum(0, keepdim=keepdim, dtype=torch.float32 if t.is_floating_point() else None)
-        if op == "mean":
-            acc = acc / self.num_nodes
-        return acc.to(t.dtype)
+        out = finish_reduce(accumulate_rows(None, t), op, self.num_nodes, t.dtype)
+        return out.unsqueeze(0) if keepdim else out
 
     def _all_gather(self, tensors: list[Tensor]) -> list[Tensor]:
         return [t.clone() for t in tensors]

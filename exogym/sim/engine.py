@@ -284,6 +284,9 @@ class NodeStack:
         self._vmap_checked = engine != "vmap"
         self._threads_checked = engine != "threads"
         self._pool: NodePool | None = None
+        # The global index of row 0 (a group of a paged run, exogym.run.paging): the threads
+        # engine seeds each node's generator by its global index.
+        self.first_node = 0
         # The template module: its own tensors are never used for compute, functional_call swaps
         # in a node's row. Kept on the device so that module code creating tensors "like" its
         # parameters lands there.
@@ -418,6 +421,11 @@ class NodeStack:
         ]
         return _stack_losses(losses)
 
+    def share_pool(self, other: NodeStack) -> None:
+        """Run this stack's nodes in ``other``'s worker threads (the groups of a paged run: one
+        pool for all, each group's template module being the same model)."""
+        self._pool = other._node_pool() if other.engine == "threads" else None
+
     def _node_pool(self) -> NodePool:
         """The threads engine's workers, started on first use: ``pool_shape`` of the calling
         thread's intra-op threads."""
@@ -458,7 +466,7 @@ class NodeStack:
             saved = ({n: b.clone() for n, b in self.buffers.items()},
                      {n: g.clone() for n, g in self.grads.items()})
         rng = torch.get_rng_state()
-        seeds = node_seeds(self.num_nodes)
+        seeds = node_seeds(self.num_nodes, self.first_node)
         training = self.module.training
         used = [False] * self.num_nodes
 
@@ -591,11 +599,11 @@ class NodeStack:
 
     def num_parameters(self) -> int:
         """Parameters of ONE replica."""
-        return sum(p[0].numel() for p in self.params.values())
+        return sum(p.shape[1:].numel() for p in self.params.values())
 
     def parameter_bytes(self) -> int:
         """Bytes of ONE replica's parameters."""
-        return sum(p[0].numel() * p.element_size() for p in self.params.values())
+        return sum(p.shape[1:].numel() * p.element_size() for p in self.params.values())
 
     def to_batch_device(self, batch: Any) -> Any:
         dev = self.device

@@ -214,14 +214,15 @@ class NodeRandomness(TorchFunctionMode):
         return op(input, lower, upper, training, generator=self.generator)
 
 
-def node_seeds(num_nodes: int) -> list[int]:
-    """One seed per node from a hash of torch's global generator state and the node index,
-    without drawing from the global generator."""
+def node_seeds(num_nodes: int, first: int = 0) -> list[int]:
+    """One seed per node from a hash of torch's global generator state and the node index
+    (``first`` is the index of the first of the ``num_nodes``: a group of a paged run), without
+    drawing from the global generator."""
     state = hashlib.blake2b(torch.get_rng_state().numpy().tobytes(), digest_size=16).digest()
     return [
         int.from_bytes(hashlib.blake2b(state + i.to_bytes(8, "little"), digest_size=8).digest(),
                        "little") >> 1
-        for i in range(num_nodes)
+        for i in range(first, first + num_nodes)
     ]
 
 

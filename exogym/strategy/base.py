@@ -213,9 +213,10 @@ class Strategy(metaclass=_Recognising):
     def node_mean_state(self) -> dict[str, Tensor]:
         """The node mean of the parameters and float buffers, node 0's integer buffers: the
         global model of a method whose nodes never hold one model (SPARTA, DES-LOC)."""
-        out = {k: p.detach().mean(0) for k, p in self.nodes.params.items()}
+        mean = self.comm.mean_rows
+        out = {k: mean(p.detach()) for k, p in self.nodes.params.items()}
         for k, b in self.nodes.buffers.items():
-            out[k] = b.mean(0) if b.is_floating_point() else b[0].clone()
+            out[k] = mean(b) if b.is_floating_point() else b[0].clone()
         return out
 
     # -- state ---------------------------------------------------------------------------------
@@ -330,15 +331,17 @@ class Strategy(metaclass=_Recognising):
         if self.node_steps is None:
             self.node_steps = torch.full((self.nodes.num_nodes,), _count(self.optimizer),
                                          dtype=torch.long)
+        if self.recovery == "copy":
+            # the donor's step count travels with its optimizer state; another process, or
+            # another group of a paged run, may hold the donor (every process asks)
+            steps = self.comm.fetch_row(self.node_steps.to(self.nodes.device), donor).cpu()
         if row is not None:
             if self.recovery == "restart":
                 for t in _optimizer_rows(self.optimizer, self.nodes.num_nodes):
                     t[row].zero_()
                 self.node_steps[row] = 0
             elif self.recovery == "copy":
-                donor_row = self._row(donor)
-                if donor_row is not None:
-                    self.node_steps[row] = self.node_steps[donor_row]
+                self.node_steps[row] = steps
         residuals = getattr(self.transport_codec, "residuals", None)
         if residuals and row is not None:
             for e in residuals.values():

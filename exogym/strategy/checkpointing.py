@@ -54,6 +54,8 @@ def restore_value(current: Any, saved: Any, where: str) -> Any:
     """The value to hold after restoring ``saved`` into ``current`` (the fresh run's value):
     tensors, dicts and lists are updated in place where their structure matches."""
     if isinstance(current, Tensor):
+        if saved is current:  # restoring a snapshot that holds the live tensor itself
+            return current
         if not isinstance(saved, Tensor) or saved.shape != current.shape \
                 or saved.dtype != current.dtype:
             got = (f"{saved.dtype} {tuple(saved.shape)}" if isinstance(saved, Tensor)

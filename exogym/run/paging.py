@@ -1,0 +1,626 @@
+"""Virtual nodes: a run with more nodes than fit in memory, a group of them at a time.
+
+``fit(resident=K)`` / ``--resident K`` (shared/DESIGN.md section 10) splits the ``N`` nodes into
+groups of ``K`` consecutive nodes. Each group is built like one process of a multi-process run:
+its own node-stacked replicas (:class:`~exogym.sim.engine.NodeStack` of ``K`` rows), its own
+copy of the strategy set up over them, and a communicator whose rows are the group's
+(:class:`GroupComm`). Between two of its turns a group's tensors (parameters, buffers, gradients,
+the strategy's state: inner and outer optimizers, global copies, error-feedback residuals) live in
+a :class:`PageStore`, in host memory or in a file of a folder (``offload="host"|"disk[:DIR]"``):
+whole storages written and read as raw bytes (no pickle), the tensors' storages freed in between
+(their Python objects, and the views and optimizer references to them, stay valid; FSDP frees
+parameters the same way). Only the group computing is in memory: the peak is bounded by ``K``,
+not ``N``.
+
+Collectives without suspended frames. A collective needs every group's rows, but only one group
+is in memory. Rather than keep ``N / K`` strategy calls suspended (each holding its temporaries,
+which would bring the memory back to ``N`` nodes), a call that reaches a collective is *replayed*:
+
+1. pass 0: each group in turn runs the call (a step: forward, backward, the strategy's step) up to
+   its first collective, adds its rows to the collective (the rows' sum, kept as one running
+   accumulator, :func:`exogym.sim.comm.accumulate_rows`; or its rows of a gather or a broadcast),
+   and is abandoned there: its memory is freed without being written, so the group is as it was
+   before the call;
+2. once every group has contributed, the collective's result is known; pass 1 runs every group's
+   call again from where it started, the first collective now answered from the known result, up
+   to its second collective, and so on until every group's call ends (then its state is written).
+
+A call is run once per collective plus once, from the state the group had before it (saved, with
+its gradients, before the first pass; a strategy's Python-level state, its counters and
+generators, is restored from a copy taken then). A step whose strategy does not communicate (the
+local steps of DiLoCo, FedAvg) runs once; group 0 always saves first, and the other groups save
+only when group 0 met a collective. Every group must make the same collectives in the same order
+(as every process of a torch.distributed run must); a group that does not is an error.
+
+Same numbers as in memory, bit for bit: the rows of a reduction are added one after the other in
+node order in both runs (:func:`exogym.sim.comm.accumulate_rows`); every group's strategy does the
+same arithmetic on its rows as the stacked one does on all of them (elementwise updates, per-node
+clipping and step counts); the data, the world and the clock see the same step; the loop engine
+draws each node's dropout from the global generator in node order, the threads engine seeds each
+node from the generator's state and the node's global index (every group sees the same state, as
+every node of the in-memory step does). Not paged: the vmap engine (it batches the nodes it holds:
+other kernels for ``K`` rows than for ``N``) and asynchronous strategies (their event loop steps one
+node at a time; refused with a message).
+
+Costs. Each step reads and writes every group's state once (gradients are zero between steps and
+are not written), a communicating step once more per collective; the time spent paging is not the
+nodes' compute (it is taken out of the measured step price, like a process run's transport).
+Checkpoints of a paged run write one file per group, a group at a time (:meth:`Paged.save_groups`).
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+import shutil
+import tempfile
+import time
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import torch
+from torch import Tensor, nn
+from torch.utils._pytree import tree_flatten, tree_map
+
+from exogym.sim.comm import (
+    Communicator,
+    ReduceOp,
+    accumulate_rows,
+    finish_reduce,
+)
+from exogym.sim.engine import NodeStack
+from exogym.strategy.base import Strategy
+
+__all__ = ["GroupComm", "PageStore", "Paged", "PagingError", "parse_offload", "resident_check"]
+
+T = TypeVar("T")
+
+OFFLOADS = ("host", "disk")
+
+
+class PagingError(RuntimeError):
+    """A strategy's groups did not make the same collectives (a paged run needs every group to
+    make the same collectives in the same order, as every process of a distributed run must)."""
+
+
+def parse_offload(spec: str) -> tuple[Literal["host", "disk"], Path | None]:
+    """``"host"``, ``"disk"`` (a temporary folder) or ``"disk:DIR"`` -> (kind, folder)."""
+    if not isinstance(spec, str):
+        raise ValueError(f"offload takes 'host', 'disk' or 'disk:DIR', got {spec!r}")
+    kind, sep, folder = spec.partition(":")
+    if kind not in OFFLOADS or (kind == "host" and sep):
+        raise ValueError(f"offload takes 'host', 'disk' or 'disk:DIR', got {spec!r}")
+    if sep and not folder:
+        raise ValueError(f"offload 'disk:' needs a folder after the colon, got {spec!r}")
+    return kind, (Path(folder) if folder else None)  # type: ignore[return-value]
+
+
+# -- storages --------------------------------------------------------------------------------------
+def _storages(tensors: Sequence[Tensor]) -> list[torch.UntypedStorage]:
+    """The distinct storages under ``tensors`` (views share their base's), in first-seen order."""
+    seen: dict[int, torch.UntypedStorage] = {}
+    for t in tensors:
+        s = t.untyped_storage()
+        seen.setdefault(s._cdata, s)
+    return list(seen.values())
+
+
+def _as_bytes(storage: torch.UntypedStorage) -> Tensor:
+    """A uint8 tensor over the whole storage (no copy)."""
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+def _host_buffer(storage: torch.UntypedStorage) -> memoryview:
+    """A CPU storage's bytes as a writable memoryview (no copy). Not ``Tensor.numpy()``: a
+    storage that numpy has seen can no longer be resized, and paging frees storages by
+    resizing them."""
+    n = storage.nbytes()
+    return memoryview((ctypes.c_char * n).from_address(storage.data_ptr())).cast("B") if n \
+        else memoryview(b"")
+
+
+class PageStore:
+    """Where the groups' storages live while their group is not in memory.
+
+    ``host``: one byte buffer per group (pinned on a CUDA run, so that copies can overlap);
+    ``disk``: one file per group in ``folder`` (a temporary folder if None, removed by
+    :meth:`close`), written and read with plain file I/O into the storages themselves.
+    """
+
+    def __init__(self, kind: Literal["host", "disk"], folder: Path | None, *,
+                 device: torch.device) -> None:
+        self.kind, self.device = kind, device
+        self._own_folder = kind == "disk" and folder is None
+        self.folder = (Path(tempfile.mkdtemp(prefix="exogym-pages-")) if self._own_folder
+                       else folder)
+        if self.folder is not None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        self._host: dict[int, Tensor] = {}
+        self._files: set[int] = set()
+        if self._own_folder:  # removed at close, or when the store is collected, or at exit
+            weakref.finalize(self, shutil.rmtree, str(self.folder), True)
+        self.bytes_written = 0
+        self.bytes_read = 0
+        self.seconds = 0.0  # wall time spent paging (not the nodes' compute)
+
+    def path(self, key: int) -> Path:
+        assert self.folder is not None
+        return self.folder / f"group-{key:06d}.bin"
+
+    def save(self, key: int, storages: Sequence[torch.UntypedStorage]) -> None:
+        t0 = time.perf_counter()
+        total = sum(s.nbytes() for s in storages)
+        if self.kind == "host":
+            buf = self._host.get(key)
+            if buf is None or buf.numel() != total:
+                buf = torch.empty(total, dtype=torch.uint8,
+                                  pin_memory=self.device.type == "cuda")
+                self._host[key] = buf
+            at = 0
+            for s in storages:
+                n = s.nbytes()
+                buf[at:at + n].copy_(_as_bytes(s), non_blocking=True)
+                at += n
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        else:
+            self._files.add(key)
+            with open(self.path(key), "wb") as f:
+                for s in storages:
+                    f.write(_host_buffer(s if s.device.type == "cpu" else s.cpu()))
+        self.bytes_written += total
+        self.seconds += time.perf_counter() - t0
+
+    def load(self, key: int, storages: Sequence[torch.UntypedStorage],
+             sizes: Sequence[int]) -> None:
+        """Give each (freed) storage back its ``sizes`` bytes, read from the store."""
+        t0 = time.perf_counter()
+        for s, n in zip(storages, sizes, strict=True):
+            s.resize_(n)
+        if self.kind == "host":
+            buf, at = self._host[key], 0
+            for s, n in zip(storages, sizes, strict=True):
+                _as_bytes(s).copy_(buf[at:at + n], non_blocking=True)
+                at += n
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        else:
+            with open(self.path(key), "rb") as f:
+                for s, n in zip(storages, sizes, strict=True):
+                    if s.device.type == "cpu":
+                        got = f.readinto(_host_buffer(s))
+                    else:
+                        host = torch.UntypedStorage(n)
+                        got = f.readinto(_host_buffer(host))
+                        _as_bytes(s).copy_(_as_bytes(host))
+                    if got != n:
+                        raise OSError(f"page file {self.path(key)} is truncated: read {got} "
+                                      f"of {n} bytes")
+        self.bytes_read += sum(sizes)
+        self.seconds += time.perf_counter() - t0
+
+    def close(self) -> None:
+        """Forget the pages: the host buffers, the files written (and the folder, if it was a
+        temporary one; a folder given stays)."""
+        self._host.clear()
+        if self._own_folder and self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        elif self.folder is not None:
+            for key in self._files:
+                self.path(key).unlink(missing_ok=True)
+        self._files.clear()
+
+
+# -- the collectives ----------------------------------------------------------------------------
+class _Contributed(BaseException):
+    """Raised through a strategy's call once its group has added its rows to a collective (a
+    BaseException: a strategy's own ``except Exception`` must not catch it)."""
+
+
+@dataclass
+class _Rendezvous:
+    """The collectives of the call being run: the results known so far, and the one the groups
+    are contributing to."""
+
+    groups: int
+    results: list[tuple[str, list[Tensor]]] = field(default_factory=list)
+    arrivals: list[list[bool] | None] = field(default_factory=list)
+    cursor: int = 0
+    arrivals_cursor: int = 0
+    kind: str | None = None
+    arg: Any = None
+    parts: list[Any] | None = None
+    contributions: int = 0
+
+    def begin(self) -> None:
+        self.results.clear()
+        self.arrivals.clear()
+        self.kind = self.parts = None
+        self.contributions = 0
+
+    def contribute(self, kind: str, tensors: list[Tensor], arg: Any, comm: GroupComm) -> None:
+        if self.kind is None:
+            self.kind, self.arg, self.contributions = kind, arg, 0
+            self.parts = [None] * len(tensors)
+        elif (kind, arg) != (self.kind, self.arg) or len(tensors) != len(self.parts or ()):
+            raise PagingError(f"group {comm.group} made a {kind} where group 0 made a "
+                              f"{self.kind}: every group must make the same collectives")
+        assert self.parts is not None
+        for j, t in enumerate(tensors):
+            if kind == "reduce":
+                self.parts[j] = accumulate_rows(self.parts[j], t.detach())
+            elif kind == "gather":
+                self.parts[j] = [*(self.parts[j] or []), t.detach().clone()]
+            elif arg in comm.node_ids:  # broadcast: the source's row
+                self.parts[j] = t[comm.node_ids.index(arg)].detach().clone()
+        self.contributions += 1
+
+    def complete(self, num_nodes: int) -> None:
+        """Every group has contributed: the collective's result, for the next pass."""
+        if self.contributions != self.groups:
+            raise PagingError(f"{self.contributions} of {self.groups} groups reached the "
+                              f"{self.kind}: every group must make the same collectives")
+        assert self.parts is not None and self.kind is not None
+        if self.kind == "reduce":
+            op, dtypes = self.arg
+            out = [finish_reduce(acc, op, num_nodes, d)
+                   for acc, d in zip(self.parts, dtypes, strict=True)]
+        elif self.kind == "gather":
+            out = [torch.cat(blocks) for blocks in self.parts]
+        else:
+            out = list(self.parts)
+        self.results.append((self.kind, out))
+        self.kind = self.parts = None
+        self.contributions = 0
+
+
+class GroupComm(Communicator):
+    """A group's communicator: its rows are the group's nodes; the counters, the log, the world's
+    view (``active``, ``timeline``) and ``step`` are the run's (``hub``'s); the collectives meet
+    the other groups' in a rendezvous (the module docstring)."""
+
+    def __init__(self, hub: Communicator, node_ids: Sequence[int], group: int,
+                 rendezvous: _Rendezvous) -> None:
+        # Communicator.__init__ would create counters of its own: this one shares the hub's.
+        self.hub, self.group, self.rv = hub, group, rendezvous
+        self.num_nodes = hub.num_nodes
+        self.node_ids = list(node_ids)
+
+    # the run's state, shared by every group
+    bytes_sent = property(lambda self: self.hub.bytes_sent)
+    bytes_received = property(lambda self: self.hub.bytes_received)
+    log = property(lambda self: self.hub.log)
+    step = property(lambda self: self.hub.step)
+    active = property(lambda self: self.hub.active)
+    timeline = property(lambda self: self.hub.timeline)
+
+    @property
+    def transport_s(self) -> float:
+        return self.hub.transport_s
+
+    @property
+    def server_bytes_sent(self) -> float:
+        return self.hub.server_bytes_sent
+
+    @server_bytes_sent.setter
+    def server_bytes_sent(self, value: float) -> None:
+        self.hub.server_bytes_sent = value
+
+    @property
+    def server_bytes_received(self) -> float:
+        return self.hub.server_bytes_received
+
+    @server_bytes_received.setter
+    def server_bytes_received(self, value: float) -> None:
+        self.hub.server_bytes_received = value
+
+    def arrivals(self, deadline: str | None = None) -> list[bool] | None:
+        """The hub's answer, asked once per call and synchronisation (every group and every
+        pass gets the same: the world draws its message losses once)."""
+        rv, k = self.rv, self.rv.arrivals_cursor
+        rv.arrivals_cursor += 1
+        if k == len(rv.arrivals):
+            rv.arrivals.append(self.hub.arrivals(deadline))
+        got = rv.arrivals[k]
+        return None if got is None else list(got)
+
+    def _account(self, op: str, tensors: list[Tensor], tag: str, overlap: bool, **kw: Any) -> None:
+        # once per collective: by group 0, the first time it reaches it
+        if self.group == 0 and self.rv.cursor == len(self.rv.results):
+            self.hub._account(op, tensors, tag, overlap, **kw)
+
+    def _collect(self, kind: str, tensors: list[Tensor], arg: Any) -> list[Tensor]:
+        rv, c = self.rv, self.rv.cursor
+        rv.cursor += 1
+        if c < len(rv.results):
+            done, out = rv.results[c]
+            if done != kind:
+                raise PagingError(f"group {self.group} made a {kind} where the run made a "
+                                  f"{done}: every group must make the same collectives")
+            return [r.clone() for r in out]
+        rv.contribute(kind, tensors, arg, self)
+        raise _Contributed
+
+    def _all_reduce(self, tensors: list[Tensor], op: ReduceOp) -> list[Tensor]:
+        return self._collect("reduce", tensors, (op, tuple(t.dtype for t in tensors)))
+
+    def mean_rows(self, x: Tensor) -> Tensor:
+        return self._collect("reduce", [x], ("mean", (x.dtype,)))[0]
+
+    def _all_gather(self, tensors: list[Tensor]) -> list[Tensor]:
+        return self._collect("gather", tensors, None)
+
+    def _broadcast(self, tensors: list[Tensor], src: int) -> list[Tensor]:
+        return self._collect("broadcast", tensors, src)
+
+
+
+# -- the groups ---------------------------------------------------------------------------------
+@dataclass(eq=False)
+class Group:
+    """``ids`` (consecutive global node ids): their replicas, their copy of the strategy, their
+    communicator, and where their storages are while they are not in memory."""
+
+    index: int
+    ids: list[int]
+    nodes: NodeStack
+    strategy: Strategy
+    comm: GroupComm
+    storages: list[torch.UntypedStorage] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    zeroed: list[tuple[torch.UntypedStorage, int]] = field(default_factory=list)
+    python: Any = None  # the strategy's state at the last snapshot (tensors are the live ones)
+    resident: bool = True
+
+    def state(self) -> tuple[list[Tensor], list[Tensor], dict[str, Any]]:
+        """(the tensors of its state, its gradients, the strategy's ``state_dict``)."""
+        sd = self.strategy.state_dict()
+        leaves = [t for t in tree_flatten(sd)[0] if isinstance(t, Tensor)]
+        n = self.nodes
+        return [*n.params.values(), *n.buffers.values(), *leaves], list(n.grads.values()), sd
+
+
+class Paged:
+    """The groups of a paged run and the calls that run strategy code on all of them (the module
+    docstring).
+
+    Args:
+        model: the template module; strategy: the run's strategy, not set up (group 0's; the
+            others get deep copies); hub: the run's communicator (counters, log, world);
+        resident: nodes per group (``K``); offload: ``"host"``, ``"disk"`` or ``"disk:DIR"``;
+        the others as :class:`~exogym.sim.engine.NodeStack` takes them (``engine`` resolved).
+    """
+
+    def __init__(self, model: nn.Module, strategy: Strategy, hub: Communicator, *,
+                 resident: int, offload: str, device: torch.device, engine: str,
+                 micro_batch_size: int | None, precision: Any, total_steps: int) -> None:
+        kind, folder = parse_offload(offload)
+        if engine == "vmap":
+            raise ValueError("a paged run (resident=) computes with the loop or threads engine, "
+                             "got engine='vmap' (vmap batches the nodes it holds: other kernels "
+                             "for a group than for all nodes)")
+        n = hub.num_nodes
+        self.num_nodes, self.resident, self.offload = n, resident, offload
+        self.engine = engine
+        self.store = PageStore(kind, folder, device=device)
+        self.rv = _Rendezvous(groups=-(-n // resident))
+        template = copy.deepcopy(strategy)  # before setup: hyperparameters only
+        self.groups: list[Group] = []
+        for g, lo in enumerate(range(0, n, resident)):
+            ids = list(range(lo, min(lo + resident, n)))
+            nodes = NodeStack(model, len(ids), device=device, engine=engine,  # type: ignore[arg-type]
+                              micro_batch_size=micro_batch_size, precision=precision)
+            nodes.first_node = lo
+            if self.groups:
+                nodes.share_pool(self.groups[0].nodes)
+            own = strategy if g == 0 else copy.deepcopy(template)
+            comm = GroupComm(hub, ids, g, self.rv)
+            try:
+                own.setup(nodes, comm, total_steps)
+            except _Contributed:
+                raise PagingError(f"{type(own).__name__}.setup() communicates; a paged run "
+                                  "needs a strategy whose setup does not") from None
+            group = Group(g, ids, nodes, own, comm)
+            self._save(group)
+            self.groups.append(group)
+
+    @property
+    def strategies(self) -> list[Strategy]:
+        return [g.strategy for g in self.groups]
+
+    # -- paging --------------------------------------------------------------------------------
+    def _save(self, g: Group, *, grads: bool = False, keep: bool = False) -> None:
+        """Write ``g``'s state to the store (with its gradients: a snapshot before a call) and,
+        unless ``keep``, free its storages."""
+        tensors, grad_tensors, sd = g.state()
+        main = _storages(tensors)
+        ids = {s._cdata for s in main}
+        grad_storages = [s for s in _storages(grad_tensors) if s._cdata not in ids]
+        saved = main + grad_storages if grads else main
+        self.store.save(g.index, saved)
+        g.storages, g.sizes = saved, [s.nbytes() for s in saved]
+        g.zeroed = [] if grads else [(s, s.nbytes()) for s in grad_storages]
+        if grads:
+            memo = {id(t): t for t in tensors}
+            g.python = copy.deepcopy(sd, memo)
+        if not keep:
+            self._free(g)
+
+    def _free(self, g: Group) -> None:
+        for s in [*g.storages, *(s for s, _ in g.zeroed)]:
+            s.resize_(0)
+        g.resident = False
+
+    def _load(self, g: Group, *, restore: bool = False) -> None:
+        """Bring ``g`` back into memory (``restore``: to its state at the last snapshot, its
+        strategy's Python values included)."""
+        self.store.load(g.index, g.storages, g.sizes)
+        for s, n in g.zeroed:
+            s.resize_(n)
+            _as_bytes(s).zero_()
+        if restore:
+            _restore(g.strategy, g.python)
+        g.resident = True
+
+    # -- running strategy code on every group -----------------------------------------------------
+    def call(self, fn: Callable[[Group], T], *, prepare: Callable[[Group], None] | None = None,
+             query: bool = False) -> list[T]:
+        """``fn(group)`` on every group in turn, its collectives met by the rendezvous (the
+        module docstring); ``prepare(group)`` once per group before it (a step's forward and
+        backward). ``query``: ``fn`` changes nothing (a global model), so when group 0's call
+        makes no collective the others are not run (their entries are None)."""
+        rv = self.rv
+        rv.begin()
+        out: list[Any] = [None] * len(self.groups)
+        communicating = False
+        for g in self.groups:
+            self._load(g)
+            if prepare is not None:
+                prepare(g)
+            if g.index == 0 or communicating:
+                self._save(g, grads=True, keep=True)
+            if self._run(g, fn, out):
+                self._save(g)
+                if communicating:
+                    raise self._uneven(g)
+                if query:
+                    return out
+            elif g.index > 0 and not communicating:
+                raise self._uneven(g)
+            else:
+                communicating = True
+        while rv.kind is not None:
+            rv.complete(self.num_nodes)
+            for g in self.groups:
+                self._load(g, restore=True)
+                if self._run(g, fn, out):
+                    self._save(g)
+        return out
+
+    def _run(self, g: Group, fn: Callable[[Group], Any], out: list[Any]) -> bool:
+        """``fn(g)`` to its end (True: state kept in memory for the caller to save) or to the
+        collective it contributed to (False: the group is dropped, as it was before the call)."""
+        self.rv.cursor = self.rv.arrivals_cursor = 0
+        try:
+            out[g.index] = fn(g)
+        except _Contributed:
+            self._free(g)
+            return False
+        return True
+
+    def _uneven(self, g: Group) -> PagingError:
+        return PagingError(f"group {g.index} (nodes {g.ids[0]}-{g.ids[-1]}) of "
+                           f"{type(g.strategy).__name__} made other collectives than group 0 "
+                           "in the same call: a paged run needs every group to make the same "
+                           "collectives in the same order")
+
+    # -- what the run asks ----------------------------------------------------------------------
+    def step(self, step: int, batch: Any, active: list[bool] | None) -> Tensor:
+        """Every group's forward, backward and strategy step; the ``[N]`` losses."""
+        losses: dict[int, Tensor] = {}  # by group, in order
+        rng = torch.get_rng_state() if self.engine == "threads" else None
+
+        def prepare(g: Group) -> None:
+            if rng is not None:  # every group's nodes seeded from the state the step began with
+                torch.set_rng_state(rng)
+            lo, hi = g.ids[0], g.ids[-1] + 1
+            part = tree_map(lambda t: t[lo:hi] if isinstance(t, Tensor) else t, batch)
+            local = None if active is None else active[lo:hi]
+            if local is None or any(local):
+                losses[g.index] = g.nodes.forward_backward(part, local)
+
+        def strategy_step(g: Group) -> None:
+            g.strategy.step(step)
+            g.nodes.zero_grad()
+
+        self.call(strategy_step, prepare=prepare)
+        like = next(iter(losses.values()))  # a group with no active node: its losses are 0
+        return torch.cat([losses[g.index] if g.index in losses else like.new_zeros(len(g.ids))
+                          for g in self.groups])
+
+    def global_state(self) -> dict[str, Tensor]:
+        """The strategy's global model (group 0's, after every group took part in any
+        collective it needs), copied out of the group's storages."""
+        def state(g: Group) -> dict[str, Tensor]:
+            return {k: v.detach().clone() for k, v in g.strategy.global_state().items()}
+        return self.call(state, query=True)[0]
+
+    def request_recovery(self, nodes: Sequence[int]) -> None:
+        for s in self.strategies:
+            s.request_recovery(nodes)
+
+    def set_pending(self, pending: list[int]) -> None:
+        for s in self.strategies:
+            s.pending_recovery = list(pending)
+
+    @property
+    def pending_recovery(self) -> list[int]:
+        return list(self.groups[0].strategy.pending_recovery)
+
+    def iter_groups(self) -> Iterator[Group]:
+        """Each group in memory in turn (read only: nothing is written back)."""
+        for g in self.groups:
+            self._load(g)
+            try:
+                yield g
+            finally:
+                self._free(g)
+
+    def save_groups(self, nodes_state: Callable[[NodeStack], dict[str, Any]]
+                    ) -> list[dict[str, Any]]:
+        """Every group's replicas (``nodes_state`` of its stack) and strategy state, copied
+        out of the group while it is in memory (a checkpoint's entry ``groups``)."""
+        out = []
+        for g in self.iter_groups():
+            state = {"nodes": nodes_state(g.nodes), "strategy": g.strategy.state_dict()}
+            out.append(tree_map(lambda v: v.detach().clone() if isinstance(v, Tensor) else v,
+                                state))
+        return out
+
+    def load_groups(self, saved: Sequence[dict[str, Any]],
+                    load_nodes: Callable[[NodeStack, Any], None]) -> None:
+        """:meth:`save_groups`' entries back into the groups, one group at a time."""
+        if len(saved) != len(self.groups):
+            raise ValueError(f"the checkpoint has {len(saved)} groups of nodes, this run "
+                             f"{len(self.groups)} (resident={self.resident}): resume with the "
+                             "checkpoint's resident")
+        for g, state in zip(self.groups, saved, strict=True):
+            self._load(g)
+            load_nodes(g.nodes, state["nodes"])
+            # copies: an optimizer adopts the tensors it is given, and a loaded tensor's
+            # storage (a checkpoint file's) cannot be freed by resizing
+            g.strategy.load_state_dict(tree_map(
+                lambda v: v.clone() if isinstance(v, Tensor) else v, state["strategy"]))
+            self._save(g)
+
+    @property
+    def seconds(self) -> float:
+        return self.store.seconds
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def _restore(strategy: Strategy, saved: dict[str, Any]) -> None:
+    """A strategy's state back to a snapshot taken in the same run (its tensors are the live
+    ones, just read back): :meth:`Strategy.load_state_dict`, but an attribute that was None
+    then (a lazily built step count) is None again."""
+    state = dict(saved)
+    for name, value in saved.items():
+        if value is None:
+            setattr(strategy, name, None)
+    strategy.load_state_dict(state)
+
+
+def resident_check(resident: int | None, num_nodes: int) -> int | None:
+    """``resident`` validated; None when every node fits (no paging)."""
+    if resident is None:
+        return None
+    if isinstance(resident, bool) or not isinstance(resident, int) or resident < 1:
+        raise ValueError(f"resident must be an integer >= 1 (nodes in memory at once), got "
+                         f"{resident!r}")
+    return None if resident >= num_nodes else resident
+

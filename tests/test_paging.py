@@ -1,0 +1,168 @@
+"""Virtual nodes (exogym.run.paging): a run with ``resident=K`` computes its nodes a group of K
+at a time, the other groups paged out to host memory or disk, and gives the numbers of the run
+with every node in memory, bit for bit (one machine).
+
+Groups of 8: the fused CPU optimizers compute an element in a SIMD vector or in a loop's scalar
+tail, which round differently; with groups of a multiple of 8 nodes every element is computed by
+the same code in both runs (measured on this machine's DEFAULT, AVX2 and AVX512 kernels).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from exogym import Trainer
+from exogym.lab.check import TinyNet, short_period, tiny_data
+from exogym.run.checkpoint import checkpoint_steps
+from exogym.run.paging import Paged, PageStore, PagingError, parse_offload
+from exogym.sim.comm import InProcessCommunicator
+from exogym.sim.sharding import NodeBatches
+from exogym.strategy import Strategy, get, make, registry
+
+SYNCHRONOUS = [s for s in registry() if not getattr(get(s), "asynchronous", False)]
+
+
+def fit(strategy: Strategy | str, **kw: Any) -> Any:
+    torch.manual_seed(1)
+    if isinstance(strategy, str):
+        strategy = make(strategy, **short_period(get(strategy)))
+    args: dict[str, Any] = dict(num_nodes=20, max_steps=6, batch_size=4, eval_interval=3,
+                                log_interval=1, engine="loop", seed=0, progress=False,
+                                step_time="1ms")
+    args.update(kw)
+    return Trainer(TinyNet(), tiny_data(), tiny_data()).fit(strategy=strategy, **args)
+
+
+def rows(result: Any) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if k != "wall_s"} for r in result.history]
+
+
+def assert_same(a: Any, b: Any) -> None:
+    assert rows(a) == rows(b)
+    ma, mb = a.model.state_dict(), b.model.state_dict()
+    assert all(torch.equal(ma[k], mb[k]) for k in ma)
+    assert a.bytes_sent == b.bytes_sent and a.bytes_received == b.bytes_received
+    assert a.comm_log == b.comm_log and a.clock == b.clock
+
+
+@pytest.mark.parametrize("sid", SYNCHRONOUS)
+def test_a_paged_run_gives_the_in_memory_numbers_bit_for_bit(sid: str) -> None:
+    assert_same(fit(sid), fit(sid, resident=8))  # groups of 8, 8 and 4 nodes, host memory
+
+
+@pytest.mark.parametrize("sid", ["ddp", "diloco", "sparta", "streaming_diloco", "demo"])
+def test_threads_engine_paged_to_disk(sid: str, tmp_path: Path) -> None:
+    a = fit(sid, engine="threads")
+    b = fit(sid, engine="threads", resident=8, offload=f"disk:{tmp_path / 'pages'}")
+    assert_same(a, b)
+    assert list((tmp_path / "pages").iterdir()) == []  # the run's pages are removed at its end
+
+
+def test_worlds_and_participation_page_like_in_memory() -> None:
+    world = "fail=3@2,rejoin=3@4,fail=17@1,rejoin=17@5"
+    for sid in ("ddp", "diloco", "sparseloco"):
+        a, b = fit(sid, world=world, max_steps=8), fit(sid, world=world, max_steps=8, resident=8)
+        assert_same(a, b)
+        assert [e["event"] for e in b.events] == [e["event"] for e in a.events]
+    a = fit(make("fedavg", H=2), participation=5, max_steps=8)
+    b = fit(make("fedavg", H=2), participation=5, max_steps=8, resident=8, offload="disk")
+    assert_same(a, b)
+
+
+def test_resume_of_a_paged_run_is_bit_for_bit(tmp_path: Path) -> None:
+    whole = fit("diloco", max_steps=8, resident=8)
+    fit("diloco", max_steps=4, resident=8, out_dir=tmp_path / "run", checkpoint_every=4,
+        network=None)
+    assert checkpoint_steps(tmp_path / "run") == [4]
+    resumed = Trainer(TinyNet(), tiny_data(), tiny_data()).fit(
+        resume=tmp_path / "run", max_steps=8, progress=False)
+    assert resumed.model.state_dict().keys() == whole.model.state_dict().keys()
+    assert all(torch.equal(resumed.model.state_dict()[k], v)
+               for k, v in whole.model.state_dict().items())
+    with pytest.raises(ValueError, match="paging.resident: checkpoint 8, now 4"):
+        Trainer(TinyNet(), tiny_data(), tiny_data()).fit(
+            resume=tmp_path / "run", max_steps=8, resident=4, progress=False)
+
+
+def test_only_the_group_computing_is_in_memory() -> None:
+    hub = InProcessCommunicator(20)
+    paged = Paged(TinyNet(), make("diloco", H=2), hub, resident=8, offload="disk",
+                  device=torch.device("cpu"), engine="loop", micro_batch_size=None,
+                  precision="fp32", total_steps=4)
+    in_memory: list[list[int]] = []
+    for g in paged.groups:  # record who is in memory when a group's step ends
+        def zero_grad(own: Any = g.nodes.zero_grad) -> None:
+            in_memory.append([h.index for h in paged.groups
+                              if any(s.nbytes() for s in h.storages)])
+            own()
+        g.nodes.zero_grad = zero_grad  # type: ignore[method-assign]
+    batches = NodeBatches(tiny_data(), 20, 4, seed=0)
+    for t in range(2):
+        paged.step(t, batches.batch(None), None)
+    # step 0: one pass; step 1 (the outer step): a pass to the all-reduce, then one to the end
+    assert in_memory == [[0], [1], [2]] * 2
+    assert not any(s.nbytes() for g in paged.groups for s in g.storages)
+    assert paged.store.bytes_read > 0 and len(hub.log) == 1
+    paged.close()
+    assert paged.store.folder is not None and not paged.store.folder.exists()
+
+
+def test_groups_that_make_other_collectives_are_an_error() -> None:
+    @dataclass(kw_only=True)
+    class Uneven(Strategy):
+        id = "uneven_paging"
+
+        def step(self, step: int) -> None:
+            self.inner_step()
+            if self.comm.node_ids[0] == 0:  # only the group holding node 0 communicates
+                self.comm.all_reduce(self.nodes.params["body.0.bias"])
+
+    with pytest.raises(PagingError, match=r"group 1 \(nodes 8-15\).* same collectives"):
+        fit(Uneven(), resident=8, network=None)
+    fit(Uneven(), network=None)  # in memory every node is in the one group
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"resident": 0}, "resident must be an integer >= 1"),
+    ({"resident": 8, "offload": "ram"}, "offload takes 'host', 'disk' or 'disk:DIR', got 'ram'"),
+    ({"resident": 8, "offload": "disk:"}, "needs a folder"),
+    ({"resident": 8, "engine": "vmap"}, "loop or threads engine"),
+    ({"resident": 8, "strategy": "fedbuff"}, "fedbuff is asynchronous"),
+])
+def test_bad_paging_settings_are_refused_by_name(kw: dict[str, Any], message: str) -> None:
+    strategy = kw.pop("strategy", "diloco")
+    with pytest.raises(ValueError, match=message):
+        fit(strategy, network="datacenter", **kw)
+
+
+def test_resident_of_every_node_is_the_in_memory_run(tmp_path: Path) -> None:
+    fit("ddp", resident=20, out_dir=tmp_path / "run")
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["paging"] is None
+    fit("ddp", resident=8, offload="disk", out_dir=tmp_path / "paged")
+    config = json.loads((tmp_path / "paged" / "config.json").read_text())
+    assert config["paging"] == {"resident": 8, "offload": "disk"}
+
+
+@pytest.mark.parametrize("kind", ["host", "disk"])
+def test_page_store_round_trip(kind: str, tmp_path: Path) -> None:
+    kind_, folder = parse_offload(kind if kind == "host" else f"disk:{tmp_path}")
+    store = PageStore(kind_, folder, device=torch.device("cpu"))
+    a, b = torch.arange(10, dtype=torch.float32), torch.arange(3, dtype=torch.int64) - 7
+    storages = [a.untyped_storage(), b.untyped_storage()]
+    store.save(4, storages)
+    before = (a.clone(), b.clone())
+    for s in storages:
+        s.resize_(0)
+    store.load(4, storages, [40, 24])
+    assert torch.equal(a, before[0]) and torch.equal(b, before[1])
+    assert store.bytes_written == store.bytes_read == 64
+    if kind == "disk":
+        assert (tmp_path / "group-000004.bin").stat().st_size == 64
+    store.close()
+    assert tmp_path.exists() and list(tmp_path.iterdir()) == []  # the pages go, the folder stays
