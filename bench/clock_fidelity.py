@@ -5,14 +5,20 @@ One Linux network namespace per node, all joined by one bridge, every node's lin
 ``tc ... tbf`` in both directions (its upload: the namespace side of its veth pair; its download:
 the bridge side). Real gloo processes, one per namespace, started with torchrun's environment
 (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``; ``LOCAL_WORLD_SIZE``
-1, see :func:`worker_env`), then:
+1, see :func:`worker_env`), then, for every N and rate:
 
+(0) **calibration**: ``exogym calibrate`` on the shaped links, one rank per namespace as a run's
+    (``--cal-reps``, ``--cal-target``; ``--no-calibrate`` skips it): the network file it writes
+    is the third prediction of every row below, "calibrated", beside "before" (the model
+    before issue 17) and "after" (the presets' calibrated defaults, ``bw=RATE,latency=0s``);
 (a) **raw all-reduces**: fp32 tensors of each ``--sizes`` MB (1 MB = 1e6 bytes), ``--reps``
     timed repetitions after one warm-up; predicted = :meth:`exogym.sim.network.Network.
     collective_time` of the same bytes and N;
 (b) **end-to-end runs**: ``exogym run --task mnist --strategy ddp|diloco --nodes N`` (N ranks,
     one node each, gloo), ``--steps`` steps; predicted = the run's own ``sim_comm_s``
-    (``summary.json``), the clock of the network ``bw=RATE,latency=0s``.
+    (``summary.json``), the clock of ``--network FILE`` (the calibrated file; without
+    calibration the network ``bw=RATE,latency=0s``), and its trace re-costed on the other
+    networks with the same measured compute.
 
 How communication is measured. All processes run on one machine, so ``time.monotonic`` is one
 clock for all of them (network namespaces do not change it). Every rank records when it enters
@@ -40,11 +46,13 @@ available everywhere; no WAN latency is emulated). Only the namespaces this scri
 loopback carry traffic: the bridge has no address in the root namespace and nothing routes to it.
 
 TCP congestion control: ``--cc reno`` by default, set inside the namespaces only (a
-per-namespace sysctl). Reno is loss-based like Linux's default CUBIC (which a namespace may only
-select when the host allows it): it keeps a link busy. BBR (``--cc bbr``, or ``--cc default`` on
-a host that defaults to it) paces at its estimate of the bottleneck and, on links with no
-propagation delay whose ACKs queue behind the reverse direction's data (every link of a ring),
-leaves 2 to 15% of the rate unused; measure both where it matters.
+per-namespace sysctl). Reno is loss-based like Linux's default CUBIC: it keeps a link busy.
+A namespace may select only what the host's ``net.ipv4.tcp_allowed_congestion_control`` lists
+(a host-wide list): the script stops and says how to allow ``cubic`` when it is missing.
+BBR (``--cc bbr``, or ``--cc default`` on a host that defaults to it) paces at its estimate of
+the bottleneck and, on links with no propagation delay whose ACKs queue behind the reverse
+direction's data (every link of a ring), leaves 2 to 15% of the rate unused; measure both where
+it matters, and calibrate (0) with the congestion control the cluster runs.
 
 Everything it creates is named with the prefix ``exg-`` and a per-run tag (``exg-1a2b-br``,
 ``exg-1a2b-n0``, ``exg-1a2b-h0``) and removed by name at the end, on an exception, on Ctrl-C and
@@ -55,6 +63,8 @@ Usage (the virtual environment's python, as root)::
 
     sudo -E "$(command -v python)" bench/clock_fidelity.py --rates 20,100 --nodes 2,4 \\
         --sizes 1,8,32 --e2e ddp,diloco --steps 60 --json clock_fidelity.json
+    sudo -E "$(command -v python)" bench/clock_fidelity.py --cc cubic --sizes 1,8 \\
+        --json cubic.json                              # calibrate, then predict, under CUBIC
     sudo -E "$(command -v python)" bench/clock_fidelity.py --cc bbr --e2e none   # BBR, raw only
     sudo -E "$(command -v python)" bench/clock_fidelity.py --cleanup
 
@@ -208,6 +218,21 @@ def cc_commands(topo: Topology, cc: str | None) -> list[list[str]]:
              f"net.ipv4.tcp_congestion_control={cc}"] for i in range(topo.num_nodes)]
 
 
+def cc_problem(cc: str | None, allowed: str, available: str) -> str | None:
+    """Why the namespaces cannot use congestion control ``cc``, or None. ``allowed`` and
+    ``available`` are the host's ``net.ipv4.tcp_allowed_congestion_control`` and
+    ``tcp_available_congestion_control``: a namespace may select only an allowed one (the
+    list is the host's, not per namespace)."""
+    if cc is None or cc in allowed.split():
+        return None
+    if cc not in available.split():
+        return (f"TCP congestion control {cc!r} is not available on this host ({available.strip()}"
+                f"): load its module (modprobe tcp_{cc})")
+    return (f"the namespaces may not select {cc!r}: the host allows only {allowed.strip()!r}. "
+            f"Allow it (as root): sysctl -w net.ipv4.tcp_allowed_congestion_control="
+            f"\"{allowed.strip()} {cc}\"")
+
+
 def worker_env(topo: Topology, rank: int, num_nodes: int,
                base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of rank ``rank``: torchrun's rendezvous variables, gloo bound to the
@@ -320,6 +345,8 @@ class Row:
         before_s: the uncalibrated model (the issue's measurement: ``efficiency=1,
             hop_latency=0s,latency=0.1ms``); after_s: the calibrated model (``latency=0s``).
         notes: extra measurements (drops, wire bytes per payload byte, arrival skew).
+        calibrated_s: the network file ``exogym calibrate`` wrote for this case's links (None:
+            not calibrated).
     """
 
     kind: str
@@ -330,6 +357,7 @@ class Row:
     before_s: float
     after_s: float
     notes: dict[str, float] = field(default_factory=dict)
+    calibrated_s: float | None = None
 
     @property
     def error_before(self) -> float:
@@ -339,19 +367,33 @@ class Row:
     def error_after(self) -> float:
         return relative_error(self.after_s, self.real_s)
 
+    @property
+    def error_calibrated(self) -> float | None:
+        return None if self.calibrated_s is None else relative_error(self.calibrated_s,
+                                                                     self.real_s)
+
 
 def format_table(rows: Sequence[Row], tolerance: float = 0.10) -> str:
-    """A Markdown table: case, N, rate, real, before and after with their errors; rows whose
-    calibrated error exceeds ``tolerance`` are marked ``!``."""
-    lines = ["| case | N | rate | real | before | err | after | err | notes |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    """A Markdown table: case, N, rate, real, before and after (the presets' calibrated
+    defaults) with their errors, and, where any row has one, the calibrated file's prediction
+    and error; errors of after or calibrated beyond ``tolerance`` are marked ``!``."""
+    cal = any(r.calibrated_s is not None for r in rows)
+    extra = (" calibrated | err |", "---|---|") if cal else ("", "")
+    lines = [f"| case | N | rate | real | before | err | after | err |{extra[0]} notes |",
+             f"|---|---|---|---|---|---|---|---|{extra[1]}---|"]
     for r in rows:
         mark = " !" if abs(r.error_after) > tolerance else ""
         notes = ", ".join(f"{k} {_fmt_note(v)}" for k, v in r.notes.items())
+        cells = ""
+        if cal:
+            err = r.error_calibrated
+            cells = (" - | - |" if r.calibrated_s is None or err is None else
+                     f" {r.calibrated_s:.3f} s | {100 * err:+.1f}%"
+                     f"{' !' if abs(err) > tolerance else ''} |")
         lines.append(
             f"| {r.kind} {r.what} | {r.nodes} | {r.rate_bps / 1e6:g} Mbit/s | {r.real_s:.3f} s "
             f"| {r.before_s:.3f} s | {100 * r.error_before:+.1f}% | {r.after_s:.3f} s "
-            f"| {100 * r.error_after:+.1f}%{mark} | {notes} |")
+            f"| {100 * r.error_after:+.1f}%{mark} |{cells} {notes} |")
     return "\n".join(lines)
 
 
@@ -616,9 +658,12 @@ class Config:
     burst_s: float = BURST_S
     queue_s: float = QUEUE_S
     timeout_s: float = 900.0
+    calibrate: bool = True
+    cal_reps: int = 3
+    cal_target_s: float = 0.5
 
     def __post_init__(self) -> None:
-        for name in ("reps", "steps", "H", "probe_reps"):
+        for name in ("reps", "steps", "H", "probe_reps", "cal_reps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -645,10 +690,23 @@ def measure_hop_latency(topo: Topology, cfg: Config, workdir: Path) -> dict[int,
     return out
 
 
+def measure_calibration(topo: Topology, n: int, rate_bps: float, cfg: Config,
+                        workdir: Path) -> Path:
+    """``exogym calibrate`` on the shaped links (ranks 0..N-1, one per namespace, as a run's):
+    the network file it writes; its report (rank 0's output) is printed."""
+    name = f"cal-n{n}-r{rate_bps:g}"
+    out = workdir / f"{name}.json"
+    launch(topo, n, ["_calibrate", "--out", str(out), "--reps", str(cfg.cal_reps),
+                     "--target-time", f"{cfg.cal_target_s!r}s"], workdir, name, cfg.timeout_s)
+    print((workdir / f"{name}.rank0.log").read_text(errors="replace"), flush=True)
+    return out
+
+
 def measure_collectives(topo: Topology, n: int, rate_bps: float, cfg: Config,
-                        workdir: Path) -> list[Row]:
+                        workdir: Path, calibrated: Path | None = None) -> list[Row]:
     from exogym.sim.network import parse_network
 
+    cal_net = None if calibrated is None else parse_network(str(calibrated))
     rows = []
     for size_mb in cfg.sizes_mb:
         size = round(size_mb * MB)
@@ -669,6 +727,8 @@ def measure_collectives(topo: Topology, n: int, rate_bps: float, cfg: Config,
             kind="all_reduce", what=f"{size_mb:g} MB", nodes=n, rate_bps=rate_bps, real_s=real,
             before_s=before_network(rate_bps).collective_time("all_reduce", size, n),
             after_s=parse_network(after_spec(rate_bps)).collective_time("all_reduce", size, n),
+            calibrated_s=(None if cal_net is None
+                          else cal_net.collective_time("all_reduce", size, n)),
             notes={"wire/payload": statistics.fmean(u.sent_bytes for u in up) / payload,
                    "pkts/MB": statistics.fmean(u.sent_packets for u in up) / payload * MB,
                    "drops": sum(u.dropped + d.dropped for u, d in delta),
@@ -677,17 +737,22 @@ def measure_collectives(topo: Topology, n: int, rate_bps: float, cfg: Config,
 
 
 def measure_run(topo: Topology, n: int, rate_bps: float, strategy: str, cfg: Config,
-                workdir: Path) -> tuple[Row, Row]:
+                workdir: Path, calibrated: Path | None = None) -> tuple[Row, Row]:
     """An end-to-end run's communication (the sum over its collectives, real and on the clock)
     and its total: the training steps' wall time on rank 0 (evaluation excluded) against the
     clock's total. Before: the uncalibrated network, and the compute of the eval-mode probe
-    that the clock used before it measured real steps (rank 0's); after: the run's own clock."""
+    that the clock used before it measured real steps (rank 0's); after: the preset's
+    calibrated defaults (``bw=RATE``); calibrated: the network file of ``exogym calibrate``.
+    The run's own clock is the last of these it has (``--network FILE`` or ``bw=RATE``); the
+    other is its trace re-costed, with the same measured compute."""
     from exogym.sim.clock import ClockTrace
+    from exogym.sim.network import parse_network
 
     name = f"{strategy}-n{n}-r{rate_bps:g}"
     run_dir = workdir / f"{name}-run"
     args = ["--task", "mnist", "--strategy", strategy, "--nodes", str(n), "--steps",
-            str(cfg.steps), "--network", after_spec(rate_bps), "--no-progress", "--seed", "0",
+            str(cfg.steps), "--network", after_spec(rate_bps) if calibrated is None else
+            str(calibrated), "--no-progress", "--seed", "0",
             "--eval-interval", str(cfg.steps), "--log-interval", str(cfg.steps), "--no-download",
             "--out", str(run_dir)]
     if strategy != "ddp":
@@ -705,16 +770,21 @@ def measure_run(topo: Topology, n: int, rate_bps: float, strategy: str, cfg: Con
         raise RuntimeError(f"{name}: the log has {len(trace.records)} collectives but "
                            f"{len(enters[0])} were timed")
     skew = arrival_skew(enters)
+    own_comm, own_total = float(summary["sim_comm_s"]), float(summary["sim_time_s"])
+    preset = (trace.cost(parse_network(after_spec(rate_bps))) if calibrated is not None
+              else None)
     comm = Row(kind=strategy, what=f"{cfg.steps} steps, {len(trace.records)} coll.", nodes=n,
                rate_bps=rate_bps, real_s=real, before_s=trace.cost(before_network(rate_bps)).comm_s,
-               after_s=float(summary["sim_comm_s"]),
+               after_s=own_comm if preset is None else preset.comm_s,
+               calibrated_s=None if preset is None else own_comm,
                notes={"skew": statistics.fmean(skew), "wall": float(summary["wall_time_s"])})
     probe = float(times[0]["probe_s"])
     clock = summary["clock"]
     total = Row(kind=f"{strategy} total", what=f"{cfg.steps} steps", nodes=n, rate_bps=rate_bps,
                 real_s=float(summary["train_time_s"]),
                 before_s=trace.cost(before_network(rate_bps), step_time_s=probe).total_s,
-                after_s=float(summary["sim_time_s"]),
+                after_s=own_total if preset is None else preset.total_s,
+                calibrated_s=None if preset is None else own_total,
                 notes={"c_probe_ms": 1e3 * probe,
                        "c_ms": 1e3 * float(clock["report"]["step_time_s"]),
                        "idle": float(summary["sim_idle_s"]) / float(summary["sim_time_s"])})
@@ -724,9 +794,15 @@ def measure_run(topo: Topology, n: int, rate_bps: float, strategy: str, cfg: Con
 def experiment(cfg: Config, workdir: Path) -> dict[str, Any]:
     tag = f"{os.getpid() & 0xFFFF:04x}"
     topo = Topology(tag, max(cfg.nodes))
+    proc = Path("/proc/sys/net/ipv4")
+    problem = cc_problem(cfg.cc, (proc / "tcp_allowed_congestion_control").read_text(),
+                         (proc / "tcp_available_congestion_control").read_text())
+    if problem:
+        raise SystemExit(f"clock_fidelity: {problem}")
     raw: list[Row] = []
     runs: list[Row] = []
     totals: list[Row] = []
+    files: dict[str, Any] = {}
     with network(topo):
         for cmd in cc_commands(topo, cfg.cc):
             sh(cmd)
@@ -741,14 +817,19 @@ def experiment(cfg: Config, workdir: Path) -> dict[str, Any]:
                 rate_bps = rate * 1e6
                 for cmd in shaping_commands(topo, rate_bps, cfg.burst_s, cfg.queue_s):
                     sh(cmd)
-                raw += measure_collectives(topo, n, rate_bps, cfg, workdir)
-                print(format_table(raw[-len(cfg.sizes_mb):]), flush=True)
+                cal = None
+                if cfg.calibrate:
+                    cal = measure_calibration(topo, n, rate_bps, cfg, workdir)
+                    files[f"N={n} {rate:g} Mbit/s"] = json.loads(cal.read_text())
+                raw += measure_collectives(topo, n, rate_bps, cfg, workdir, cal)
+                print(format_table(raw[-len(cfg.sizes_mb):], 0.05), flush=True)
                 for strategy in cfg.e2e:
-                    comm, total = measure_run(topo, n, rate_bps, strategy, cfg, workdir)
+                    comm, total = measure_run(topo, n, rate_bps, strategy, cfg, workdir, cal)
                     runs.append(comm)
                     totals.append(total)
                     print(format_table([comm, total]), flush=True)
-    return {"cc": cc, "hop_latency_s": hop, "raw": raw, "runs": runs, "totals": totals}
+    return {"cc": cc, "hop_latency_s": hop, "raw": raw, "runs": runs, "totals": totals,
+            "calibrations": files}
 
 
 def report(result: dict[str, Any], cfg: Config, load: tuple[str, str]) -> str:
@@ -765,9 +846,14 @@ def report(result: dict[str, Any], cfg: Config, load: tuple[str, str]) -> str:
             continue
         before = error_summary([r.error_before for r in rows])
         after = error_summary([r.error_after for r in rows])
-        lines += ["", f"## {title}", "", format_table(rows), "",
-                  "before: median {median:+.1%}, worst {worst:+.1%}; ".format(**before)
-                  + "after: median {median:+.1%}, worst {worst:+.1%}".format(**after)]
+        cal = [r.error_calibrated for r in rows if r.error_calibrated is not None]
+        summary = ("before: median {median:+.1%}, worst {worst:+.1%}; ".format(**before)
+                   + "after: median {median:+.1%}, worst {worst:+.1%}".format(**after))
+        if cal:
+            summary += "; calibrated: median {median:+.1%}, worst {worst:+.1%}".format(
+                **error_summary(cal))
+        tolerance = 0.05 if rows is result["raw"] else 0.10
+        lines += ["", f"## {title}", "", format_table(rows, tolerance), "", summary]
     return "\n".join(lines)
 
 
@@ -784,6 +870,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         worker_collectives([int(s) for s in a.sizes.split(",")], a.reps, a.warmup_bytes,
                            Path(f"{a.out}.rank{rank}.json"))
         return 0
+    if argv[:1] == ["_calibrate"]:  # one rank of `exogym calibrate` (rank 0 writes the file)
+        from exogym.cli import main as exogym_main
+
+        return exogym_main(["calibrate", *argv[1:]])
     if argv[:1] == ["_run"]:
         split = argv.index("--")
         out = argv[argv.index("--out") + 1]
@@ -808,6 +898,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="tbf bucket, as time at the rate (default 2ms)")
     p.add_argument("--queue", default=f"{QUEUE_S * 1e3:g}ms",
                    help="tbf queue, as time at the rate (default 50ms)")
+    p.add_argument("--no-calibrate", action="store_true",
+                   help="skip `exogym calibrate` (the 'calibrated' columns)")
+    p.add_argument("--cal-reps", type=int, default=3, help="calibrate's --reps (default 3)")
+    p.add_argument("--cal-target", default="0.5s",
+                   help="calibrate's --target-time (default 0.5s)")
     p.add_argument("--data-dir", default=os.environ.get("EXOGYM_DATA_DIR"),
                    help="folder holding mnist/ (default $EXOGYM_DATA_DIR)")
     p.add_argument("--json", help="also write the results here")
@@ -831,7 +926,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                      e2e=[] if a.e2e == "none" else [s.strip() for s in a.e2e.split(",")],
                      steps=a.steps, H=a.H, probe_reps=a.probe_reps, data_dir=a.data_dir,
                      cc=None if a.cc == "default" else a.cc,
-                     burst_s=parse_duration(a.burst), queue_s=parse_duration(a.queue))
+                     burst_s=parse_duration(a.burst), queue_s=parse_duration(a.queue),
+                     calibrate=not a.no_calibrate, cal_reps=a.cal_reps,
+                     cal_target_s=parse_duration(a.cal_target))
     except ValueError as err:
         p.error(str(err))
     workdir = Path(tempfile.mkdtemp(prefix="exg-fidelity-"))
@@ -854,7 +951,8 @@ def main(argv: Sequence[str] | None = None) -> int:
              "hop_latency_s": result["hop_latency_s"],
              "raw": [asdict(r) for r in result["raw"]],
              "runs": [asdict(r) for r in result["runs"]],
-             "totals": [asdict(r) for r in result["totals"]]}, indent=2))
+             "totals": [asdict(r) for r in result["totals"]],
+             "calibrations": result["calibrations"]}, indent=2))
     return 0
 
 

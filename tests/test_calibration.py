@@ -3,10 +3,13 @@ files, the size plan, and the command on real local processes."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
+import sys
 from dataclasses import replace
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -53,27 +56,31 @@ def test_fit_line_recovers_an_exact_line():
     line = fit_line([4, 1000, 4000, 16000], [2e-4 + 8e-6 * x for x in (4, 1000, 4000, 16000)])
     assert line.slope == pytest.approx(8e-6, rel=1e-12)
     assert line.intercept == pytest.approx(2e-4, rel=1e-9)
-    assert line.kept == (True,) * 4
+    assert line.kept == (True, False, True, True)  # 1000: between the regimes, predicted
 
 
-def test_fit_line_drops_an_outlier_and_refits():
-    xs = [4, 1e3, 4e3, 16e3, 64e3, 256e3]
-    ts = [1e-4 + 1e-6 * x for x in xs]
-    ts[3] *= 1.5  # a repeat hit by a scheduling hiccup
+def test_fit_line_takes_the_rate_from_the_largest_sizes_and_the_latency_from_the_smallest():
+    """A shaper's bucket lets the first bytes through at once: the middle sizes are faster
+    than the line. The slope comes from the two largest sizes (4x apart), the intercept from
+    the smallest; the middle is predicted, not fitted."""
+    xs = [4, 65536, 262144, 1048576, 4194304]
+    ts = [2e-4 + 8e-8 * x for x in xs]
+    ts[1] *= 0.75
+    ts[2] *= 0.9
     line = fit_line(xs, ts)
-    assert line.kept == (True, True, True, False, True, True)
-    assert line.slope == pytest.approx(1e-6, rel=1e-9)
-    assert line.intercept == pytest.approx(1e-4, rel=1e-6)
+    assert line.slope == pytest.approx(8e-8, rel=1e-9)
+    assert line.intercept == pytest.approx(2e-4, rel=1e-6)
+    assert line.kept == (True, False, False, True, True)
 
 
-def test_fit_line_weights_relative_errors():
-    """A 10% error on the smallest time counts as much as 10% on the largest: with weights
-    1/t^2, the intercept stays near the small points' level rather than being swamped."""
-    xs = [0, 1e6, 2e6]
-    ts = [1e-3 * 1.1, 1.0 + 1e-3, 2.0 + 1e-3]
+def test_fit_line_median_intercept_and_robust_slope():
+    # repeats of the smallest size: the median; three large sizes: Theil-Sen, one bad point
+    # of three does not set the slope alone
+    xs = [4, 4, 4, 1e6, 2e6, 4e6]
+    ts = [1e-4, 5e-4, 1.2e-4, 1e-4 + 1.0, 1e-4 + 2.0 * 1.2, 1e-4 + 4.0]
     line = fit_line(xs, ts)
-    assert line.intercept == pytest.approx(1.1e-3, rel=0.05)
-    assert line.slope == pytest.approx(1e-6, rel=1e-3)
+    assert line.slope == pytest.approx(1e-6, rel=1e-9)  # median of 1.4e-6, 1e-6, 0.8e-6
+    assert line.intercept == pytest.approx(1.2e-4 - 4e-6, rel=1e-6)  # t - a x at 4 bytes
 
 
 def test_fit_line_needs_two_sizes():
@@ -103,15 +110,16 @@ def test_fit_with_noise_and_an_outlier_stays_close():
     samples = synthetic([20e6] * 4, [20e6] * 4, efficiency=0.93, hop_s=150e-6,
                         message_s=100e-6, noise=0.01, seed=3)
     ring = [s for s in samples if s.op == "all_reduce"]
-    bad = ring[2]  # every repeat of one size 40% slow (a burst of cross traffic)
-    samples[samples.index(bad)] = replace(bad, seconds=tuple(1.4 * t for t in bad.seconds))
+    bad = replace(ring[2], seconds=tuple(1.4 * t for t in ring[2].seconds))
+    samples[samples.index(ring[2])] = bad  # a middle size 40% slow (cross traffic)
     fit = fit_network(samples)
     assert fit.network.node_up_bps is None  # uniform within 10%: one rate for all
     assert fit.network.up_bps == pytest.approx(20e6, rel=0.02)
     assert fit.network.efficiency == pytest.approx(0.93, rel=0.02)
-    outliers = [s for s, _, _, used in fit.residuals if not used]
-    assert outliers == [samples[samples.index(replace(bad, seconds=tuple(
-        1.4 * t for t in bad.seconds)))]]
+    assert fit.hop_s == pytest.approx(150e-6, rel=0.03)
+    unused = [s for s, _, _, used in fit.residuals if not used and s.op == "all_reduce"]
+    assert unused == [ring[1], bad]  # the middle sizes: predicted, not fitted
+    assert [r for s, _, r, _ in fit.residuals if s is bad] == [pytest.approx(-1 / 3.5, abs=0.02)]
 
 
 def test_one_rate_for_all_keeps_the_ring_rate_at_any_n():
@@ -237,8 +245,8 @@ def test_calibrate_command_on_local_processes(tmp_path: Path, capsys):
     """The real command, 2 processes over loopback (unshaped: the numbers are this machine's,
     only their shape is checked): it prints the fit and writes a file --network accepts."""
     out = tmp_path / "loop.json"
-    assert main(["calibrate", "--engine", "process", "--nodes", "2", "--reps", "2",
-                 "--target-time", "50ms", "--max-size", "5000000", "--out", str(out)]) == 0
+    assert main(["calibrate", "--engine", "process", "--nodes", "2", "--reps", "3",
+                 "--target-time", "0.3s", "--max-size", "20000000", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "fitted network:" in text and "0 -> 1" in text and "1 -> 0" in text
     assert "worst residual" in text and f"wrote {out}" in text
@@ -247,7 +255,40 @@ def test_calibrate_command_on_local_processes(tmp_path: Path, capsys):
     data = json.loads(out.read_text())["calibration"]
     assert [r["rank"] for r in data["ranks"]] == [0, 1]
     assert data["sizes"][:3] == [4, FIRST_BYTES, 4 * FIRST_BYTES]
-    assert data["sizes"][-1] <= 5_000_000
+    assert data["sizes"][-1] <= 20_000_000
     kinds = {(s["op"], s["src"], s["dst"]) for s in data["samples"]}
     assert kinds == {("all_reduce", None, None), ("pingpong", 0, 1), ("pingpong", 1, 0)}
-    assert all(len(s["seconds"]) == 2 for s in data["samples"])
+    assert all(len(s["seconds"]) == 3 for s in data["samples"])
+
+
+# -- the harness's calibrated predictions (bench/clock_fidelity.py, pure parts) ----------------
+def _harness() -> ModuleType:
+    path = Path(__file__).resolve().parents[1] / "bench" / "clock_fidelity.py"
+    spec = importlib.util.spec_from_file_location("clock_fidelity", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["clock_fidelity"] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_harness_table_gains_the_calibrated_columns():
+    cf = _harness()
+    row = cf.Row("all_reduce", "8 MB", 2, 20e6, real_s=4.0, before_s=3.2, after_s=3.9,
+                 calibrated_s=4.3)
+    assert row.error_calibrated == pytest.approx(0.075)
+    lines = cf.format_table([row], 0.05).splitlines()
+    assert lines[0].endswith("| after | err | calibrated | err | notes |")
+    assert lines[2] == ("| all_reduce 8 MB | 2 | 20 Mbit/s | 4.000 s | 3.200 s | -20.0% "
+                        "| 3.900 s | -2.5% | 4.300 s | +7.5% ! |  |")
+    plain = cf.Row("ddp", "x", 2, 20e6, real_s=1.0, before_s=1.0, after_s=1.0)
+    assert plain.error_calibrated is None and "calibrated" not in cf.format_table([plain])
+
+
+def test_harness_names_how_to_allow_a_congestion_control():
+    cf = _harness()
+    assert cf.cc_problem("bbr", "reno bbr\n", "reno bbr cubic\n") is None
+    assert cf.cc_problem(None, "reno", "reno") is None
+    assert 'tcp_allowed_congestion_control="reno bbr cubic"' in cf.cc_problem(
+        "cubic", "reno bbr\n", "reno bbr cubic\n")
+    assert "modprobe tcp_vegas" in cf.cc_problem("vegas", "reno bbr", "reno bbr cubic")

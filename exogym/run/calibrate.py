@@ -61,7 +61,7 @@ class CalibrateOptions:
     """
 
     reps: int = 5
-    target_s: float = 0.5
+    target_s: float = 1.0
     max_bytes: int = 64_000_000
 
     def __post_init__(self) -> None:

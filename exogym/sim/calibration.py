@@ -12,10 +12,8 @@ Pure arithmetic on measurements (no ``torch.distributed``; the measuring is
   :mod:`exogym.sim.network`: ``t = 2(N-1)/N * 8S / R + 2(N-1) h``, ``R`` the payload rate the
   ring reaches and ``h`` the latency of one hop.
 
-The fit (:func:`fit_network`), each step a weighted least-squares line through the medians of
-the repeats (weights ``1 / t^2``: every size counts by its relative error, so a 4-byte message
-and a 64 MB transfer weigh alike), leaving out the points far off a robust line through all
-(:func:`fit_line`):
+The fit (:func:`fit_network`), each step a line through the medians of the repeats, its slope
+from the largest sizes and its intercept from the smallest (:func:`fit_line`):
 
 1. per directed pair: ``r_ij`` and ``m_ij`` from its ping-pong line;
 2. per node, the link rates: the model's per-node ``up_i`` / ``down_j`` with ``r_ij =
@@ -63,9 +61,9 @@ __all__ = ["STREAM_EFFICIENCY", "Fit", "Line", "Sample", "fit_line", "fit_networ
 #: 1448 / 1514. Its ACKs travel the other way, so a one-way transfer reaches this share of the
 #: rate with a loss-based congestion control.
 STREAM_EFFICIENCY = TCP_PAYLOAD_BYTES / TCP_FRAME_BYTES
-#: Points of a line whose relative residual exceeds this many robust standard deviations
-#: (1.4826 x the median absolute deviation, at least 1%) are dropped before the refit.
-OUTLIER_SIGMAS = 3.0
+#: :func:`fit_line` takes a line's slope from the sizes within this factor of the largest
+#: (with ``exogym calibrate``'s sizes, 4x apart: the two largest).
+BANDWIDTH_RANGE = 4
 #: :func:`fit_network` lists every node's rates when the fastest is this much (relative) above
 #: the slowest: beyond the measurements' own spread (a few percent), a slower link.
 PER_NODE_SPREAD = 0.10
@@ -138,7 +136,8 @@ class Line:
 
     Attributes:
         slope, intercept: the fitted line (both >= 0).
-        kept: for every input point, whether the final fit used it (False: an outlier).
+        kept: for every input point, whether the fit used it (False: a size between the
+            regimes, predicted only).
     """
 
     slope: float
@@ -149,64 +148,39 @@ class Line:
         return self.slope * x + self.intercept
 
 
-def _weighted_line(xs: Sequence[float], ts: Sequence[float]) -> tuple[float, float]:
-    """Least squares of ``t = a x + b`` with weights ``1 / t^2`` (relative errors); ``a, b >=
-    0`` (a negative one is set to 0 and the other refitted alone)."""
-    w = [1.0 / t ** 2 for t in ts]
-    sw = sum(w)
-    sx = sum(wi * x for wi, x in zip(w, xs, strict=True))
-    st = sum(wi * t for wi, t in zip(w, ts, strict=True))
-    sxx = sum(wi * x * x for wi, x in zip(w, xs, strict=True))
-    sxt = sum(wi * x * t for wi, x, t in zip(w, xs, ts, strict=True))
-    det = sw * sxx - sx * sx
-    if det > 0:
-        a = (sw * sxt - sx * st) / det
-        b = (st - a * sx) / sw
-        if a >= 0 and b >= 0:
-            return a, b
-    if sxx > 0:
-        a_only = sxt / sxx  # b = 0
-        if a_only > 0 and (det <= 0 or (sw * sxt - sx * st) / det >= 0):
-            return a_only, 0.0
-    return 0.0, st / sw  # a = 0: no size dependence visible
-
-
-def _l1_line(xs: Sequence[float], ts: Sequence[float]) -> tuple[float, float]:
-    """The line ``t = a x + b`` (``a, b >= 0``) with the least sum of absolute relative
-    residuals. Such a line passes through two of the points (or one, with ``a`` or ``b`` 0),
-    so the candidates are tried one by one (a few dozen for a calibration's sizes)."""
-    cands = [(t / x, 0.0) for x, t in zip(xs, ts, strict=True) if x > 0]
-    cands += [(0.0, t) for t in ts]
-    for k in range(len(xs)):
-        for m in range(k + 1, len(xs)):
-            if xs[k] != xs[m]:
-                a = (ts[m] - ts[k]) / (xs[m] - xs[k])
-                b = ts[k] - a * xs[k]
-                if a >= 0 and b >= 0:
-                    cands.append((a, b))
-    return min(cands, key=lambda ab: sum(abs(ab[0] * x + ab[1] - t) / t
-                                         for x, t in zip(xs, ts, strict=True)))
+def _theil_sen(xs: Sequence[float], ts: Sequence[float]) -> float:
+    """The median of the slopes between every two points of different ``x`` (Theil and Sen):
+    one bad point of three moves it less than least squares would."""
+    slopes = [(ts[m] - ts[k]) / (xs[m] - xs[k]) for k in range(len(xs))
+              for m in range(k + 1, len(xs)) if xs[m] != xs[k]]
+    return statistics.median(slopes)
 
 
 def fit_line(xs: Sequence[float], ts: Sequence[float]) -> Line:
-    """A robust line ``t = a x + b``. First the line of least absolute relative residuals
-    (insensitive to a few bad points); the points whose relative residual from it is beyond
-    :data:`OUTLIER_SIGMAS` robust standard deviations (1.4826 x the median absolute deviation,
-    at least 1%) are left out (at least 3 points at 2 sizes stay); then weighted least squares
-    (weights ``1/t^2``) through the rest. Needs 2 or more distinct ``x``."""
+    """``t = a x + b`` in two regimes (Hockney's model): the slope ``a`` from the largest
+    transfers, those of at least ``1 /`` :data:`BANDWIDTH_RANGE` of the largest (at least two
+    sizes; the Theil-Sen slope), where the link's rate dominates; the intercept ``b`` from the
+    smallest, ``median(t - a x)`` at the smallest size (the latency regime). The sizes between
+    are predicted, not fitted: there a shaper's bucket, TCP's slow start or its delayed ACKs bend
+    the line, which a least-squares fit through every size would pass on to the rate (measured
+    on tbf links: a 4-rank ring's rate 7% high). Where the two sizes' times do not grow (noise
+    above their difference), the slope is every size's but the smallest's. ``a, b >= 0``.
+    Needs 2 or more distinct ``x``."""
     if len(xs) != len(ts) or len(set(xs)) < 2:
         raise ValueError(f"a line needs points at 2 or more different sizes, got x = {list(xs)}")
     if not all(t > 0 for t in ts):
         raise ValueError(f"times must be > 0, got {list(ts)}")
-    a, b = _l1_line(xs, ts)
-    rel = [(a * x + b - t) / t for x, t in zip(xs, ts, strict=True)]
-    scale = max(1.4826 * statistics.median(abs(r) for r in rel), 0.01)
-    kept = tuple(abs(r) <= OUTLIER_SIGMAS * scale for r in rel)
-    used = [k for k in range(len(xs)) if kept[k]]
-    if len(used) < 3 or len({xs[k] for k in used}) < 2:
-        kept, used = (True,) * len(xs), list(range(len(xs)))
-    a, b = _weighted_line([xs[k] for k in used], [ts[k] for k in used])
-    return Line(a, b, kept)
+    sizes = sorted(set(xs))
+    low = min(sizes[-2], sizes[-1] / BANDWIDTH_RANGE)
+    big = [k for k in range(len(xs)) if xs[k] >= low]
+    a = _theil_sen([xs[k] for k in big], [ts[k] for k in big])
+    if a <= 0 and len(sizes) > 2:  # noise larger than the two sizes' difference: widen
+        big = [k for k in range(len(xs)) if xs[k] > sizes[0]]
+        a = _theil_sen([xs[k] for k in big], [ts[k] for k in big])
+    a = max(a, 0.0)
+    small = [k for k in range(len(xs)) if xs[k] == sizes[0] and k not in big]
+    b = max(statistics.median(ts[k] - a * xs[k] for k in small), 0.0) if small else 0.0
+    return Line(a, b, tuple(k in big or k in small for k in range(len(xs))))
 
 
 @dataclass(frozen=True)
@@ -328,7 +302,7 @@ def fit_network(samples: Sequence[Sample], *, name: str = "calibrated",
         rates = {"up_bps": med_up, "down_bps": med_down}
     latency = _sig(min(statistics.median(msg.values()), hop))
     net = Network(name=name, **rates, latency_s=latency, efficiency=min(raw_eff, 1.0),
-                  hop_latency_s=max(hop - latency, 0.0), description=description)
+                  hop_latency_s=max(_sig(hop) - latency, 0.0), description=description)
     residuals = []
     for line, group in lines.values():
         for s, used in zip(group, line.kept, strict=True):
@@ -346,7 +320,7 @@ def fit_network(samples: Sequence[Sample], *, name: str = "calibrated",
 def format_fit(fit: Fit) -> str:
     """The report ``exogym calibrate`` prints: the fitted parameters, each ping-pong pair's
     rate, message latency and worst residual, and every all-reduce size with its prediction and
-    residual (``*``: left out of the fit as an outlier)."""
+    residual (``*``: a size between the regimes, predicted, not fitted)."""
     net = fit.network
     lines = ["fitted network: " + net.describe(),
              f"  {'node':>4}  {'up':>13}  {'down':>13}   (link rates, in frames)",
@@ -368,12 +342,10 @@ def format_fit(fit: Fit) -> str:
         if row[0].op == "pingpong":
             pairs.setdefault((row[0].src, row[0].dst), []).append(row)  # type: ignore[arg-type]
     for (i, j), rows in pairs.items():
-        worst = max((r for _, _, r, u in rows if u), key=abs)
-        dropped = sum(not u for *_, u in rows)
+        worst = max((r for _, _, r, _ in rows), key=abs)
         lines.append(f"{f'{i} -> {j}':<10} {format_rate(fit.pair_rate_bps[(i, j)]):>13} "
                      f"{format_duration(fit.pair_latency_s[(i, j)]):>9} {len(rows):>6} "
-                     f"{100 * max(s.spread for s, *_ in rows):>6.1f}% {100 * worst:>+14.2f}%"
-                     + (f" ({dropped} outlier{'s' * (dropped > 1)} left out)" if dropped else ""))
+                     f"{100 * max(s.spread for s, *_ in rows):>6.1f}% {100 * worst:>+14.2f}%")
     lines += ["", f"{'all-reduce':<10} {'bytes':>13} {'measured':>10} {'spread':>7} "
                   f"{'predicted':>10} {'residual':>9}"]
     for s, pred, res, used in fit.residuals:
@@ -382,6 +354,7 @@ def format_fit(fit: Fit) -> str:
                          f"{format_duration(s.median_s):>10} {100 * s.spread:>6.1f}% "
                          f"{format_duration(pred):>10} {100 * res:>+8.2f}%"
                          + ("" if used else " *"))
-    worst = max((abs(r) for _, _, r, u in fit.residuals if u), default=0.0)
-    lines.append(f"worst residual of the cases fitted: {100 * worst:.2f}%")
+    worst = max((abs(r) for _, _, r, _ in fit.residuals), default=0.0)
+    lines.append(f"worst residual: {100 * worst:.2f}% (* predicted, not fitted: a size between "
+                 "the latency and the bandwidth regimes)")
     return "\n".join(lines)
