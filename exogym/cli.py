@@ -120,6 +120,13 @@ def _key_value(text: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
+def _offload(text: str) -> str:
+    from exogym.run.paging import parse_offload
+
+    parse_offload(text)
+    return text
+
+
 def _argtype(parse):  # type: ignore[no-untyped-def]
     """An argparse ``type`` from a parser that raises ValueError (its message is kept)."""
     def convert(text: str):  # type: ignore[no-untyped-def]
@@ -235,6 +242,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--client-state", choices=("fresh", "keep"), default="fresh",
                    help="with --participation: a client's inner optimizer state starts fresh "
                         "each round it takes part in (default, as Flower) or is kept")
+    run.add_argument("--resident", type=_positive_int, metavar="K", default=None,
+                     help="at most K nodes' state in memory at once: the nodes compute a group "
+                          "of K at a time, the others paged out (--offload); the numbers of "
+                          "the run with every node in memory, bit for bit (synchronous "
+                          "strategies, loop or threads engine)")
+    run.add_argument("--offload", type=_argtype(_offload), default="host",
+                     metavar="host|disk[:DIR]",
+                     help="with --resident: where the other groups' state lives: host memory "
+                          "(default; on a GPU the device holds one group) or files on disk, in "
+                          "a temporary folder or DIR (on a CPU, disk is what saves memory)")
     run.add_argument("--seed", type=_argtype(_seed), default=0, help="seed (an integer >= 0)")
     length = run.add_mutually_exclusive_group()
     length.add_argument("--steps", type=_positive_int, help="training steps (default 500)")
@@ -590,11 +607,13 @@ def _check_run(args: argparse.Namespace, strategy: Strategy, model: nn.Module, *
         ConfigError: a run shorter than ``H``; the memory check's error when the copies do not
             fit.
     """
+    from exogym.run.paging import in_memory_nodes
     from exogym.sim.engine import check_memory, resolve_device
 
     if args.engine != "process" and not under_torchrun:
-        check_memory(model, args.nodes, resolve_device(args.device),
-                     strategy.optim.states_per_parameter)
+        device = resolve_device(args.device)
+        check_memory(model, in_memory_nodes(args.nodes, args.resident, args.offload, device),
+                     device, strategy.optim.states_per_parameter)
     period = strategy.sync_period
     if period is not None and args.steps is not None and args.steps < period \
             and not args.allow_unsynced:
@@ -623,6 +642,8 @@ def _run_fit_args(args: argparse.Namespace, task: Task, out: Path, sinks: list[A
         world=args.world,
         participation=args.participation,
         client_state=args.client_state,
+        resident=args.resident,
+        offload=args.offload,
         step_time=args.step_time,
         flops_per_sample=args.flops_per_sample,
         device_flops=args.device_flops,

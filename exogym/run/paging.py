@@ -74,7 +74,8 @@ from exogym.sim.comm import (
 from exogym.sim.engine import NodeStack
 from exogym.strategy.base import Strategy
 
-__all__ = ["GroupComm", "PageStore", "Paged", "PagingError", "parse_offload", "resident_check"]
+__all__ = ["GroupComm", "PageStore", "Paged", "PagingError", "in_memory_nodes", "parse_offload",
+           "resident_check"]
 
 T = TypeVar("T")
 
@@ -613,6 +614,17 @@ def _restore(strategy: Strategy, saved: dict[str, Any]) -> None:
         if value is None:
             setattr(strategy, name, None)
     strategy.load_state_dict(state)
+
+
+def in_memory_nodes(num_nodes: int, resident: int | None, offload: str,
+                    device: torch.device) -> int:
+    """How many nodes' state a run holds in ``device``'s memory: every node, unless it pages
+    (``resident < N``) to disk, or from a GPU to host memory (host memory is a CPU run's
+    device memory: paging there saves nothing)."""
+    if resident is None or resident >= num_nodes:
+        return num_nodes
+    kind, _ = parse_offload(offload)
+    return resident if kind == "disk" or device.type != "cpu" else num_nodes
 
 
 def resident_check(resident: int | None, num_nodes: int) -> int | None:

@@ -29,7 +29,7 @@ from torch.utils.data import Dataset
 from exogym.run.checkpoint import Checkpointer, load_checkpoint
 from exogym.run.dist import RankContext, close_group, join_torchrun, torchrun_env
 from exogym.run.options import FitOptions
-from exogym.run.paging import parse_offload, resident_check
+from exogym.run.paging import in_memory_nodes, parse_offload, resident_check
 from exogym.run.result import FitResult, check_out_dir, read_json
 from exogym.run.sinks import MultiSink, Sink
 from exogym.run.state import RUN_CONFIG_KEYS, Run, RunInterrupted, RunSettings
@@ -221,7 +221,7 @@ class Trainer:
                     raise ValueError("resident= pages nodes within one process; a "
                                      "multi-process run (torchrun, distributed=True) spreads "
                                      "them over processes instead: give one or the other")
-                n_here = resident
+                n_here = in_memory_nodes(o.num_nodes, resident, o.offload, dev)
             check_memory(self.model, n_here, dev, strategy.optim.states_per_parameter)
             batches = NodeBatches(self.train_dataset, o.num_nodes, o.batch_size, seed=o.seed,
                                   partition=partition)

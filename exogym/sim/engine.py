@@ -200,7 +200,8 @@ def check_memory(model: nn.Module, num_nodes: int, device: torch.device,
             f"{optimizer_states} optimizer states per parameter, a communication buffer, "
             "buffers), but only "
             f"{have / 1e9:.1f} GB is available; at most about {max(have // per_node, 1):,.0f} "
-            "nodes fit here: use fewer nodes, or spread them over processes/machines "
+            "nodes fit here: use fewer nodes, page them (--resident K --offload disk: K "
+            "nodes in memory at a time), or spread them over processes/machines "
             "(--engine process, torchrun)")
 
 
