@@ -19,11 +19,12 @@ import torch
 
 from exogym import Trainer
 from exogym.lab.check import TinyNet, short_period, tiny_data
-from exogym.run.checkpoint import checkpoint_steps
+from exogym.run.checkpoint import CheckpointError, checkpoint_steps
 from exogym.run.paging import Paged, PageStore, PagingError, parse_offload
 from exogym.sim.comm import InProcessCommunicator
 from exogym.sim.sharding import NodeBatches
 from exogym.strategy import Strategy, get, make, registry
+from exogym.strategy.optim import LRSchedule
 
 SYNCHRONOUS = [s for s in registry() if not getattr(get(s), "asynchronous", False)]
 
@@ -64,6 +65,33 @@ def test_threads_engine_paged_to_disk(sid: str, tmp_path: Path) -> None:
     assert list((tmp_path / "pages").iterdir()) == []  # the run's pages are removed at its end
 
 
+@pytest.mark.parametrize("sid", ["diloco", "fedavg", "fedadam", "muloco"])
+def test_rounds_computed_group_by_group_give_the_same_rows(sid: str) -> None:
+    # threads engine: each group computes a round's H = 4 steps while in memory; the rows of
+    # the steps inside a round (loss, lr under warm-up and cosine, bytes, an evaluation of the
+    # global model at step 2, mid-round) are the in-memory run's
+    schedule = LRSchedule(warmup_steps=3, cosine=True)
+    kw: dict[str, Any] = dict(engine="threads", max_steps=10, eval_interval=2)
+    a = fit(make(sid, H=4, schedule=schedule), **kw)
+    b = fit(make(sid, H=4, schedule=schedule), resident=8, offload="disk", **kw)
+    assert_same(a, b)
+    assert len({r["lr"] for r in b.history}) > 5
+    a = fit(make(sid, H=4), participation=6, **kw)
+    b = fit(make(sid, H=4), participation=6, resident=8, **kw)
+    assert_same(a, b)
+
+
+def test_a_checkpoint_due_inside_a_round_is_written_at_its_end(tmp_path: Path) -> None:
+    kw: dict[str, Any] = dict(engine="threads", max_steps=12, network=None)
+    whole = fit(make("diloco", H=4), resident=8, **kw)
+    fit(make("diloco", H=4), resident=8, out_dir=tmp_path / "run", checkpoint_every=2,
+        keep_checkpoints=10, **{**kw, "max_steps": 6})
+    assert checkpoint_steps(tmp_path / "run") == [6, 4]  # the one due at 2 waits for 4
+    resumed = Trainer(TinyNet(), tiny_data(), tiny_data()).fit(
+        resume=tmp_path / "run", max_steps=12, progress=False)
+    assert rows(resumed)[-1] == rows(whole)[-1]
+
+
 def test_worlds_and_participation_page_like_in_memory() -> None:
     world = "fail=3@2,rejoin=3@4,fail=17@1,rejoin=17@5"
     for sid in ("ddp", "diloco", "sparseloco"):
@@ -80,21 +108,32 @@ def test_resume_of_a_paged_run_is_bit_for_bit(tmp_path: Path) -> None:
     fit("diloco", max_steps=4, resident=8, out_dir=tmp_path / "run", checkpoint_every=4,
         network=None)
     assert checkpoint_steps(tmp_path / "run") == [4]
+    step_dir = tmp_path / "run" / "checkpoints" / "step-00000004"
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    groups = [f"group-{g:06d}.pt" for g in range(3)]  # one file per group, in the manifest
+    assert sorted(manifest["sha256"]) == [*groups, "rank-0.pt"]
+    assert all((step_dir / name).is_file() for name in groups)
     resumed = Trainer(TinyNet(), tiny_data(), tiny_data()).fit(
         resume=tmp_path / "run", max_steps=8, progress=False)
     assert resumed.model.state_dict().keys() == whole.model.state_dict().keys()
     assert all(torch.equal(resumed.model.state_dict()[k], v)
                for k, v in whole.model.state_dict().items())
-    with pytest.raises(ValueError, match="paging.resident: checkpoint 8, now 4"):
+    with pytest.raises(ValueError, match=r"paging\.resident: checkpoint 8, now 4"):
         Trainer(TinyNet(), tiny_data(), tiny_data()).fit(
             resume=tmp_path / "run", max_steps=8, resident=4, progress=False)
+    last = tmp_path / "run" / "checkpoints" / "step-00000008" / "group-000001.pt"
+    last.write_bytes(last.read_bytes()[:-10])
+    with pytest.raises(CheckpointError, match=r"group-000001\.pt is corrupted or truncated"):
+        Trainer(TinyNet(), tiny_data(), tiny_data()).fit(
+            resume=tmp_path / "run", max_steps=10, progress=False)
 
 
-def test_only_the_group_computing_is_in_memory() -> None:
+@pytest.mark.parametrize(("engine", "reads"), [("loop", 9), ("threads", 6)])
+def test_only_the_group_computing_is_in_memory(engine: str, reads: int) -> None:
     hub = InProcessCommunicator(20)
     paged = Paged(TinyNet(), make("diloco", H=2), hub, resident=8, offload="disk",
-                  device=torch.device("cpu"), engine="loop", micro_batch_size=None,
-                  precision="fp32", total_steps=4)
+                  device=torch.device("cpu"), engine=engine, micro_batch_size=None,
+                  precision="fp32", total_steps=2)
     in_memory: list[list[int]] = []
     for g in paged.groups:  # record who is in memory when a group's step ends
         def zero_grad(own: Any = g.nodes.zero_grad) -> None:
@@ -103,12 +142,22 @@ def test_only_the_group_computing_is_in_memory() -> None:
             own()
         g.nodes.zero_grad = zero_grad  # type: ignore[method-assign]
     batches = NodeBatches(tiny_data(), 20, 4, seed=0)
-    for t in range(2):
-        paged.step(t, batches.batch(None), None)
-    # step 0: one pass; step 1 (the outer step): a pass to the all-reduce, then one to the end
-    assert in_memory == [[0], [1], [2]] * 2
+    assert paged.round_length(0, 2) == (2 if engine == "threads" else 1)
+    t = 0
+    while t < 2:  # the loop engine step by step; threads: the round of H = 2 steps at once
+        n = paged.round_length(t, 2)
+        ids = [batches.next_indices() for _ in range(n)]
+        out = paged.compute(list(range(t, t + n)),
+                            lambda k, lo, hi, ids=ids: batches.rows(ids[k], lo, hi), None)
+        assert [tuple(loss.shape) for loss, _ in out] == [(20,)] * n
+        t += n
+    assert in_memory == [[0], [1], [2]] * 2  # one group at a time, each step to its end
     assert not any(s.nbytes() for g in paged.groups for s in g.storages)
-    assert paged.store.bytes_read > 0 and len(hub.log) == 1
+    # per group, the loop engine: a step, then the outer step's two passes; threads: the round
+    # (step 0 and step 1 to its all-reduce), then the outer step's second pass
+    assert paged.store.reads == reads
+    paged.flush()
+    assert [r.op for r in hub.log] == ["all_reduce"]
     paged.close()
     assert paged.store.folder is not None and not paged.store.folder.exists()
 
@@ -126,6 +175,25 @@ def test_groups_that_make_other_collectives_are_an_error() -> None:
     with pytest.raises(PagingError, match=r"group 1 \(nodes 8-15\).* same collectives"):
         fit(Uneven(), resident=8, network=None)
     fit(Uneven(), network=None)  # in memory every node is in the one group
+
+
+def test_a_step_that_says_it_is_silent_and_communicates_is_an_error() -> None:
+    @dataclass(kw_only=True)
+    class Liar(Strategy):
+        id = "liar_paging"
+
+        def communicates(self, step: int) -> bool | None:
+            return False
+
+        def step(self, step: int) -> None:
+            self.inner_step()
+            self.comm.all_reduce(self.nodes.params["body.0.bias"])
+
+    with pytest.raises(PagingError, match="Liar made a collective at step 0, where its "
+                                          "communicates"):
+        fit(Liar(), resident=8, network=None)
+    assert [make("diloco", H=4).communicates(t) for t in range(4)] == [False] * 3 + [None]
+    assert [make("fedavg", H=3).communicates(t) for t in range(3)] == [False, False, None]
 
 
 @pytest.mark.parametrize(("kw", "message"), [
@@ -147,6 +215,8 @@ def test_resident_of_every_node_is_the_in_memory_run(tmp_path: Path) -> None:
     fit("ddp", resident=8, offload="disk", out_dir=tmp_path / "paged")
     config = json.loads((tmp_path / "paged" / "config.json").read_text())
     assert config["paging"] == {"resident": 8, "offload": "disk"}
+    paging = json.loads((tmp_path / "paged" / "summary.json").read_text())["paging"]
+    assert paging["groups"] == 3 and paging["bytes_read"] > 0 and paging["seconds"] > 0
 
 
 @pytest.mark.parametrize("kind", ["host", "disk"])

@@ -28,12 +28,14 @@ tried.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
 import shutil
 import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -47,10 +49,15 @@ __all__ = [
     "Checkpointer",
     "checkpoint_steps",
     "load_checkpoint",
+    "read_part",
     "to_host",
 ]
 
 FOLDER = "checkpoints"
+
+Parts = Callable[[Path, Callable[[Path, Any], str]], dict[str, str]]
+"""More files of a checkpoint: ``parts(folder, write)`` writes each with ``write(path, state)``
+(which returns its sha256) and returns ``{file name: sha256}``."""
 _NAME = re.compile(r"^step-(\d{8,})$")
 
 
@@ -144,22 +151,26 @@ class Checkpointer:
         self.last_step: int | None = None
         self.written: list[int] = []  # steps written by this checkpointer, in order
 
-    def save(self, state: dict[str, Any], step: int, *, block: bool = False) -> Path:
+    def save(self, state: dict[str, Any], step: int, *, block: bool = False,
+             parts: Parts | None = None) -> Path:
         """Write ``state`` (a :meth:`Run.state_dict`) as the checkpoint of ``step``; its folder.
 
         The host copy is taken before returning; with ``asynchronous`` (and not ``block``) the
         write goes on in the background. A multi-process run calls this on every rank.
+        ``parts``: more files of the checkpoint (a paged run's groups, one file each), written
+        by ``parts(folder, write_part)`` into the checkpoint's folder before it is committed,
+        in the calling thread (the write is then synchronous) and listed in the manifest.
         """
         self.wait()  # one write at a time; raises the previous one's error
         snapshot = to_host(state)
         target = _step_dir(self.run_dir, step)
         self.last_step = step
-        if self.asynchronous and not block:
+        if self.asynchronous and not block and parts is None:
             self._thread = threading.Thread(target=self._write_guarded, args=(snapshot, step),
                                             name=f"exogym-checkpoint-{step}", daemon=True)
             self._thread.start()
         else:
-            self._write_guarded(snapshot, step)
+            self._write_guarded(snapshot, step, parts)
             self.wait()
         return target
 
@@ -172,9 +183,9 @@ class Checkpointer:
             error, self._error = self._error, None
             raise CheckpointError(str(error)) from error
 
-    def _write_guarded(self, snapshot: Any, step: int) -> None:
+    def _write_guarded(self, snapshot: Any, step: int, parts: Parts | None = None) -> None:
         try:
-            self._write(snapshot, step)
+            self._write(snapshot, step, parts)
         except BaseException as err:  # reported by wait() (at once when writing synchronously)
             self._error = RuntimeError(
                 f"writing the checkpoint of step {step} under {self.run_dir / FOLDER} failed "
@@ -184,7 +195,7 @@ class Checkpointer:
             if threading.current_thread().name.startswith("exogym-checkpoint-"):
                 thread_done()  # the step it ends during does not price its work
 
-    def _write(self, snapshot: Any, step: int) -> None:
+    def _write(self, snapshot: Any, step: int, parts: Parts | None = None) -> None:
         folder = self.run_dir / FOLDER
         tmp = folder / f".step-{step:08d}.tmp"
         final = _step_dir(self.run_dir, step)
@@ -196,9 +207,10 @@ class Checkpointer:
         self._barrier()
         digest = _write_file(tmp / f"rank-{self.rank}.pt", snapshot)
         digests = self._gather(digest)
+        extra = {} if parts is None else parts(tmp, _write_file)
         if self.rank == 0:
             manifest = {"step": step, "processes": self.world_size,
-                        "sha256": {f"rank-{r}.pt": d for r, d in enumerate(digests)}}
+                        "sha256": {f"rank-{r}.pt": d for r, d in enumerate(digests)} | extra}
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n",
                                                encoding="utf-8")
             _fsync_dir(tmp)
@@ -225,6 +237,24 @@ class Checkpointer:
         box: list[Any] = [None] * self.world_size
         dist.all_gather_object(box, digest)
         return [str(d) for d in box]
+
+
+def read_part(step_dir: Path, name: str, map_location: torch.device | str = "cpu") -> Any:
+    """A part of a checkpoint (see :meth:`Checkpointer.save`), checked against the manifest.
+
+    Raises:
+        CheckpointError: the part is missing, not in the manifest, or corrupted.
+    """
+    manifest = json.loads((step_dir / "manifest.json").read_text(encoding="utf-8"))
+    want = manifest.get("sha256", {}).get(name)
+    path = step_dir / name
+    if want is None or not path.is_file():
+        raise CheckpointError(f"{path} is missing from the checkpoint")
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != want:
+        raise CheckpointError(f"{path} is corrupted or truncated (its sha256 is not the "
+                              "manifest's)")
+    return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
 
 
 def _check_files(step_dir: Path, rank: int, world_size: int) -> Path:

@@ -172,17 +172,34 @@ class ClockFeed:
             if self.ops is not None:
                 self.ops.append(["c", step, bits(active)])
 
-    def end_step(self, marks: tuple[Any, float, float] | None, nodes: int) -> None:
+    def end_step(self, marks: tuple[Any, float, float] | None, nodes: int, *, steps: int = 1,
+                 exclude_cpu_s: float = 0.0) -> float | None:
         """After a step: its measured price per node, real transport excluded (no sync: on a
-        GPU, :meth:`catch_up` scales the host times to the synchronised window)."""
+        GPU, :meth:`catch_up` scales the host times to the synchronised window). ``steps``:
+        the marks span that many steps computed at once (a paged run's round): each is priced
+        the window's share, this one now, the others by :meth:`priced` when the run reaches
+        them. ``exclude_cpu_s``: CPU time in the window that was not compute (paging). The
+        price per step (None: not measured)."""
         if self.wall is not None:
             self.wall.end()
         if marks is None:
-            return
+            return None
         mark, start, transport = marks
         if not self._timing:
             self._window = (start, transport)
-        self._timing.append(self.meter.stop(mark, nodes, self.comm.transport_s - transport))
+        price = self.meter.stop(mark, nodes, self.comm.transport_s - transport,
+                                exclude_cpu_s=exclude_cpu_s) / steps
+        self._timing.append(price)
+        return price
+
+    def priced(self, price: float | None) -> None:
+        """A step of a round computed earlier reaches the run: its share of the round's price
+        (:meth:`end_step`)."""
+        if price is None:
+            return
+        if not self._timing:
+            self._window = (time.perf_counter(), self.comm.transport_s)
+        self._timing.append(price)
 
     def feed(self) -> None:
         """Give the clock the collectives logged since the last call (measured compute: at

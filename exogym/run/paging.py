@@ -45,7 +45,9 @@ node at a time; refused with a message).
 Costs. Each step reads and writes every group's state once (gradients are zero between steps and
 are not written), a communicating step once more per collective; the time spent paging is not the
 nodes' compute (it is taken out of the measured step price, like a process run's transport).
-Checkpoints of a paged run write one file per group, a group at a time (:meth:`Paged.save_groups`).
+Checkpoints of a paged run write one file per group, a group at a time (:meth:`Paged.write_groups`,
+synchronously: the groups are read from the store in the training thread), so a checkpoint never
+holds more than one group in memory either.
 """
 
 from __future__ import annotations
@@ -143,16 +145,17 @@ class PageStore:
         self._files: set[int] = set()
         if self._own_folder:  # removed at close, or when the store is collected, or at exit
             weakref.finalize(self, shutil.rmtree, str(self.folder), True)
-        self.bytes_written = 0
-        self.bytes_read = 0
+        self.bytes_written = self.bytes_read = 0
+        self.writes = self.reads = 0  # group pages written and read
         self.seconds = 0.0  # wall time spent paging (not the nodes' compute)
+        self.cpu_seconds = 0.0  # CPU time of the calling thread spent paging
 
     def path(self, key: int) -> Path:
         assert self.folder is not None
         return self.folder / f"group-{key:06d}.bin"
 
     def save(self, key: int, storages: Sequence[torch.UntypedStorage]) -> None:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         total = sum(s.nbytes() for s in storages)
         if self.kind == "host":
             buf = self._host.get(key)
@@ -173,12 +176,14 @@ class PageStore:
                 for s in storages:
                     f.write(_host_buffer(s if s.device.type == "cpu" else s.cpu()))
         self.bytes_written += total
+        self.writes += 1
         self.seconds += time.perf_counter() - t0
+        self.cpu_seconds += time.thread_time() - c0
 
     def load(self, key: int, storages: Sequence[torch.UntypedStorage],
              sizes: Sequence[int]) -> None:
         """Give each (freed) storage back its ``sizes`` bytes, read from the store."""
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         for s, n in zip(storages, sizes, strict=True):
             s.resize_(n)
         if self.kind == "host":
@@ -201,7 +206,9 @@ class PageStore:
                         raise OSError(f"page file {self.path(key)} is truncated: read {got} "
                                       f"of {n} bytes")
         self.bytes_read += sum(sizes)
+        self.reads += 1
         self.seconds += time.perf_counter() - t0
+        self.cpu_seconds += time.thread_time() - c0
 
     def close(self) -> None:
         """Forget the pages: the host buffers, the files written (and the folder, if it was a
@@ -232,6 +239,7 @@ class _Rendezvous:
     cursor: int = 0
     arrivals_cursor: int = 0
     kind: str | None = None
+    deferred: list[tuple[Any, ...]] | None = None  # a round's accounting, until its last step
     arg: Any = None
     parts: list[Any] | None = None
     contributions: int = 0
@@ -328,10 +336,14 @@ class GroupComm(Communicator):
         got = rv.arrivals[k]
         return None if got is None else list(got)
 
-    def _account(self, op: str, tensors: list[Tensor], tag: str, overlap: bool, **kw: Any) -> None:
-        # once per collective: by group 0, the first time it reaches it
+    def _record(self, op: str, payload: int, tag: str, overlap: bool, **kw: Any) -> None:
+        # once per collective: by group 0, the first time it reaches it; in a round computed
+        # ahead, when the run reaches the round's last step (Paged.flush)
         if self.group == 0 and self.rv.cursor == len(self.rv.results):
-            self.hub._account(op, tensors, tag, overlap, **kw)
+            if self.rv.deferred is not None:
+                self.rv.deferred.append((op, payload, tag, overlap, kw))
+            else:
+                self.hub._record(op, payload, tag, overlap, **kw)
 
     def _collect(self, kind: str, tensors: list[Tensor], arg: Any) -> list[Tensor]:
         rv, c = self.rv, self.rv.cursor
@@ -408,6 +420,11 @@ class Paged:
         self.engine = engine
         self.store = PageStore(kind, folder, device=device)
         self.rv = _Rendezvous(groups=-(-n // resident))
+        self.hub = hub
+        self._deferred: list[tuple[Any, ...]] = []
+        # Whether the model draws random numbers in a training step (threads engine: the
+        # global generator moves on by one draw after such a step); None until a step says.
+        self.random: bool | None = None
         template = copy.deepcopy(strategy)  # before setup: hyperparameters only
         self.groups: list[Group] = []
         for g, lo in enumerate(range(0, n, resident)):
@@ -468,11 +485,13 @@ class Paged:
 
     # -- running strategy code on every group -----------------------------------------------------
     def call(self, fn: Callable[[Group], T], *, prepare: Callable[[Group], None] | None = None,
-             query: bool = False) -> list[T]:
+             query: bool = False, silent: bool = False) -> list[T]:
         """``fn(group)`` on every group in turn, its collectives met by the rendezvous (the
         module docstring); ``prepare(group)`` once per group before it (a step's forward and
         backward). ``query``: ``fn`` changes nothing (a global model), so when group 0's call
-        makes no collective the others are not run (their entries are None)."""
+        makes no collective the others are not run (their entries are None). ``silent``: the
+        strategy says the call makes no collective (:meth:`Strategy.communicates`), so group 0
+        is not saved before it either."""
         rv = self.rv
         rv.begin()
         out: list[Any] = [None] * len(self.groups)
@@ -481,8 +500,10 @@ class Paged:
             self._load(g)
             if prepare is not None:
                 prepare(g)
-            if g.index == 0 or communicating:
+            if (g.index == 0 and not silent) or communicating:
                 self._save(g, grads=True, keep=True)
+            elif g.index == 0:
+                g.python = None  # no snapshot: a collective now cannot be replayed
             if self._run(g, fn, out):
                 self._save(g)
                 if communicating:
@@ -508,6 +529,10 @@ class Paged:
         try:
             out[g.index] = fn(g)
         except _Contributed:
+            if g.index == 0 and g.python is None:
+                raise PagingError(f"{type(g.strategy).__name__} made a collective at step "
+                                  f"{g.comm.step}, where its communicates() said it makes "
+                                  "none") from None
             self._free(g)
             return False
         return True
@@ -519,28 +544,82 @@ class Paged:
                            "collectives in the same order")
 
     # -- what the run asks ----------------------------------------------------------------------
-    def step(self, step: int, batch: Any, active: list[bool] | None) -> Tensor:
-        """Every group's forward, backward and strategy step; the ``[N]`` losses."""
-        losses: dict[int, Tensor] = {}  # by group, in order
-        rng = torch.get_rng_state() if self.engine == "threads" else None
+    def round_length(self, step: int, total_steps: int) -> int:
+        """How many steps from ``step`` to compute at once: up to the first step that may
+        communicate (:meth:`Strategy.communicates`), so that each group computes a round's
+        local steps while it is in memory and is paged once per round; 1 (step by step) with
+        the loop engine, whose dropout draws follow the nodes' order step by step."""
+        if self.engine != "threads":
+            return 1
+        strategy, t = self.groups[0].strategy, step
+        while t < total_steps - 1 and strategy.communicates(t) is False:
+            t += 1
+        return t - step + 1
+
+    def compute(self, steps: list[int], batch_of: Callable[[int, int, int], Any],
+                active: list[bool] | None) -> list[tuple[Tensor, float]]:
+        """Steps ``steps`` of every group: one step, or a round whose steps but the last make
+        no collective (each group computes them all while it is in memory). ``batch_of(k, lo,
+        hi)``: the batch of nodes ``lo`` to ``hi - 1`` at ``steps[k]``. Per step, the ``[N]``
+        losses and the learning rate after it. The round's collectives are counted when the
+        run reaches its last step (:meth:`flush`)."""
+        last = len(steps) - 1
+        losses: list[dict[int, Tensor]] = [{} for _ in steps]
+        lrs = [0.0] * len(steps)
+        rng = _Randomness(self) if self.engine == "threads" else None
 
         def prepare(g: Group) -> None:
-            if rng is not None:  # every group's nodes seeded from the state the step began with
-                torch.set_rng_state(rng)
             lo, hi = g.ids[0], g.ids[-1] + 1
-            part = tree_map(lambda t: t[lo:hi] if isinstance(t, Tensor) else t, batch)
             local = None if active is None else active[lo:hi]
-            if local is None or any(local):
-                losses[g.index] = g.nodes.forward_backward(part, local)
+            for k, t in enumerate(steps):
+                self.hub.step = t
+                if local is None or any(local):
+                    if rng is not None:
+                        rng.before(k)
+                    batch = g.nodes.to_batch_device(batch_of(k, lo, hi))
+                    losses[k][g.index] = g.nodes.forward_backward(batch, local)
+                    if rng is not None:
+                        rng.after(k)
+                if k < last:
+                    self._silent_step(g, t)
+                    lrs[k] = g.strategy.lr
 
-        def strategy_step(g: Group) -> None:
-            g.strategy.step(step)
+        def last_step(g: Group) -> None:
+            self.hub.step = steps[-1]
+            g.strategy.step(steps[-1])
             g.nodes.zero_grad()
 
-        self.call(strategy_step, prepare=prepare)
-        like = next(iter(losses.values()))  # a group with no active node: its losses are 0
-        return torch.cat([losses[g.index] if g.index in losses else like.new_zeros(len(g.ids))
-                          for g in self.groups])
+        silent = self.groups[0].strategy.communicates(steps[-1]) is False
+        self.rv.deferred = [] if last else None
+        try:
+            self.call(last_step, prepare=prepare, silent=silent)
+        finally:
+            self._deferred, self.rv.deferred = self.rv.deferred or [], None
+            self.hub.step = steps[0]
+        if rng is not None:
+            rng.finish(len(steps))
+        lrs[last] = self.groups[0].strategy.lr
+        like = next(t for step in losses for t in step.values())
+        return [(torch.cat([step.get(g.index, like.new_zeros(len(g.ids)))
+                            for g in self.groups]), lr) for step, lr in zip(losses, lrs,
+                                                                             strict=True)]
+
+    def _silent_step(self, g: Group, step: int) -> None:
+        """A step the strategy says makes no collective, within a round."""
+        self.rv.cursor = self.rv.arrivals_cursor = 0
+        try:
+            g.strategy.step(step)
+        except _Contributed:
+            raise PagingError(f"{type(g.strategy).__name__} made a collective at step {step}, "
+                              "where its communicates() said it makes none") from None
+        g.nodes.zero_grad()
+
+    def flush(self) -> None:
+        """Count the collectives of the round computed ahead, now that the run is at its last
+        step (the log's records carry that step)."""
+        for op, payload, tag, overlap, kw in self._deferred:
+            self.hub._record(op, payload, tag, overlap, **kw)
+        self._deferred = []
 
     def global_state(self) -> dict[str, Tensor]:
         """The strategy's global model (group 0's, after every group took part in any
@@ -570,25 +649,27 @@ class Paged:
             finally:
                 self._free(g)
 
-    def save_groups(self, nodes_state: Callable[[NodeStack], dict[str, Any]]
-                    ) -> list[dict[str, Any]]:
-        """Every group's replicas (``nodes_state`` of its stack) and strategy state, copied
-        out of the group while it is in memory (a checkpoint's entry ``groups``)."""
-        out = []
-        for g in self.iter_groups():
-            state = {"nodes": nodes_state(g.nodes), "strategy": g.strategy.state_dict()}
-            out.append(tree_map(lambda v: v.detach().clone() if isinstance(v, Tensor) else v,
-                                state))
-        return out
+    def group_files(self) -> list[str]:
+        """The file names of the groups in a checkpoint folder."""
+        return [f"group-{g.index:06d}.pt" for g in self.groups]
 
-    def load_groups(self, saved: Sequence[dict[str, Any]],
+    def write_groups(self, folder: Path, write: Callable[[Path, Any], str],
+                     nodes_state: Callable[[NodeStack], dict[str, Any]]) -> dict[str, str]:
+        """A checkpoint's groups, a file each (``write(path, state)``; their sha256 by name):
+        every group's replicas (``nodes_state`` of its stack) and strategy state, written
+        while the group is in memory, one group at a time."""
+        digests = {}
+        for g, name in zip(self.iter_groups(), self.group_files(), strict=True):
+            state = {"nodes": nodes_state(g.nodes), "strategy": g.strategy.state_dict()}
+            digests[name] = write(folder / name, state)
+        return digests
+
+    def load_groups(self, read: Callable[[str], Any],
                     load_nodes: Callable[[NodeStack, Any], None]) -> None:
-        """:meth:`save_groups`' entries back into the groups, one group at a time."""
-        if len(saved) != len(self.groups):
-            raise ValueError(f"the checkpoint has {len(saved)} groups of nodes, this run "
-                             f"{len(self.groups)} (resident={self.resident}): resume with the "
-                             "checkpoint's resident")
-        for g, state in zip(self.groups, saved, strict=True):
+        """:meth:`write_groups`' files back into the groups (``read(name)``), a group at a
+        time."""
+        for g, name in zip(self.groups, self.group_files(), strict=True):
+            state = read(name)
             self._load(g)
             load_nodes(g.nodes, state["nodes"])
             # copies: an optimizer adopts the tensors it is given, and a loaded tensor's
@@ -597,12 +678,52 @@ class Paged:
                 lambda v: v.clone() if isinstance(v, Tensor) else v, state["strategy"]))
             self._save(g)
 
+    def report(self) -> dict[str, Any]:
+        """What paging did: the settings, the groups, the bytes written and read, the wall
+        seconds it took (``summary.json``'s ``paging``)."""
+        st = self.store
+        return {"resident": self.resident, "offload": self.offload, "groups": len(self.groups),
+                "bytes_written": st.bytes_written, "bytes_read": st.bytes_read,
+                "seconds": round(st.seconds, 3)}
+
     @property
     def seconds(self) -> float:
         return self.store.seconds
 
     def close(self) -> None:
         self.store.close()
+
+
+class _Randomness:
+    """The global generator across a paged step or round (threads engine). In memory, every
+    node of step ``t`` is seeded from the generator's state ``S_t`` (and its index), and the
+    generator then moves on by one draw if the model drew random numbers; here each group
+    computes step ``t`` from ``S_t`` too, ``S_{t+1}`` derived from ``S_t`` by that rule, and
+    the run goes on from the state after the last step."""
+
+    def __init__(self, paged: Paged) -> None:
+        self.paged = paged
+        self.states = [torch.get_rng_state()]
+
+    def _state(self, k: int) -> Tensor:
+        while len(self.states) <= k:
+            state = self.states[-1]
+            if self.paged.random:
+                torch.set_rng_state(state)
+                torch.randint(2, ())
+                state = torch.get_rng_state()
+            self.states.append(state)
+        return self.states[k]
+
+    def before(self, k: int) -> None:
+        torch.set_rng_state(self._state(k))
+
+    def after(self, k: int) -> None:
+        moved = not torch.equal(torch.get_rng_state(), self.states[k])
+        self.paged.random = moved or bool(self.paged.random)
+
+    def finish(self, steps: int) -> None:
+        torch.set_rng_state(self._state(steps))
 
 
 def _restore(strategy: Strategy, saved: dict[str, Any]) -> None:

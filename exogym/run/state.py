@@ -51,6 +51,7 @@ from torch.func import functional_call
 from torch.utils._pytree import tree_map
 from torch.utils.data import Dataset
 
+from exogym.run.checkpoint import Parts, read_part
 from exogym.run.clocking import ClockFeed, not_recostable
 from exogym.run.dist import (
     DistributedCommunicator,
@@ -168,6 +169,11 @@ class Run:
         self.batches = batches if batches is not None else NodeBatches(
             train_data, s.num_nodes, s.batch_size, seed=s.seed, partition=s.partition)
         self.paged: Paged | None = None
+        # A paged run's round computed ahead: per step (losses, (lr, epoch), price); the global
+        # model until its synchronisation; the step's (lr, epoch) for its row.
+        self._ahead: dict[int, tuple[Tensor, tuple[float, int], float | None]] = {}
+        self._held_global: dict[str, Tensor] = {}
+        self._view: tuple[float, int] = (0.0, 0)
         self.nodes, self.comm = self._build_nodes(model)
         if self.paged is None:
             strategy.setup(self.nodes, self.comm, s.total_steps)
@@ -308,21 +314,19 @@ class Run:
         """The ``active`` nodes (None: all) compute one step; the strategy updates and
         communicates; the clock advances their time (the schedulers' call)."""
         s, nodes = self.settings, self.nodes
-        marks = self.feed.begin_step()
-        self.comm.active = active
-        local = None if active is None else [active[i] for i in self.comm.node_ids]
-        batch = nodes.to_batch_device(self._next_batch(active))
         if self.paged is not None:
-            self.feed.computed(step, active)
-            paging = self.paged.seconds
-            losses = self.paged.step(step, batch, active)
-            self.comm.transport_s += self.paged.seconds - paging  # not the nodes' compute
+            self.comm.active = active
+            losses = self._paged_step(step, active)
         else:
+            marks = self.feed.begin_step()
+            self.comm.active = active
+            local = None if active is None else [active[i] for i in self.comm.node_ids]
+            batch = nodes.to_batch_device(self._next_batch(active))
             losses = nodes.forward_backward(batch, local)
             self.feed.computed(step, active)
             self.strategy.step(step)
             nodes.zero_grad()
-        self.feed.end_step(marks, self.comm.n_local)
+            self.feed.end_step(marks, self.comm.n_local)
         self.loss_sum += losses.sum()
         self.loss_count += 1
         computed = s.num_nodes if active is None else sum(active)
@@ -331,17 +335,58 @@ class Run:
         if not s.allow_nonfinite or self.nonfinite is None:
             self.first_bad.masked_fill_((self.first_bad < 0) & ~torch.isfinite(losses), step)
 
+    def _paged_step(self, step: int, active: list[bool] | None) -> Tensor:
+        """A paged run's step (:mod:`exogym.run.paging`): computed now, with the steps up to
+        the next synchronisation when the strategy says none of them communicates and no world
+        can change who computes (each group then computes the round while it is in memory), or
+        computed earlier with its round (its losses, learning rate, epoch and price kept until
+        the run reaches it; the round's collectives are counted at its last step)."""
+        paged = self.paged
+        assert paged is not None
+        if step in self._ahead:
+            losses, self._view, price = self._ahead.pop(step)
+            self.feed.computed(step, active)
+            self.feed.priced(price)
+            if not self._ahead:
+                paged.flush()
+            return losses
+        worldly = isinstance(self.scheduler, Lockstep) and self.scheduler.worldly
+        n = 1 if worldly else paged.round_length(step, self.settings.total_steps)
+        marks, cpu = self.feed.begin_step(), paged.store.cpu_seconds
+        ids, epochs = [], []
+        for _ in range(n):
+            ids.append(self.batches.next_indices(active))
+            epochs.append(self.batches.epoch)
+        if n > 1:  # the model the run evaluates until the round's synchronisation
+            self._held_global = paged.global_state()
+        out = paged.compute(list(range(step, step + n)),
+                            lambda k, lo, hi: self.batches.rows(ids[k], lo, hi), active)
+        self.feed.computed(step, active)
+        price = self.feed.end_step(marks, self.comm.n_local, steps=n,
+                                   exclude_cpu_s=paged.store.cpu_seconds - cpu)
+        for k in range(1, n):
+            self._ahead[step + k] = (out[k][0], (out[k][1], epochs[k]), price)
+        self._view = (out[0][1], epochs[0])
+        return out[0][0]
+
+    @property
+    def between_rounds(self) -> bool:
+        """Whether the run's state is that of its step (a paged run mid-round has computed
+        ahead: no checkpoint can be taken there)."""
+        return not self._ahead
+
     def log(self) -> None:
         """The metrics row of the step just taken, with an evaluation when one is due. A
         non-finite loss stops the run here (unless allowed), the row written first."""
         s = self.settings
         if self.ranks is not None:  # every node's losses: the mean over all N nodes
             dist.all_reduce(self.loss_sum)
+        lr, epoch = (self.strategy.lr, self.batches.epoch) if self.paged is None else self._view
         row: dict[str, Any] = {
             "step": self.step,
-            "epoch": self.batches.epoch,
+            "epoch": epoch,
             "train_loss": float(self.loss_sum) / max(self.loss_nodes, 1),
-            "lr": self.strategy.lr,
+            "lr": lr,
             "samples": self.node_steps * s.batch_size,
             "bytes_sent": max(self.comm.bytes_sent),
             "bytes_received": max(self.comm.bytes_received),
@@ -399,7 +444,10 @@ class Run:
         _load_state(model, self.global_state())
         self.record.save_model(model.state_dict())
         result = self._result(model, final, report, trace)
-        self.close(result.to_dict())
+        summary = result.to_dict()
+        if self.paged is not None:  # what paging cost (not training time's share of a node)
+            summary["paging"] = self.paged.report()
+        self.close(summary)
         return result
 
     def _final_evaluation(self) -> dict[str, float]:
@@ -456,7 +504,7 @@ class Run:
     def global_state(self) -> dict[str, Tensor]:
         """The model to evaluate; across processes a collective (every rank calls it)."""
         if self.paged is not None:
-            return self.paged.global_state()
+            return dict(self._held_global) if self._ahead else self.paged.global_state()
         if self.ranks is None:
             return self.strategy.global_state()
         assert isinstance(self.comm, DistributedCommunicator)
@@ -503,14 +551,19 @@ class Run:
             "timelines": self.scheduler.state_dict(),
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any], folder: Path | None = None) -> None:
         """Restore :meth:`state_dict` into a Run built with the same settings (before
-        :meth:`open`); tensors are expected on this run's device."""
+        :meth:`open`); tensors are expected on this run's device. ``folder``: the checkpoint's,
+        where a paged run's groups are (:meth:`checkpoint_parts`)."""
         if state.get("format") != STATE_FORMAT:
             raise ValueError(f"checkpoint format {state.get('format')!r} is not this exogym's "
                              f"({STATE_FORMAT})")
         if self.paged is not None:
-            self.paged.load_groups(state["groups"], _load_nodes)
+            if folder is None or "groups" not in state:
+                raise ValueError("a paged run resumes from a checkpoint folder of a paged run "
+                                 "(its groups are files beside the state)")
+            self.paged.load_groups(lambda name: read_part(folder, name, self.device),
+                                   _load_nodes)
         else:
             _load_nodes(self.nodes, state["nodes"])
             self.strategy.load_state_dict(state["strategy"])
@@ -541,9 +594,16 @@ class Run:
     def _nodes_state(self) -> dict[str, Any]:
         """The replicas and the strategy's state; a paged run's, group by group (copied out
         of each group while it is in memory)."""
-        if self.paged is not None:
-            return {"groups": self.paged.save_groups(_nodes_state)}
+        if self.paged is not None:  # the groups are the checkpoint's parts
+            return {"groups": {"files": self.paged.group_files()}}
         return {"nodes": _nodes_state(self.nodes), "strategy": self.strategy.state_dict()}
+
+    def checkpoint_parts(self) -> Parts | None:
+        """The files a checkpoint holds besides :meth:`state_dict`: a paged run's groups."""
+        paged = self.paged
+        if paged is None:
+            return None
+        return lambda folder, write: paged.write_groups(folder, write, _nodes_state)
 
     # -- internals -----------------------------------------------------------------------------
     @property

@@ -288,7 +288,7 @@ class Trainer:
                       progress=o.progress, run_info=run_info,
                       checkpointing=checkpointing.to_dict())
             _check_same_run(saved, run.config, where)
-            run.load_state_dict(state)
+            run.load_state_dict(state, where)
             run.resumed_from = {"step": int(state["step"]), "checkpoint": str(where)}
             _check_sync(strategy, settings.total_steps, True, stacklevel=5,
                         warn=run.lead and settings.total_steps != saved["steps"])
@@ -538,6 +538,7 @@ def _drive(run: Run, resumed_step: int | None, ck: _Checkpointing,
                                     world_size=world)
     distributed = run.ranks is not None and run.ranks.world_size > 1
     last_save = time.monotonic()
+    owed = halting = False  # a checkpoint, a stop, due at the end of a paged run's round
     try:
         # The handler is in place before the run folder's files appear: a Ctrl-C while the run
         # starts (sinks, initial evaluation) stops it cleanly too.
@@ -556,10 +557,14 @@ def _drive(run: Run, resumed_step: int | None, ck: _Checkpointing,
                             and time.monotonic() - last_save >= ck.interval_s)
                     stopping, late = run.agree(stop.requested, late)
                     due = due or late
-                if checkpointer is not None and (due or stopping or (run.done and ck.enabled)):
-                    checkpointer.save(run.state_dict(), run.step, block=stopping)
-                    last_save = time.monotonic()
-                if stopping:
+                # a paged run mid-round has computed ahead: it saves and stops at the round's end
+                owed = owed or due or stopping or (run.done and ck.enabled)
+                halting = halting or stopping
+                if checkpointer is not None and owed and run.between_rounds:
+                    checkpointer.save(run.state_dict(), run.step, block=halting,
+                                      parts=run.checkpoint_parts())
+                    last_save, owed = time.monotonic(), False
+                if halting and run.between_rounds:
                     raise RunInterrupted(_interrupted_message(run, checkpointer))
         result = run.finish()
         if checkpointer is not None:

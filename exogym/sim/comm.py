@@ -523,12 +523,18 @@ class Communicator(abc.ABC):
         sent: list[float], received: list[float], codec: Codec | None = None,
         members: Sequence[bool] | None = None, src: int = -1, dst: int = -1,
     ) -> None:
+        self._record(op, _payload(tensors, codec), tag, overlap, sent=sent, received=received,
+                     codec=codec.name if codec is not None else "",
+                     members=-1 if members is None else _bits(members), src=src, dst=dst)
+
+    def _record(self, op: str, payload: int, tag: str, overlap: bool, *, sent: list[float],
+                received: list[float], codec: str, members: int, src: int, dst: int) -> None:
+        """Count a collective's bytes and log it at the current :attr:`step`."""
         for i in range(self.num_nodes):
             self.bytes_sent[i] += sent[i]
             self.bytes_received[i] += received[i]
-        self.log.append(CommRecord(op, _payload(tensors, codec), self.step, tag, overlap,
-                                   codec.name if codec is not None else "",
-                                   -1 if members is None else _bits(members), src, dst))
+        self.log.append(CommRecord(op, payload, self.step, tag, overlap, codec, members, src,
+                                   dst))
 
 
 class InProcessCommunicator(Communicator):

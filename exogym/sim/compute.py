@@ -180,13 +180,15 @@ class StepMeter:
         return _Mark(time.perf_counter(), time.process_time() if self.cpu else 0.0,
                      _other_threads_cpu() if self.cpu else {})
 
-    def stop(self, mark: _Mark, nodes: int, exclude_wall_s: float = 0.0) -> float:
+    def stop(self, mark: _Mark, nodes: int, exclude_wall_s: float = 0.0, *,
+             exclude_cpu_s: float = 0.0) -> float:
         """``c`` of the step since ``mark`` that computed ``nodes`` nodes (``exclude_wall_s``:
         wall time that was not compute, a process run's real transport; on a CPU its CPU time
-        is small and stays in)."""
+        is small and stays in; ``exclude_cpu_s``: CPU time that was not compute, a paged run's
+        copies)."""
         if not self.cpu:
             return max(time.perf_counter() - mark.wall - exclude_wall_s, 0.0) / nodes
-        spent = time.process_time() - mark.cpu
+        spent = time.process_time() - mark.cpu - exclude_cpu_s
         now = _other_threads_cpu()
         for k, v in mark.others.items():
             end = now.get(k, _ENDED.pop(k, None))

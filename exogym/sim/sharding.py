@@ -344,14 +344,19 @@ class NodeBatches:
 
     def batch(self, active: Sequence[bool] | None = None) -> Any:
         """The next node-stacked batch (``active``: see :meth:`next_indices`)."""
-        idx = self.next_indices(active)
-        n, b = idx.shape
+        return self.rows(self.next_indices(active), 0, self.num_nodes)
+
+    def rows(self, idx: Tensor, lo: int, hi: int) -> Any:
+        """The batch of nodes ``lo`` to ``hi - 1`` (``[hi - lo, B, ...]`` per leaf) of the
+        sample ids ``idx`` of :meth:`next_indices` (a paged run fetches a group's rows only)."""
+        part = idx[lo:hi]
+        n, b = part.shape
         if self.shared is not None:
-            flat = fetch(self.shared, idx.reshape(-1))
+            flat = fetch(self.shared, part.reshape(-1))
             return tree_map(
                 lambda t: t.reshape(n, b, *t.shape[1:]) if isinstance(t, Tensor) else t, flat
             )
-        per_node = [fetch(ds, idx[i]) for i, ds in enumerate(self.datasets)]
+        per_node = [fetch(self.datasets[lo + i], part[i]) for i in range(n)]
         return tree_map(lambda *ts: torch.stack(ts), *per_node)
 
 

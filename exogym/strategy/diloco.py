@@ -165,6 +165,12 @@ class DiLoCo(Strategy):
                                              momentum=self.outer_momentum,
                                              nesterov=self.outer_optimizer == "nesterov")
 
+    def communicates(self, step: int) -> bool | None:
+        """Only the last step of a round communicates (a subclass with another step: None)."""
+        if type(self).step is not DiLoCo.step:
+            return None
+        return None if (step + 1) % self.H == 0 else False
+
     @torch.no_grad()
     def step(self, step: int) -> None:
         self.inner_step()

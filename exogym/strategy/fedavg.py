@@ -67,6 +67,12 @@ class FedAvg(Strategy):
         # The server model: what the last round produced (the initial model before any round).
         self.server_state = {k: v.clone() for k, v in self.nodes.node_state(0).items()}
 
+    def communicates(self, step: int) -> bool | None:
+        """Only the last step of a round communicates (a subclass with another step: None)."""
+        if type(self).step is not FedAvg.step:
+            return None
+        return None if (step + 1) % self.H == 0 else False
+
     @torch.no_grad()
     def step(self, step: int) -> None:
         self.inner_step()

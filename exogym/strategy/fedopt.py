@@ -97,6 +97,12 @@ class FedOpt(Strategy):
         self.rounds = 0
         self.init_server_optimizer()
 
+    def communicates(self, step: int) -> bool | None:
+        """Only the last step of a round communicates (a subclass with another step: None)."""
+        if type(self).step is not FedOpt.step:
+            return None
+        return None if (step + 1) % self.H == 0 else False
+
     @torch.no_grad()
     def step(self, step: int) -> None:
         self.inner_step()
