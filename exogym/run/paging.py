@@ -496,16 +496,16 @@ class Paged:
         rv.begin()
         out: list[Any] = [None] * len(self.groups)
         communicating = False
+        # a query changes nothing: it is never saved, and a pass starts from the group's page
+        replayable = not silent
         for g in self.groups:
             self._load(g)
             if prepare is not None:
                 prepare(g)
-            if (g.index == 0 and not silent) or communicating:
+            if not query and ((g.index == 0 and not silent) or communicating):
                 self._save(g, grads=True, keep=True)
-            elif g.index == 0:
-                g.python = None  # no snapshot: a collective now cannot be replayed
-            if self._run(g, fn, out):
-                self._save(g)
+            if self._run(g, fn, out, replayable or communicating or query):
+                self._done(g, query)
                 if communicating:
                     raise self._uneven(g)
                 if query:
@@ -517,19 +517,28 @@ class Paged:
         while rv.kind is not None:
             rv.complete(self.num_nodes)
             for g in self.groups:
-                self._load(g, restore=True)
-                if self._run(g, fn, out):
-                    self._save(g)
+                self._load(g, restore=not query)
+                if self._run(g, fn, out, True):
+                    self._done(g, query)
         return out
 
-    def _run(self, g: Group, fn: Callable[[Group], Any], out: list[Any]) -> bool:
+    def _done(self, g: Group, query: bool) -> None:
+        """A group's call ended: write it out (a query's group is unchanged: freed only)."""
+        if query:
+            self._free(g)
+        else:
+            self._save(g)
+
+    def _run(self, g: Group, fn: Callable[[Group], Any], out: list[Any],
+             replayable: bool) -> bool:
         """``fn(g)`` to its end (True: state kept in memory for the caller to save) or to the
-        collective it contributed to (False: the group is dropped, as it was before the call)."""
+        collective it contributed to (False: the group is dropped, as it was before the call;
+        an error unless the call can be ``replayable``: saved before it, or a query)."""
         self.rv.cursor = self.rv.arrivals_cursor = 0
         try:
             out[g.index] = fn(g)
         except _Contributed:
-            if g.index == 0 and g.python is None:
+            if not replayable:
                 raise PagingError(f"{type(g.strategy).__name__} made a collective at step "
                                   f"{g.comm.step}, where its communicates() said it makes "
                                   "none") from None
