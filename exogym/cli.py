@@ -1201,9 +1201,9 @@ def _add_calibrate_parser(sub: Any) -> None:
                      help="ranks with --engine process (default 2; under torchrun its world)")
     cal.add_argument("--reps", type=_positive_int, default=5,
                      help="timed repeats of every case, median taken (default 5)")
-    cal.add_argument("--target-time", type=_argtype(_positive_duration), default=1.0,
+    cal.add_argument("--target-time", type=_argtype(_positive_duration), default=2.0,
                      metavar="TIME", help="the largest all-reduce takes about this (default "
-                                          "1s)")
+                                          "2s)")
     cal.add_argument("--max-size", type=_positive_int, default=64_000_000, metavar="BYTES",
                      help="the largest transfer, bytes (default 64000000)")
     cal.add_argument("--name", default="calibrated", help="the network's name (default "

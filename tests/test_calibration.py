@@ -27,7 +27,8 @@ SIZES = (4, 65536, 262144, 1048576, 4194304)
 
 
 def synthetic(up: list[float], down: list[float], efficiency: float, hop_s: float,
-              message_s: float, noise: float = 0.0, seed: int = 0) -> list[Sample]:
+              message_s: float, noise: float = 0.0, seed: int = 0, ramp_s: float = 0.0,
+              ramp_bytes: float = 0.0) -> list[Sample]:
     """Samples the model would measure: ping-pongs ``8S / (p min(up_i, down_j)) + 2 m`` and
     ring all-reduces of a per-node network with ``efficiency`` and per-hop ``hop_s``; each
     repeat times ``1 + noise * z``."""
@@ -45,7 +46,8 @@ def synthetic(up: list[float], down: list[float], efficiency: float, hop_s: floa
                     t = 8 * s / (STREAM_EFFICIENCY * min(up[i], down[j])) + 2 * message_s
                     out.append(Sample("pingpong", n, s, reps(t), i, j))
     truth = Network(up_bps=1.0, node_up_bps=tuple(up), node_down_bps=tuple(down),
-                    efficiency=efficiency, latency_s=hop_s, hop_latency_s=0.0)
+                    efficiency=efficiency, latency_s=hop_s, hop_latency_s=0.0, ramp_s=ramp_s,
+                    ramp_bytes=ramp_bytes)
     for s in SIZES:
         out.append(Sample("all_reduce", n, s, reps(truth.collective_time("all_reduce", s, n))))
     return out
@@ -104,6 +106,41 @@ def test_fit_recovers_known_parameters_exactly():
     assert net.latency_s + net.hop_latency_s == pytest.approx(120e-6, rel=1e-6)
     assert fit.ring_rate_bps == pytest.approx(0.9 * 10e6, rel=1e-6)
     assert all(abs(r) < 1e-5 for _, _, r, _ in fit.residuals)
+
+
+def test_fit_finds_a_ramp_that_large_transfers_pay():
+    """BBR on low-delay links: every all-reduce of 1 MB or more pays a fixed 40 ms that small
+    ones do not. The fit finds it, from the smaller of the two largest sizes, and the rate and
+    latency stay the link's."""
+    fit = fit_network(synthetic([20e6] * 2, [20e6] * 2, efficiency=0.936, hop_s=100e-6,
+                                message_s=80e-6, ramp_s=0.04, ramp_bytes=1048576))
+    net = fit.network
+    assert net.ramp_s == pytest.approx(0.04, rel=1e-5)
+    assert net.ramp_bytes == 1048576
+    assert net.efficiency == pytest.approx(0.936, rel=1e-6)
+    assert fit.hop_s == pytest.approx(100e-6, rel=1e-3)  # 4 bytes pay 4/1048576 of the ramp
+    # 8 MB over 2 nodes: 8 MB / (0.936 x 20 Mbit/s) + 2 hops + the ramp, by hand
+    assert net.collective_time("all_reduce", 8e6, 2) == pytest.approx(
+        64e6 / (0.936 * 20e6) + 2e-4 + 0.04, rel=1e-5)
+    assert "ramp 40 ms per collective from 1,048,576 B" in net.describe()
+    # Reno/CUBIC-like measurements: no ramp
+    plain = fit_network(synthetic([20e6] * 2, [20e6] * 2, efficiency=0.936, hop_s=100e-6,
+                                  message_s=80e-6, noise=0.01))
+    assert plain.network.ramp_s == 0.0 and plain.network.ramp_bytes == 0.0
+
+
+def test_ramp_of_a_network_by_hand():
+    net = parse_network("bw=20Mbps,latency=0s,ramp=40ms,ramp_bytes=1e6")
+    assert net.ramp_time(0) == 0.0
+    assert net.ramp_time(250e3) == pytest.approx(0.01)  # a quarter of ramp_bytes: a quarter
+    assert net.ramp_time(8e6) == pytest.approx(0.04)
+    bare = parse_network("bw=20Mbps,latency=0s")
+    assert net.collective_time("all_reduce", 8e6, 4) == pytest.approx(
+        bare.collective_time("all_reduce", 8e6, 4) + 0.04, rel=1e-12)
+    assert parse_network(net.spec()) == net
+    assert parse_network("bw=20Mbps,ramp=40ms").ramp_time(4) == pytest.approx(0.04)
+    with pytest.raises(ValueError, match="ramp_s must be a number >= 0"):
+        Network(up_bps=1e6, ramp_s=-1.0)
 
 
 def test_fit_with_noise_and_an_outlier_stays_close():
@@ -181,7 +218,9 @@ def test_sample_round_trips_through_a_dict():
 # -- network files ---------------------------------------------------------------------------------
 def test_network_file_round_trips_and_is_a_network_spec(tmp_path: Path):
     fit = fit_network(synthetic([20e6, 10e6], [30e6, 20e6], efficiency=0.9, hop_s=1.2e-4,
-                                message_s=8e-5), name="mine", description="test")
+                                message_s=8e-5, ramp_s=0.08, ramp_bytes=1048576), name="mine",
+                      description="test")
+    assert fit.network.ramp_s > 0
     path = write_network_file(tmp_path / "mine.json", fit.network,
                               {"calibration": fit.to_dict()})
     assert load_network_file(path) == fit.network
@@ -258,7 +297,8 @@ def test_calibrate_command_on_local_processes(tmp_path: Path, capsys):
     assert data["sizes"][-1] <= 20_000_000
     kinds = {(s["op"], s["src"], s["dst"]) for s in data["samples"]}
     assert kinds == {("all_reduce", None, None), ("pingpong", 0, 1), ("pingpong", 1, 0)}
-    assert all(len(s["seconds"]) == 3 for s in data["samples"])
+    assert all(len(s["seconds"]) == (30 if s["payload_bytes"] == 4 else 3)
+               for s in data["samples"])
 
 
 # -- the harness's calibrated predictions (bench/clock_fidelity.py, pure parts) ----------------

@@ -6,10 +6,11 @@ CUDA); rank 0 then fits the network model (:func:`exogym.sim.calibration.fit_net
 writes a network file (:func:`calibrate`). The measurements, in order:
 
 1. a probe: one untimed 1 MB all-reduce (it opens every connection and TCP's windows, as a
-   run's first steps do), then one timed; from it the sizes (:func:`plan_sizes`): 4 bytes
-   (the latency) and ``64 KiB x 4^k`` up to the size whose all-reduce takes about
-   ``target_s`` (at most ``max_bytes``);
-2. the ring all-reduce of every size, ``reps`` times, each after a barrier. A rank's time is
+   run's first steps do), then two timed (the faster counts); from it the sizes
+   (:func:`plan_sizes`): 4 bytes (the latency) and ``64 KiB x 4^k`` up to the size whose
+   all-reduce takes about ``target_s`` (at most ``max_bytes``);
+2. the ring all-reduce of every size, ``reps`` times (the 4-byte one :data:`LATENCY_REPS`
+   times as often), each after a barrier. A rank's time is
    from its call to the result; the repeat's time is the **minimum over ranks**: the last rank
    to arrive waits for nobody, so its time is the clock's definition of a collective (from the
    last arrival to the result) without a clock shared between machines;
@@ -43,6 +44,9 @@ __all__ = ["CalibrateOptions", "calibrate", "measure_rank", "plan_sizes"]
 
 #: The probe's all-reduce, bytes per rank.
 PROBE_BYTES = 1_000_000
+#: The 4-byte transfers (the latency) are repeated this many times more than the others:
+#: cheap, and a single scheduling hiccup is a large share of their time.
+LATENCY_REPS = 10
 #: The smallest transfer above the 4-byte one; sizes grow by :data:`SIZE_FACTOR`.
 FIRST_BYTES = 64 * 1024
 SIZE_FACTOR = 4
@@ -61,7 +65,7 @@ class CalibrateOptions:
     """
 
     reps: int = 5
-    target_s: float = 1.0
+    target_s: float = 2.0
     max_bytes: int = 64_000_000
 
     def __post_init__(self) -> None:
@@ -102,8 +106,8 @@ def _all_reduces(sizes: Sequence[int], nodes: int, reps: int, device: str) -> li
     out = []
     for size in sizes:
         x = torch.ones(size // 4, device=device)
-        mine = torch.tensor([_timed_all_reduce(x) for _ in range(reps)], dtype=torch.float64,
-                            device=device)
+        times = [_timed_all_reduce(x) for _ in range(reps * (LATENCY_REPS if size <= 4 else 1))]
+        mine = torch.tensor(times, dtype=torch.float64, device=device)
         dist.all_reduce(mine, op=dist.ReduceOp.MIN)  # the last rank to arrive (see above)
         out.append(Sample("all_reduce", nodes, size, tuple(mine.tolist())))
     return out
@@ -120,7 +124,7 @@ def _pingpong(src: int, dst: int, rank: int, sizes: Sequence[int], reps: int,
     for size in [None, *sizes]:  # None: the untimed warm-up
         x = warm if size is None else torch.ones(size // 4, device=device)
         times = []
-        for _ in range(1 if size is None else reps):
+        for _ in range(1 if size is None else reps * (LATENCY_REPS if size <= 4 else 1)):
             if rank == src:
                 t0 = time.perf_counter()
                 dist.send(x, dst)
@@ -152,7 +156,8 @@ def measure_rank(ctx: RankContext, opts: CalibrateOptions) -> dict[str, Any] | N
         raise ValueError("calibrate needs 2 or more ranks: there is no link to measure in one")
     probe = torch.ones(PROBE_BYTES // 4, device=device)
     dist.all_reduce(probe.clone())  # untimed: connections and windows open
-    took = torch.tensor([_timed_all_reduce(probe)], dtype=torch.float64, device=device)
+    took = torch.tensor([min(_timed_all_reduce(probe) for _ in range(2))],
+                        dtype=torch.float64, device=device)
     dist.all_reduce(took, op=dist.ReduceOp.MAX)  # every rank plans the same sizes
     sizes = plan_sizes(float(took.item()), n, opts)
     samples = _all_reduces(sizes, n, opts.reps, device)

@@ -29,7 +29,13 @@ from the largest sizes and its intercept from the smallest (:func:`fit_line`):
    Reno or CUBIC, keeps a link busy; BBR's window, sized from the minimum RTT, leaves part of
    a low-delay link unused) and what the ring loses beyond its slowest link; capped at 1
    (reported);
-4. latencies: ``latency_s = min(m, h)`` (``m`` the median over pairs) and ``hop_latency_s = h -
+4. the ramp: where the all-reduce's bandwidth regime (its largest sizes) meets ``S = 0`` above
+   the latency ``2(N-1) h``, by more than :data:`RAMP_MIN_SHARE` of its smaller size's time, large
+   transfers pay a fixed cost small ones do not: ``ramp_s`` (per collective, from
+   ``ramp_bytes``, the smaller of the two sizes; :attr:`~exogym.sim.network.Network.ramp_s`).
+   Measured with BBR on low-delay links (its window is sized from a minimum RTT of 0.1 ms);
+   none with Reno or CUBIC;
+5. latencies: ``latency_s = min(m, h)`` (``m`` the median over pairs) and ``hop_latency_s = h -
    latency_s``, so that ``L = latency + hop_latency = h``, the measured per-hop cost of the
    collective the clock prices most.
 
@@ -64,6 +70,11 @@ STREAM_EFFICIENCY = TCP_PAYLOAD_BYTES / TCP_FRAME_BYTES
 #: :func:`fit_line` takes a line's slope from the sizes within this factor of the largest
 #: (with ``exogym calibrate``'s sizes, 4x apart: the two largest).
 BANDWIDTH_RANGE = 4
+#: :func:`fit_network` fits a ramp (:attr:`Network.ramp_s`) when the all-reduce's bandwidth
+#: regime meets ``x = 0`` above its latency by this share of the time of its smaller size:
+#: beyond the secant's noise (2% of that time for a 1% noise on each of the two sizes, 4x
+#: apart).
+RAMP_MIN_SHARE = 0.05
 #: :func:`fit_network` lists every node's rates when the fastest is this much (relative) above
 #: the slowest: beyond the measurements' own spread (a few percent), a slower link.
 PER_NODE_SPREAD = 0.10
@@ -138,11 +149,15 @@ class Line:
         slope, intercept: the fitted line (both >= 0).
         kept: for every input point, whether the fit used it (False: a size between the
             regimes, predicted only).
+        high_intercept: where the bandwidth regime's line meets ``x = 0``, ``median(t - a
+            x)`` over its sizes: above ``intercept`` when large transfers pay a fixed cost that
+            small ones do not (a congestion control's ramp).
     """
 
     slope: float
     intercept: float
     kept: tuple[bool, ...]
+    high_intercept: float = 0.0
 
     def __call__(self, x: float) -> float:
         return self.slope * x + self.intercept
@@ -179,8 +194,9 @@ def fit_line(xs: Sequence[float], ts: Sequence[float]) -> Line:
         a = _theil_sen([xs[k] for k in big], [ts[k] for k in big])
     a = max(a, 0.0)
     small = [k for k in range(len(xs)) if xs[k] == sizes[0] and k not in big]
-    b = max(statistics.median(ts[k] - a * xs[k] for k in small), 0.0) if small else 0.0
-    return Line(a, b, tuple(k in big or k in small for k in range(len(xs))))
+    high = statistics.median(ts[k] - a * xs[k] for k in big)
+    b = max(statistics.median(ts[k] - a * xs[k] for k in small), 0.0) if small else max(high, 0)
+    return Line(a, b, tuple(k in big or k in small for k in range(len(xs))), high)
 
 
 @dataclass(frozen=True)
@@ -290,6 +306,12 @@ def fit_network(samples: Sequence[Sample], *, name: str = "calibrated",
                          "transfers (a higher --target-time)")
     ring_rate = 8.0 * 2 * (n - 1) / n / ring_line.slope
     hop = ring_line.intercept / (2 * (n - 1))
+    big = [s for s, used in zip(ring, ring_line.kept, strict=True)
+           if used and s.payload_bytes > ring[0].payload_bytes]
+    big_sizes = sorted({s.payload_bytes for s in big})
+    ramp = ring_line.high_intercept - ring_line.intercept
+    if not big or ramp <= RAMP_MIN_SHARE * min(s.median_s for s in big):
+        ramp = 0.0
     if per_node is None:
         per_node = max(*up, *down) / min(*up, *down) > 1 + PER_NODE_SPREAD
     if per_node:
@@ -302,7 +324,9 @@ def fit_network(samples: Sequence[Sample], *, name: str = "calibrated",
         rates = {"up_bps": med_up, "down_bps": med_down}
     latency = _sig(min(statistics.median(msg.values()), hop))
     net = Network(name=name, **rates, latency_s=latency, efficiency=min(raw_eff, 1.0),
-                  hop_latency_s=max(_sig(hop) - latency, 0.0), description=description)
+                  hop_latency_s=max(_sig(hop) - latency, 0.0), ramp_s=_sig(ramp),
+                  ramp_bytes=float(big_sizes[0]) if ramp and big_sizes else 0.0,
+                  description=description)
     residuals = []
     for line, group in lines.values():
         for s, used in zip(group, line.kept, strict=True):
@@ -335,6 +359,9 @@ def format_fit(fit: Fit) -> str:
              + (" (capped at 1)" if fit.raw_efficiency > 1 else ""),
              f"  per hop {format_duration(fit.hop_s)} = latency {format_duration(net.latency_s)}"
              f" + hop latency {format_duration(net.hop_latency_s)}",
+             f"  ramp: {format_duration(net.ramp_s)} per collective from {net.ramp_bytes:,.0f} "
+             "bytes per node" if net.ramp_s else "  ramp: none (large transfers pay no fixed "
+             "cost beyond the latency)",
              "", f"{'ping-pong':<10} {'payload rate':>13} {'message':>9} {'sizes':>6} "
                  f"{'spread':>7} {'worst residual':>15}"]
     pairs: dict[tuple[int, int], list[tuple[Sample, float, float, bool]]] = {}

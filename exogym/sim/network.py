@@ -317,6 +317,14 @@ class Network:
         hop_latency_s: software latency of one message hop, seconds, added to ``latency_s``
             wherever a formula has ``L`` (one per ring step, tree round or star phase). Default
             :data:`HOP_LATENCY_S`, measured with gloo over TCP; 0 = the network's latency only.
+        ramp_s: a fixed cost of every collective that moves bulk data, seconds: the time a
+            congestion control loses reaching the link's rate at the start of a transfer
+            (measured: BBR on 20 Mbit/s links with no propagation delay, 35 to 50 ms per
+            all-reduce of 1 MB or more; none with Reno or CUBIC). A collective of ``S`` bytes
+            per node adds ``ramp_s * min(1, S / ramp_bytes)``. Default 0: ``exogym calibrate``
+            fits it where the measurements show it.
+        ramp_bytes: the payload per node from which the whole ``ramp_s`` applies (below it, a
+            share in proportion); 0 = every collective of more than 0 bytes pays all of it.
         description: where a profile's numbers come from.
     """
 
@@ -335,6 +343,8 @@ class Network:
     seed: int = 0
     efficiency: float = LINK_EFFICIENCY
     hop_latency_s: float = HOP_LATENCY_S
+    ramp_s: float = 0.0
+    ramp_bytes: float = 0.0
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -380,6 +390,11 @@ class Network:
                 math.isfinite(self.hop_latency_s) and self.hop_latency_s >= 0):
             raise ValueError(f"hop_latency_s must be a number >= 0 (seconds), got "
                              f"{self.hop_latency_s!r}")
+        for key in ("ramp_s", "ramp_bytes"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    math.isfinite(value) and value >= 0):
+                raise ValueError(f"{key} must be a number >= 0, got {value!r}")
 
     # -- per-node values -----------------------------------------------------------------------
     def node_bandwidths(self, num_nodes: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -445,12 +460,25 @@ class Network:
         """Seconds for one collective of ``payload_bytes`` per node over ``num_nodes`` nodes,
         with this network's algorithm for ``op`` (formulas in the module docstring), ``B`` the
         payload rate ``efficiency * bits/s`` and ``L`` the latency ``latency_s +
-        hop_latency_s``."""
+        hop_latency_s``, plus the ramp (:meth:`ramp_time`)."""
         if op not in ALGORITHMS:
             raise ValueError(f"unknown collective {op!r}; allowed: {', '.join(ALGORITHMS)}")
         _check_args(payload_bytes, num_nodes)
         if num_nodes == 1:
             return 0.0
+        return self._formula_time(op, payload_bytes, num_nodes, src) + self.ramp_time(
+            payload_bytes)
+
+    def ramp_time(self, payload_bytes: float) -> float:
+        """The ramp of a collective of ``payload_bytes`` per node: ``ramp_s * min(1, S /
+        ramp_bytes)`` (all of ``ramp_s`` when ``ramp_bytes`` is 0 and ``S > 0``)."""
+        if not self.ramp_s or payload_bytes <= 0:
+            return 0.0
+        if not self.ramp_bytes:
+            return self.ramp_s
+        return self.ramp_s * min(1.0, payload_bytes / self.ramp_bytes)
+
+    def _formula_time(self, op: str, payload_bytes: float, num_nodes: int, src: int) -> float:
         up, down = self.node_bandwidths(num_nodes)
         up = tuple(u * self.efficiency for u in up)  # payload bits/s
         down = tuple(d * self.efficiency for d in down)
@@ -485,6 +513,9 @@ class Network:
             parts.append(f"efficiency {100 * self.efficiency:.4g}%")
         if self.hop_latency_s != HOP_LATENCY_S:
             parts.append(f"hop latency {format_duration(self.hop_latency_s)}")
+        if self.ramp_s:
+            parts.append(f"ramp {format_duration(self.ramp_s)} per collective"
+                         + (f" from {self.ramp_bytes:,.0f} B" if self.ramp_bytes else ""))
         return ", ".join(parts)
 
     def spec(self) -> str:
@@ -504,6 +535,10 @@ class Network:
             items.append(f"efficiency={self.efficiency!r}")  # repr: round-trips exactly
         if self.hop_latency_s != defaults["hop_latency_s"]:
             items.append(f"hop_latency={self.hop_latency_s!r}s")
+        if self.ramp_s:
+            items.append(f"ramp={self.ramp_s!r}s")
+        if self.ramp_bytes:
+            items.append(f"ramp_bytes={self.ramp_bytes!r}")
         for key, unit in (("node_up_bps", "bps"), ("node_down_bps", "bps"), ("node_speed", "")):
             values = getattr(self, key)
             if values is not None:
@@ -556,7 +591,7 @@ PROFILES: dict[str, Network] = {
 
 _SPEC_KEYS = ("name", "bw", "up", "down", "latency", "all_reduce", "all_gather", "broadcast",
               "node_bw", "node_up", "node_down", "node_speed", "bw_sigma", "speed_sigma", "seed",
-              "efficiency", "hop_latency")
+              "efficiency", "hop_latency", "ramp", "ramp_bytes")
 
 
 def parse_network(spec: str | Network | None = None) -> Network:
@@ -567,7 +602,8 @@ def parse_network(spec: str | Network | None = None) -> Network:
     ``all_gather`` (ring), ``broadcast`` (star, tree), per-node lists separated by ``:``
     (``node_bw``, ``node_up``, ``node_down`` with units, ``node_speed`` as plain numbers),
     ``bw_sigma``, ``speed_sigma``, ``seed``, ``name``, ``efficiency`` (a plain number in (0, 1])
-    and ``hop_latency`` (a duration). The first item may instead be a network file (a path
+    and ``hop_latency`` (a duration), ``ramp`` (a duration) and ``ramp_bytes`` (a plain number
+    of bytes; :class:`Network`). The first item may instead be a network file (a path
     ending in ``.json``, or any existing file: :func:`load_network_file`), changed by the items
     after it as a profile is. None gives ``datacenter``.
     """
@@ -639,6 +675,10 @@ def _parse_item(key: str, value: str, values: dict[str, Any]) -> None:
         values[key] = _number(key, value)
     if key == "hop_latency":
         values["hop_latency_s"] = parse_duration(value)
+    if key == "ramp":
+        values["ramp_s"] = parse_duration(value)
+    if key == "ramp_bytes":
+        values["ramp_bytes"] = _number(key, value)
     if key == "seed":
         try:
             values["seed"] = int(value)
