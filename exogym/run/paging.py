@@ -451,8 +451,9 @@ class Paged:
 
     # -- paging --------------------------------------------------------------------------------
     def _save(self, g: Group, *, grads: bool = False, keep: bool = False) -> None:
-        """Write ``g``'s state to the store (with its gradients: a snapshot before a call) and,
-        unless ``keep``, free its storages."""
+        """Write ``g``'s state to the store (``grads``: its gradients too, a step's before its
+        strategy step) and free its storages; ``keep``: a snapshot before a call, kept in
+        memory, its strategy's Python values copied (a replay restores them)."""
         tensors, grad_tensors, sd = g.state()
         main = _storages(tensors)
         ids = {s._cdata for s in main}
@@ -461,7 +462,7 @@ class Paged:
         self.store.save(g.index, saved)
         g.storages, g.sizes = saved, [s.nbytes() for s in saved]
         g.zeroed = [] if grads else [(s, s.nbytes()) for s in grad_storages]
-        if grads:
+        if keep:
             memo = {id(t): t for t in tensors}
             g.python = copy.deepcopy(sd, memo)
         if not keep:
@@ -503,7 +504,8 @@ class Paged:
             if prepare is not None:
                 prepare(g)
             if not query and ((g.index == 0 and not silent) or communicating):
-                self._save(g, grads=True, keep=True)
+                # a step's gradients are state until its strategy step; between steps, zeros
+                self._save(g, grads=prepare is not None, keep=True)
             if self._run(g, fn, out, replayable or communicating or query):
                 self._done(g, query)
                 if communicating:

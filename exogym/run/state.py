@@ -645,16 +645,19 @@ class Run:
             for strategy in self._strategies:
                 strategy.request_recovery(rejoined + list(joining))
         pending = [i for i in self.strategy.pending_recovery if active[i]]
-        pairs = self.presence.donors(pending) if pending else []
-        for node, donor in [(n, joining.get(n, d) if joining.get(n, -1) >= 0 else d)
-                            for n, d in pairs]:
+        pairs = [(n, joining.get(n, d) if joining.get(n, -1) >= 0 else d, n in joining)
+                 for n, d in (self.presence.donors(pending) if pending else [])]
+        part = self.settings.participation
+        if paged is not None and pairs:  # every recovery of the step in one pass over the groups
+            before = [(self.comm.bytes_received[n], self._time(n)) for n, _, _ in pairs]
+            paged.call(lambda g: [_recover(g.strategy, n, d, part, j) for n, d, j in pairs])
+            self.feed.feed()  # the same records in the same order: every node's clock as below
+            for (node, donor, _), (received, start) in zip(pairs, before, strict=True):
+                self.presence.recovered(node, donor, self.comm.bytes_received[node] - received,
+                                        self._time(node) - start)
+        for node, donor, joins in pairs if paged is None else ():
             received, start = self.comm.bytes_received[node], self._time(node)
-            joins, part = node in joining, self.settings.participation
-            if paged is None:
-                _recover(self.strategy, node, donor, part, joins)
-            else:
-                paged.call(lambda g, n=node, d=donor, j=joins, p=part: _recover(
-                    g.strategy, n, d, p, j))
+            _recover(self.strategy, node, donor, part, joins)
             self.feed.feed()
             self.presence.recovered(node, donor, self.comm.bytes_received[node] - received,
                                     self._time(node) - start)
