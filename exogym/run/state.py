@@ -350,8 +350,11 @@ class Run:
             if not self._ahead:
                 paged.flush()
             return losses
-        worldly = isinstance(self.scheduler, Lockstep) and self.scheduler.worldly
-        n = 1 if worldly else paged.round_length(step, self.settings.total_steps)
+        # a world (or a deadline) may change who computes at any step; partial participation
+        # only at a round's first step, where a round computed ahead starts anyway
+        s = self.settings
+        worldly = not s.world.perfect or getattr(self.strategy, "deadline", None) is not None
+        n = 1 if worldly else paged.round_length(step, s.total_steps)
         marks, cpu = self.feed.begin_step(), paged.store.cpu_seconds
         ids, epochs = [], []
         for _ in range(n):
