@@ -14,7 +14,7 @@ from types import ModuleType
 import pytest
 
 from exogym.cli import main
-from exogym.run.calibrate import FIRST_BYTES, PROBE_BYTES, CalibrateOptions, plan_sizes
+from exogym.run.calibrate import FIRST_BYTES, CalibrateOptions, next_size
 from exogym.sim.calibration import STREAM_EFFICIENCY, Sample, fit_line, fit_network
 from exogym.sim.network import (
     Network,
@@ -257,15 +257,18 @@ def test_write_network_file_refuses_clashing_extra_keys(tmp_path: Path):
 
 
 # -- measuring ---------------------------------------------------------------------------------
-def test_plan_sizes_grow_to_the_target_time():
-    # a 1 MB all-reduce took 0.1 s: 4 MB takes about 0.4 s <= 0.5, 16 MB 1.6 s > 0.5
+def test_sizes_grow_to_the_target_time():
     opts = CalibrateOptions(target_s=0.5)
-    assert plan_sizes(0.1, 2, opts) == [4, FIRST_BYTES, 4 * FIRST_BYTES, 16 * FIRST_BYTES,
-                                        64 * FIRST_BYTES]
-    assert 64 * FIRST_BYTES * 0.1 / PROBE_BYTES <= 0.5 < 256 * FIRST_BYTES * 0.1 / PROBE_BYTES
-    # a slow link still gets two sizes above 4 bytes; a fast one stops at max_bytes
-    assert plan_sizes(100.0, 2, opts) == [4, FIRST_BYTES, 4 * FIRST_BYTES]
-    assert plan_sizes(1e-6, 2, CalibrateOptions(max_bytes=1_000_000))[-1] == 4 * FIRST_BYTES
+    assert next_size([], 0.0, opts) == 4
+    assert next_size([4], 1e-4, opts) == FIRST_BYTES
+    # always two sizes above 4 bytes, however slow
+    assert next_size([4, FIRST_BYTES], 9.0, opts) == 4 * FIRST_BYTES
+    # then x4 while the next is predicted within the target: 0.1 s -> 0.4 s <= 0.5
+    assert next_size([4, FIRST_BYTES, 4 * FIRST_BYTES], 0.1, opts) == 16 * FIRST_BYTES
+    assert next_size([4, FIRST_BYTES, 4 * FIRST_BYTES], 0.13, opts) is None  # 0.52 s
+    # and within max_bytes
+    small = CalibrateOptions(max_bytes=1_000_000)
+    assert next_size([4, FIRST_BYTES, 4 * FIRST_BYTES], 1e-6, small) is None
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -5,12 +5,13 @@ Every rank runs :func:`measure_rank` in one process group (torchrun's, or the pr
 CUDA); rank 0 then fits the network model (:func:`exogym.sim.calibration.fit_network`) and
 writes a network file (:func:`calibrate`). The measurements, in order:
 
-1. a probe: one untimed 1 MB all-reduce (it opens every connection and TCP's windows, as a
-   run's first steps do), then two timed (the faster counts); from it the sizes
-   (:func:`plan_sizes`): 4 bytes (the latency) and ``64 KiB x 4^k`` up to the size whose
-   all-reduce takes about ``target_s`` (at most ``max_bytes``);
+1. two untimed 1 MB all-reduces (they open every connection and TCP's windows, as a run's
+   first steps do);
 2. the ring all-reduce of every size, ``reps`` times (the 4-byte one :data:`LATENCY_REPS`
-   times as often), each after a barrier. A rank's time is
+   times as often), each after a barrier; the sizes (:func:`next_size`): 4 bytes (the
+   latency), then ``64 KiB x 4^k`` while the next is predicted from the last measured to take
+   at most ``target_s`` (and within ``max_bytes``), so a slow start of the link (BBR's first
+   transfers) does not cut the sizes short. A rank's time is
    from its call to the result; the repeat's time is the **minimum over ranks**: the last rank
    to arrive waits for nobody, so its time is the clock's definition of a collective (from the
    last arrival to the result) without a clock shared between machines;
@@ -40,10 +41,11 @@ from exogym.run.dist import RankContext
 from exogym.sim.calibration import Fit, Sample, fit_network
 from exogym.sim.network import write_network_file
 
-__all__ = ["CalibrateOptions", "calibrate", "measure_rank", "plan_sizes"]
+__all__ = ["CalibrateOptions", "calibrate", "measure_rank", "next_size"]
 
-#: The probe's all-reduce, bytes per rank.
-PROBE_BYTES = 1_000_000
+#: Untimed all-reduces of this many bytes per rank open the connections first.
+WARMUP_BYTES = 1_000_000
+WARMUP_ALL_REDUCES = 2
 #: The 4-byte transfers (the latency) are repeated this many times more than the others:
 #: cheap, and a single scheduling hiccup is a large share of their time.
 LATENCY_REPS = 10
@@ -79,18 +81,21 @@ class CalibrateOptions:
                              f"{self.max_bytes!r}")
 
 
-def plan_sizes(probe_s: float, nodes: int, opts: CalibrateOptions) -> list[int]:
-    """Transfer sizes, bytes: 4, then ``FIRST_BYTES * SIZE_FACTOR^k`` while an all-reduce of
-    that size is predicted (from the probe's ``probe_s`` for :data:`PROBE_BYTES`, linearly) to
-    take at most ``opts.target_s``; at least two sizes above 4 bytes (a line needs them)."""
-    if not probe_s > 0:
-        raise ValueError(f"probe_s must be > 0, got {probe_s!r}")
-    sizes = [4, FIRST_BYTES]
-    per_byte = probe_s / PROBE_BYTES
-    while (sizes[-1] * SIZE_FACTOR <= opts.max_bytes
-           and (len(sizes) < 3 or sizes[-1] * SIZE_FACTOR * per_byte <= opts.target_s)):
-        sizes.append(sizes[-1] * SIZE_FACTOR)
-    return sizes
+def next_size(sizes: Sequence[int], last_s: float, opts: CalibrateOptions) -> int | None:
+    """The size to measure after ``sizes`` (the last of which took ``last_s``, the median of
+    its repeats), or None when done: ``SIZE_FACTOR`` times the last while that is predicted
+    (linearly) to take at most ``opts.target_s`` and stays within ``opts.max_bytes``; always
+    at least two sizes above 4 bytes (a line needs them)."""
+    if not sizes:
+        return 4
+    if sizes[-1] < FIRST_BYTES:
+        return FIRST_BYTES
+    grown = sizes[-1] * SIZE_FACTOR
+    if grown > opts.max_bytes:
+        return None
+    if len(sizes) < 3 or last_s * SIZE_FACTOR <= opts.target_s:
+        return grown
+    return None
 
 
 def _timed_all_reduce(x: torch.Tensor) -> float:
@@ -102,14 +107,19 @@ def _timed_all_reduce(x: torch.Tensor) -> float:
     return time.perf_counter() - t0
 
 
-def _all_reduces(sizes: Sequence[int], nodes: int, reps: int, device: str) -> list[Sample]:
-    out = []
-    for size in sizes:
+def _all_reduces(nodes: int, opts: CalibrateOptions, device: str) -> list[Sample]:
+    """Every size's all-reduces, the sizes growing by :func:`next_size` (every rank holds the
+    same times after the MIN reduction, so every rank picks the same next size)."""
+    out: list[Sample] = []
+    size = next_size([], 0.0, opts)
+    while size is not None:
         x = torch.ones(size // 4, device=device)
-        times = [_timed_all_reduce(x) for _ in range(reps * (LATENCY_REPS if size <= 4 else 1))]
+        reps = opts.reps * (LATENCY_REPS if size <= 4 else 1)
+        times = [_timed_all_reduce(x) for _ in range(reps)]
         mine = torch.tensor(times, dtype=torch.float64, device=device)
         dist.all_reduce(mine, op=dist.ReduceOp.MIN)  # the last rank to arrive (see above)
         out.append(Sample("all_reduce", nodes, size, tuple(mine.tolist())))
+        size = next_size([s.payload_bytes for s in out], out[-1].median_s, opts)
     return out
 
 
@@ -120,7 +130,7 @@ def _pingpong(src: int, dst: int, rank: int, sizes: Sequence[int], reps: int,
     out = []
     if rank not in (src, dst):
         return out
-    warm = torch.ones(min(sizes[-1], PROBE_BYTES) // 4, device=device)
+    warm = torch.ones(min(sizes[-1], WARMUP_BYTES) // 4, device=device)
     for size in [None, *sizes]:  # None: the untimed warm-up
         x = warm if size is None else torch.ones(size // 4, device=device)
         times = []
@@ -154,13 +164,10 @@ def measure_rank(ctx: RankContext, opts: CalibrateOptions) -> dict[str, Any] | N
     n, rank, device = ctx.world_size, ctx.rank, ctx.device
     if n < 2:
         raise ValueError("calibrate needs 2 or more ranks: there is no link to measure in one")
-    probe = torch.ones(PROBE_BYTES // 4, device=device)
-    dist.all_reduce(probe.clone())  # untimed: connections and windows open
-    took = torch.tensor([min(_timed_all_reduce(probe) for _ in range(2))],
-                        dtype=torch.float64, device=device)
-    dist.all_reduce(took, op=dist.ReduceOp.MAX)  # every rank plans the same sizes
-    sizes = plan_sizes(float(took.item()), n, opts)
-    samples = _all_reduces(sizes, n, opts.reps, device)
+    for _ in range(WARMUP_ALL_REDUCES):  # untimed: connections and windows open
+        dist.all_reduce(torch.ones(WARMUP_BYTES // 4, device=device))
+    samples = _all_reduces(n, opts, device)
+    sizes = [s.payload_bytes for s in samples]
     mine: list[Sample] = []
     for src in range(n):
         for dst in range(n):
