@@ -15,7 +15,8 @@ Suites (``--suite``, several allowed):
 - ``memory``: DiLoCo (H = 10, batch 4) at N = 256 ... 2,048 in memory and at N = 256 ... 8,192
   with ``--resident 64 --offload disk``: peak RSS against N.
 - ``n8192``: the 8,192-node DiLoCo run of the goal (``--resident 64 --offload disk``, batch 4).
-- ``gpt``: 256 nodes of the 10.8 M-parameter Shakespeare GPT, ``--resident 8 --offload disk``.
+- ``gpt``: 256 nodes of the 10.8 M-parameter Shakespeare GPT (``shakespeare-char-gpt-small-v0``,
+  batch 4), ``--resident 8 --offload disk``.
 - ``clients``: FedAvg over 100 and 1,000 clients, 10 per round, Dirichlet(0.5), batch 8,
   paged (``--resident 16 --offload disk``) for a few rounds: peak RSS against the population.
 
@@ -72,9 +73,10 @@ def suite_cases(suite: str, steps: int | None) -> list[Case]:
         return [Case(suite, "resident 64, disk", 8192, _diloco(8192, 5, 4, steps or 10) + paged)]
     if suite == "gpt":
         return [Case(suite, "resident 8, disk", 256,
-                     ("--task", "shakespeare", "--strategy", "diloco", "--set", "H=2",
-                      "--nodes", "256", "--steps", str(steps or 4), "--eval-samples", "64",
-                      "--network", "datacenter", "--resident", "8", "--offload", "disk"))]
+                     ("--task", "shakespeare-char-gpt-small-v0", "--strategy", "diloco",
+                      "--set", "H=2", "--nodes", "256", "--steps", str(steps or 2),
+                      "--batch-size", "4", "--eval-samples", "64", "--network", "datacenter",
+                      "--resident", "8", "--offload", "disk"))]
     if suite == "clients":
         return [Case(suite, "resident 16, disk", n,
                      ("--task", "mnist", "--strategy", "fedavg", "--nodes", str(n),

@@ -54,7 +54,9 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import ctypes.util
 import shutil
+import sys
 import tempfile
 import time
 import weakref
@@ -472,6 +474,8 @@ class Paged:
         for s in [*g.storages, *(s for s, _ in g.zeroed)]:
             s.resize_(0)
         g.resident = False
+        if self.store.kind == "disk":
+            _give_back()
 
     def _load(self, g: Group, *, restore: bool = False) -> None:
         """Bring ``g`` back into memory (``restore``: to its state at the last snapshot, its
@@ -703,6 +707,27 @@ class Paged:
 
     def close(self) -> None:
         self.store.close()
+
+
+def _libc() -> Any:
+    name = ctypes.util.find_library("c") if sys.platform == "linux" else None
+    try:
+        return ctypes.CDLL(name) if name is not None else None
+    except OSError:
+        return None
+
+
+_LIBC = _libc()
+
+
+def _give_back() -> None:
+    """Return the freed group's memory to the operating system (glibc's ``malloc_trim``):
+    glibc keeps large freed blocks once it has raised its mmap threshold past their size, and
+    a paged run would otherwise hold the memory of every group it freed (measured: FedAvg,
+    1,000 MNIST clients in groups of 16, peak RSS 2.2 GB without, see docs/benchmarks.md)."""
+    trim = getattr(_LIBC, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 class _Randomness:
