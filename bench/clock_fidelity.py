@@ -660,7 +660,7 @@ class Config:
     timeout_s: float = 900.0
     calibrate: bool = True
     cal_reps: int = 3
-    cal_target_s: float = 0.5
+    cal_target_s: float = 5.0
 
     def __post_init__(self) -> None:
         for name in ("reps", "steps", "H", "probe_reps", "cal_reps"):
@@ -901,8 +901,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-calibrate", action="store_true",
                    help="skip `exogym calibrate` (the 'calibrated' columns)")
     p.add_argument("--cal-reps", type=int, default=3, help="calibrate's --reps (default 3)")
-    p.add_argument("--cal-target", default="0.5s",
-                   help="calibrate's --target-time (default 0.5s)")
+    p.add_argument("--cal-target", default="5s",
+                   help="calibrate's --target-time (default 5s: up to 4 MB at 20 Mbit/s)")
     p.add_argument("--data-dir", default=os.environ.get("EXOGYM_DATA_DIR"),
                    help="folder holding mnist/ (default $EXOGYM_DATA_DIR)")
     p.add_argument("--json", help="also write the results here")
