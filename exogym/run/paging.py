@@ -38,13 +38,24 @@ same arithmetic on its rows as the stacked one does on all of them (elementwise 
 clipping and step counts); the data, the world and the clock see the same step; the loop engine
 draws each node's dropout from the global generator in node order, the threads engine seeds each
 node from the generator's state and the node's global index (every group sees the same state, as
-every node of the in-memory step does). Not paged: the vmap engine (it batches the nodes it holds:
-other kernels for ``K`` rows than for ``N``) and asynchronous strategies (their event loop steps one
-node at a time; refused with a message).
+every node of the in-memory step does). Fused CPU optimizers compute an element in a SIMD vector
+or in a loop's scalar tail, which round differently: with groups of a multiple of 8 nodes every
+element takes the in-memory run's path (measured on the DEFAULT, AVX2 and AVX512 kernels); other
+group sizes may differ in the last bit of a few elements. Not paged: the vmap engine (it
+batches the nodes it holds: other kernels for ``K`` rows than for ``N``) and asynchronous
+strategies (their event loop steps one node at a time; refused with a message).
 
-Costs. Each step reads and writes every group's state once (gradients are zero between steps and
-are not written), a communicating step once more per collective; the time spent paging is not the
-nodes' compute (it is taken out of the measured step price, like a process run's transport).
+Rounds. A step that :meth:`Strategy.communicates` says makes no collective (DiLoCo's, FedAvg's
+and FedOpt's local steps) needs no other group: with the threads engine and no world that can
+change who computes, the run has each group compute the steps up to the next synchronisation
+while it is in memory (:meth:`Paged.round_length`, :meth:`Paged.compute`), so a local-SGD method
+is paged once per round, not once per step; the round's collectives are counted when the run
+reaches its last step (:meth:`Paged.flush`), and :class:`exogym.run.state.Run` hands out the
+round's per-step losses, learning rates and prices as the run reaches each step.
+
+Costs. Each round (each step, stepping group by group) reads and writes every group's state once
+(gradients are zero between steps and are not written), and once more per collective; the time
+spent paging is not the nodes' compute (its CPU time is taken out of the measured step price).
 Checkpoints of a paged run write one file per group, a group at a time (:meth:`Paged.write_groups`,
 synchronously: the groups are read from the store in the training thread), so a checkpoint never
 holds more than one group in memory either.
@@ -124,7 +135,7 @@ def _host_buffer(storage: torch.UntypedStorage) -> memoryview:
     resizing them."""
     n = storage.nbytes()
     return memoryview((ctypes.c_char * n).from_address(storage.data_ptr())).cast("B") if n \
-        else memoryview(b"")
+        else memoryview(bytearray())
 
 
 class PageStore:

@@ -270,6 +270,7 @@ class FitResult:
     trace: ClockTrace | None = field(default=None, repr=False)
     processes: int = 1
     resumed_from: dict[str, Any] | None = None
+    paging: dict[str, Any] | None = None
 
     @property
     def samples_per_s(self) -> float:
@@ -324,6 +325,7 @@ class FitResult:
             "nonfinite": self.nonfinite,
             "world": self.world,
             "asynchronous": self.asynchronous,
+            **({} if self.paging is None else {"paging": self.paging}),
             **self._clock_dict(),
         }
 
@@ -361,6 +363,11 @@ class FitResult:
             f"traffic     per node sent {_fmt_bytes(max(sent))}, received "
             f"{_fmt_bytes(max(recv))} (max over nodes; {len(self.comm_log)} collectives)"
         )
+        if self.paging is not None:
+            p = self.paging
+            lines.append(f"paged       {p['groups']} groups of {p['resident']} nodes on "
+                         f"{p['offload']}: {_fmt_bytes(p['bytes_written'])} written, "
+                         f"{_fmt_bytes(p['bytes_read'])} read, {p['seconds']:.1f} s")
         if self.resumed_from is not None:
             lines.append(f"resumed     at step {self.resumed_from['step']:,} from "
                          f"{self.resumed_from['checkpoint']} (times: every session together)")

@@ -447,10 +447,7 @@ class Run:
         _load_state(model, self.global_state())
         self.record.save_model(model.state_dict())
         result = self._result(model, final, report, trace)
-        summary = result.to_dict()
-        if self.paged is not None:  # what paging cost (not training time's share of a node)
-            summary["paging"] = self.paged.report()
-        self.close(summary)
+        self.close(result.to_dict())
         return result
 
     def _final_evaluation(self) -> dict[str, float]:
@@ -486,6 +483,7 @@ class Run:
             network=s.network, clock=report, trace=trace,
             processes=1 if self.ranks is None else self.ranks.world_size,
             nonfinite=self.nonfinite, resumed_from=self.resumed_from,
+            paging=None if self.paged is None else self.paged.report(),
             world=(None if self.feed.ops is None else
                    {"spec": s.world.spec(), "description": s.world.describe(),
                     **self.presence.counts, "events": len(self.events)}),
