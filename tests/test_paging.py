@@ -113,8 +113,9 @@ def test_resume_of_a_paged_run_is_bit_for_bit(tmp_path: Path) -> None:
     groups = [f"group-{g:06d}.pt" for g in range(3)]  # one file per group, in the manifest
     assert sorted(manifest["sha256"]) == [*groups, "rank-0.pt"]
     assert all((step_dir / name).is_file() for name in groups)
-    resumed = Trainer(TinyNet(), tiny_data(), tiny_data()).fit(
-        resume=tmp_path / "run", max_steps=8, progress=False)
+    resumed = Trainer(TinyNet(), tiny_data(), tiny_data()).fit(  # pages on disk now
+        resume=tmp_path / "run", max_steps=8, progress=False, offload="disk")
+    assert resumed.paging is not None and resumed.paging["offload"] == "disk"
     assert resumed.model.state_dict().keys() == whole.model.state_dict().keys()
     assert all(torch.equal(resumed.model.state_dict()[k], v)
                for k, v in whole.model.state_dict().items())

@@ -596,8 +596,8 @@ def _strategy_from_config(config: dict[str, Any]) -> Strategy:
 
 def _check_same_run(saved: dict[str, Any], now: dict[str, Any], where: Path) -> None:
     """The continued run must be the checkpointed one: every recorded setting equal, but for
-    ``steps`` (a resumed run may be extended) and how it writes checkpoints. Raises ValueError
-    listing every difference."""
+    ``steps`` (a resumed run may be extended), how it writes checkpoints and where a paged run
+    keeps its pages. Raises ValueError listing every difference."""
     def flat(config: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, value in json.loads(json.dumps(config, default=str)).items():
@@ -609,7 +609,7 @@ def _check_same_run(saved: dict[str, Any], now: dict[str, Any], where: Path) -> 
 
     a, b = flat(saved), flat(now)
     keys = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
-            and k != "steps" and not k.startswith("checkpointing")]
+            and k not in ("steps", "paging.offload") and not k.startswith("checkpointing")]
     derived = {"partition_stats", "steps_per_epoch"}  # follow from N, batch size, partition
     if any(k not in derived for k in keys):
         keys = [k for k in keys if k not in derived]
