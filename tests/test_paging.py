@@ -98,6 +98,16 @@ def test_worlds_and_participation_page_like_in_memory() -> None:
         a, b = fit(sid, world=world, max_steps=8), fit(sid, world=world, max_steps=8, resident=8)
         assert_same(a, b)
         assert [e["event"] for e in b.events] == [e["event"] for e in a.events]
+    speeds = ":".join(["1"] * 16 + ["0.5"] * 2 + ["0.25"] * 2)  # a deadline cuts the slowest
+    for sid in ("ddp", "diloco"):
+        strategy = {"ddp": make("ddp", deadline="2x"), "diloco": make("diloco", H=2,
+                                                                       deadline="2x")}[sid]
+        again = {"ddp": make("ddp", deadline="2x"), "diloco": make("diloco", H=2,
+                                                                    deadline="2x")}[sid]
+        a = fit(strategy, world=f"speed={speeds}", max_steps=8)
+        b = fit(again, world=f"speed={speeds}", max_steps=8, resident=8, engine="threads")
+        assert_same(a, b)
+        assert b.world["stragglers_cut"] > 0 and b.world == a.world
     a = fit(make("fedavg", H=2), participation=5, max_steps=8)
     b = fit(make("fedavg", H=2), participation=5, max_steps=8, resident=8, offload="disk")
     assert_same(a, b)

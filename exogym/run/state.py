@@ -362,9 +362,11 @@ class Run:
             epochs.append(self.batches.epoch)
         if n > 1:  # the model the run evaluates until the round's synchronisation
             self._held_global = paged.global_state()
+        # the clock learns of the step's compute before its collectives ask who arrives (a
+        # deadline reads the clock), as in memory
+        self.feed.computed(step, active)
         out = paged.compute(list(range(step, step + n)),
                             lambda k, lo, hi: self.batches.rows(ids[k], lo, hi), active)
-        self.feed.computed(step, active)
         price = self.feed.end_step(marks, self.comm.n_local, steps=n,
                                    exclude_cpu_s=paged.store.cpu_seconds - cpu)
         for k in range(1, n):
