@@ -31,7 +31,7 @@ from test_conformance import small
 from exogym import Trainer
 from exogym.run.checkpoint import load_checkpoint
 from exogym.sim.world import parse_world
-from exogym.strategy import make, registry
+from exogym.strategy import get, make, registry
 
 EXAMPLES = int(os.environ.get("EXOGYM_FUZZ_EXAMPLES", "12"))
 BIG = EXAMPLES > 50
@@ -58,6 +58,24 @@ class Drawn:
 @st.composite
 def worlds(draw: st.DrawFn) -> Drawn:
     n = draw(st.integers(2, 4))
+    deadline = draw(st.sampled_from([None, None, "2x", "1.5x"]))
+    return Drawn(strategy=draw(st.sampled_from(registry())),
+                 engine=draw(st.sampled_from(["loop", "vmap", "threads"])), nodes=n,
+                 world=_world(draw, n), deadline=deadline,
+                 participation=draw(st.sampled_from([None, None, None, 1, 0.5])))
+
+
+@st.composite
+def paged_worlds(draw: st.DrawFn) -> Drawn:
+    """Worlds of 16 nodes for synchronous strategies (paged in groups of 8)."""
+    sync = [s for s in registry() if not getattr(get(s), "asynchronous", False)]
+    return Drawn(strategy=draw(st.sampled_from(sync)),
+                 engine=draw(st.sampled_from(["loop", "threads"])), nodes=16,
+                 world=_world(draw, 16), deadline=draw(st.sampled_from([None, "2x"])),
+                 participation=draw(st.sampled_from([None, None, 5])))
+
+
+def _world(draw: st.DrawFn, n: int) -> str:
     items: list[str] = []
     if draw(st.booleans()):
         speeds = draw(st.lists(st.sampled_from([1, 0.8, 0.5, 0.3]), min_size=n, max_size=n))
@@ -82,14 +100,10 @@ def worlds(draw: st.DrawFn) -> Drawn:
     if draw(st.booleans()):
         items.append(f"min_nodes={draw(st.integers(1, n))}")
     items.append(f"seed={draw(st.integers(0, 3))}")
-    deadline = draw(st.sampled_from([None, None, "2x", "1.5x"]))
-    return Drawn(strategy=draw(st.sampled_from(registry())),
-                 engine=draw(st.sampled_from(["loop", "vmap", "threads"])), nodes=n,
-                 world=",".join(items), deadline=deadline,
-                 participation=draw(st.sampled_from([None, None, None, 1, 0.5])))
+    return ",".join(items)
 
 
-def _fit(d: Drawn, out_dir: Path, resume: Path | None = None) -> Any:
+def _fit(d: Drawn, out_dir: Path | None, resume: Path | None = None, **more: Any) -> Any:
     torch.manual_seed(1)
     trainer = Trainer(Net(), data(), data())
     if resume is not None:
@@ -102,8 +116,8 @@ def _fit(d: Drawn, out_dir: Path, resume: Path | None = None) -> Any:
         batch_size=4, log_interval=1, eval_interval=4, eval_samples=20, engine=d.engine,
         network="home-100mbps", step_time=STEP_TIME, seed=3, world=d.world,
         participation=d.participation,
-        out_dir=out_dir, checkpoint_every=CHECKPOINT_AT, keep_checkpoints=3,
-        allow_unsynced=True, allow_nonfinite=True, progress=False)
+        out_dir=out_dir, checkpoint_every=CHECKPOINT_AT if out_dir else None,
+        keep_checkpoints=3, allow_unsynced=True, allow_nonfinite=True, progress=False, **more)
 
 
 def _clear(err: BaseException) -> bool:
@@ -206,3 +220,26 @@ def test_a_rejoin_in_another_unit_than_its_failure_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match=r"rejoin=1@5 ends no failure of node 1 given by step"):
         parse_world("rejoin=1@5")
     assert parse_world("fail=0@2,rejoin=0@5,fail=1@1s,rejoin=1@2s").events
+
+
+@settings(max_examples=max(EXAMPLES // 2, 4), deadline=None, derandomize=not BIG, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(d=paged_worlds())
+def test_drawn_worlds_paged_give_the_in_memory_numbers(d: Drawn) -> None:
+    """The same drawn world, every node in memory and paged in groups of 8 (exogym.run.paging):
+    the same rows, events, bytes, clock and model, or the same clear error."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            a = _fit(d, None)
+        except BaseException as err:
+            if not _clear(err):
+                raise AssertionError(f"{d.describe()}: unclear error {err!r}") from err
+            with pytest.raises(type(err)):
+                _fit(d, None, resident=8, offload="disk")
+            return
+        b = _fit(d, None, resident=8, offload="disk")
+    assert _strip(b.history) == _strip(a.history), d.describe()
+    assert b.events == a.events and b.bytes_sent == a.bytes_sent and b.clock == a.clock
+    ma, mb = a.model.state_dict(), b.model.state_dict()
+    assert all(torch.equal(ma[k], mb[k]) for k in ma), d.describe()

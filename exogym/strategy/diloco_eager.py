@@ -289,7 +289,10 @@ class DiLoCoEager(DiLoCo):
         counts = self.outer_counts[self.comm.node_ids]  # this process's rows (a copy)
         rows = (torch.ones(self.nodes.num_nodes, dtype=torch.bool, device=self.nodes.device)
                 if stepping is None else self.comm.local_rows(stepping, self.nodes.device))
-        if bool(rows.all()) and bool((counts == counts[0]).all()):
+        # decided on every node (not this process's or group's rows): each part of a run
+        # spread over processes, or paged in groups, takes the path the whole run takes
+        everyone = stepping is None or all(stepping)
+        if everyone and bool((self.outer_counts == self.outer_counts[0]).all()):
             self.node_outer_opt.step()  # every node, one count: exactly torch's step
         else:
             masked_step(self.node_outer_opt, rows, counts)
