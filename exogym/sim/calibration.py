@@ -33,8 +33,8 @@ from the largest sizes and its intercept from the smallest (:func:`fit_line`):
    the latency ``2(N-1) h``, by more than :data:`RAMP_MIN_SHARE` of its smaller size's time, large
    transfers pay a fixed cost small ones do not: ``ramp_s`` (per collective, from
    ``ramp_bytes``, the smaller of the two sizes; :attr:`~exogym.sim.network.Network.ramp_s`).
-   Measured with BBR on low-delay links (its window is sized from a minimum RTT of 0.1 ms);
-   none with Reno or CUBIC;
+   Looked for because BBR's raw all-reduces on low-delay links sometimes show one; none of the
+   calibrations of docs/network.md found one;
 5. latencies: ``latency_s = min(m, h)`` (``m`` the median over pairs) and ``hop_latency_s = h -
    latency_s``, so that ``L = latency + hop_latency = h``, the measured per-hop cost of the
    collective the clock prices most.

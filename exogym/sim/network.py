@@ -318,11 +318,12 @@ class Network:
             wherever a formula has ``L`` (one per ring step, tree round or star phase). Default
             :data:`HOP_LATENCY_S`, measured with gloo over TCP; 0 = the network's latency only.
         ramp_s: a fixed cost of every collective that moves bulk data, seconds: the time a
-            congestion control loses reaching the link's rate at the start of a transfer
-            (measured: BBR on 20 Mbit/s links with no propagation delay, 35 to 50 ms per
-            all-reduce of 1 MB or more; none with Reno or CUBIC). A collective of ``S`` bytes
-            per node adds ``ramp_s * min(1, S / ramp_bytes)``. Default 0: ``exogym calibrate``
-            fits it where the measurements show it.
+            congestion control loses reaching the link's rate at the start of a transfer (a
+            line through BBR's 1 and 8 MB all-reduces at 20 Mbit/s on links with no
+            propagation delay met ``S = 0`` 3 to 58 ms above the latency, from run to run;
+            none with Reno or CUBIC). A collective of ``S`` bytes per node adds ``ramp_s *
+            min(1, S / ramp_bytes)``. Default 0: ``exogym calibrate`` fits it where its own
+            measurements show one (none of the files measured here did).
         ramp_bytes: the payload per node from which the whole ``ramp_s`` applies (below it, a
             share in proportion); 0 = every collective of more than 0 bytes pays all of it.
         description: where a profile's numbers come from.
