@@ -79,8 +79,8 @@ def suite_cases(suite: str, steps: int | None) -> list[Case]:
                       "--resident", "8", "--offload", "disk"))]
     if suite == "clients":
         return [Case(suite, "resident 16, disk", n,
-                     ("--task", "mnist", "--strategy", "fedavg", "--nodes", str(n),
-                      "--participation", "10", "--partition", "dirichlet:0.5",
+                     ("--task", "mnist", "--strategy", "fedavg", "--set", "H=10",
+                      "--nodes", str(n), "--participation", "10", "--partition", "dirichlet:0.5",
                       "--batch-size", "8", "--steps", str(steps or 30), "--eval-samples", "1000",
                       "--network", "datacenter", "--resident", "16", "--offload", "disk"))
                 for n in (100, 1000)]

@@ -860,6 +860,8 @@ def cmd_networks() -> int:
     print("custom: --network bw=1Gbps,latency=5ms (keys: bw, up, down, latency, all_reduce, "
           "all_gather, broadcast, node_bw, node_up, node_down, node_speed, bw_sigma, "
           "speed_sigma, seed); a profile plus changes: --network home-100mbps,latency=50ms")
+    print("measured: exogym calibrate --out mynet.json (torchrun, or --engine process), then "
+          "--network mynet.json (or mynet.json,latency=20ms)")
     return 0
 
 
