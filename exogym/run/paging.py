@@ -446,6 +446,9 @@ class Paged:
                               micro_batch_size=micro_batch_size, precision=precision)
             nodes.first_node = lo
             if self.groups:
+                # one template module for all groups (its own tensors are never computed with:
+                # functional_call swaps a node's in; a copy per group was a model per K nodes)
+                nodes.module = self.groups[0].nodes.module
                 nodes.share_pool(self.groups[0].nodes)
             own = strategy if g == 0 else copy.deepcopy(template)
             comm = GroupComm(hub, ids, g, self.rv)
