@@ -299,6 +299,12 @@ class _Rendezvous:
         self.contributions = 0
 
 
+def _hub_attribute(name: str) -> Any:
+    """A communicator attribute that a group's communicator reads and writes on the run's."""
+    return property(lambda self: getattr(self.hub, name),
+                    lambda self, value: setattr(self.hub, name, value))
+
+
 class GroupComm(Communicator):
     """A group's communicator: its rows are the group's nodes; the counters, the log, the world's
     view (``active``, ``timeline``) and ``step`` are the run's (``hub``'s); the collectives meet
@@ -312,32 +318,15 @@ class GroupComm(Communicator):
         self.node_ids = list(node_ids)
 
     # the run's state, shared by every group
-    bytes_sent = property(lambda self: self.hub.bytes_sent)
-    bytes_received = property(lambda self: self.hub.bytes_received)
-    log = property(lambda self: self.hub.log)
-    step = property(lambda self: self.hub.step)
-    active = property(lambda self: self.hub.active)
-    timeline = property(lambda self: self.hub.timeline)
-
-    @property
-    def transport_s(self) -> float:
-        return self.hub.transport_s
-
-    @property
-    def server_bytes_sent(self) -> float:
-        return self.hub.server_bytes_sent
-
-    @server_bytes_sent.setter
-    def server_bytes_sent(self, value: float) -> None:
-        self.hub.server_bytes_sent = value
-
-    @property
-    def server_bytes_received(self) -> float:
-        return self.hub.server_bytes_received
-
-    @server_bytes_received.setter
-    def server_bytes_received(self, value: float) -> None:
-        self.hub.server_bytes_received = value
+    bytes_sent = _hub_attribute("bytes_sent")
+    bytes_received = _hub_attribute("bytes_received")
+    server_bytes_sent = _hub_attribute("server_bytes_sent")
+    server_bytes_received = _hub_attribute("server_bytes_received")
+    log = _hub_attribute("log")
+    step = _hub_attribute("step")
+    active = _hub_attribute("active")
+    timeline = _hub_attribute("timeline")
+    transport_s = _hub_attribute("transport_s")
 
     def arrivals(self, deadline: str | None = None) -> list[bool] | None:
         """The hub's answer, asked once per call and synchronisation (every group and every
@@ -656,18 +645,6 @@ class Paged:
         def state(g: Group) -> dict[str, Tensor]:
             return {k: v.detach().clone() for k, v in g.strategy.global_state().items()}
         return self.call(state, query=True)[0]
-
-    def request_recovery(self, nodes: Sequence[int]) -> None:
-        for s in self.strategies:
-            s.request_recovery(nodes)
-
-    def set_pending(self, pending: list[int]) -> None:
-        for s in self.strategies:
-            s.pending_recovery = list(pending)
-
-    @property
-    def pending_recovery(self) -> list[int]:
-        return list(self.groups[0].strategy.pending_recovery)
 
     def iter_groups(self) -> Iterator[Group]:
         """Each group in memory in turn (read only: nothing is written back)."""
