@@ -3,7 +3,6 @@ files, the size plan, and the command on real local processes."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import sys
@@ -306,13 +305,11 @@ def test_calibrate_command_on_local_processes(tmp_path: Path, capsys):
 
 # -- the harness's calibrated predictions (bench/clock_fidelity.py, pure parts) ----------------
 def _harness() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "bench" / "clock_fidelity.py"
-    spec = importlib.util.spec_from_file_location("clock_fidelity", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["clock_fidelity"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    """bench/clock_fidelity.py, as tests/test_clock_fidelity.py loads it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_clock_fidelity import cf
+
+    return cf
 
 
 def test_harness_table_gains_the_calibrated_columns():
