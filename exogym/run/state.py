@@ -651,19 +651,22 @@ class Run:
         pairs = [(n, joining.get(n, d) if joining.get(n, -1) >= 0 else d, n in joining)
                  for n, d in (self.presence.donors(pending) if pending else [])]
         part = self.settings.participation
-        if paged is not None and pairs:  # every recovery of the step in one pass over the groups
+        if pairs:  # every recovery of the step, then the clock: a paged run passes over its
+            # groups once; the records and their order are those of one recovery at a time
             before = [(self.comm.bytes_received[n], self._time(n)) for n, _, _ in pairs]
-            paged.call(lambda g: [_recover(g.strategy, n, d, part, j) for n, d, j in pairs])
-            self.feed.feed()  # the same records in the same order: every node's clock as below
+
+            def recover_all(strategy: Strategy) -> None:
+                for n, d, j in pairs:
+                    _recover(strategy, n, d, part, j)
+
+            if paged is None:
+                recover_all(self.strategy)
+            else:
+                paged.call(lambda g: recover_all(g.strategy))
+            self.feed.feed()
             for (node, donor, _), (received, start) in zip(pairs, before, strict=True):
                 self.presence.recovered(node, donor, self.comm.bytes_received[node] - received,
                                         self._time(node) - start)
-        for node, donor, joins in pairs if paged is None else ():
-            received, start = self.comm.bytes_received[node], self._time(node)
-            _recover(self.strategy, node, donor, part, joins)
-            self.feed.feed()
-            self.presence.recovered(node, donor, self.comm.bytes_received[node] - received,
-                                    self._time(node) - start)
         for strategy in self._strategies:
             strategy.pending_recovery = [i for i in strategy.pending_recovery if not active[i]]
         return None if all(active) else active
