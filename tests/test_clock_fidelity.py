@@ -133,12 +133,16 @@ def test_congestion_control_is_set_per_namespace() -> None:
 
 
 def test_worker_environment() -> None:
-    env = cf.worker_env(TOPO, 1, 2, base={"PATH": "/bin", "LOCAL_WORLD_SIZE": "2"})
+    env = cf.worker_env(TOPO, 1, 2, base={"PATH": "/bin", "LOCAL_WORLD_SIZE": "2"}, cores=2)
     assert env == {"PATH": "/bin", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
                    "LOCAL_WORLD_SIZE": "1",  # one machine per namespace: no shared-memory path
                    "MASTER_ADDR": "10.213.47.1", "MASTER_PORT": "29517",
                    "GLOO_SOCKET_IFNAME": "exg0", "OMP_NUM_THREADS": "1",
-                   "PYTHONUNBUFFERED": "1"}
+                   "PYTHONUNBUFFERED": "1", "EXOGYM_CORES": "1"}
+    # the ranks' machines share the host's cores: half a core each for four ranks on two,
+    # never more than the one thread a rank computes with
+    assert [cf.worker_env(TOPO, 0, n, base={}, cores=2)["EXOGYM_CORES"]
+            for n in (1, 2, 3, 4, 8)] == ["1", "1", "0.666667", "0.5", "0.25"]
 
 
 def test_leftovers_and_their_cleanup() -> None:

@@ -22,6 +22,7 @@ process run (``wall``), each rank times its steps and real collectives
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from typing import Any
@@ -127,7 +128,8 @@ class ClockFeed:
         """``c`` priced before the run from real training steps of its engine on a copy of the
         model (:func:`calibrate_step_time`; ``batch``: one node's), rank 0's in a process run;
         how it was priced."""
-        meter, count = self.meter, min(nodes.num_nodes, 2 * self.meter.cores)
+        meter = self.meter
+        count = min(nodes.num_nodes, max(1, math.ceil(2 * meter.cores)))
         value = None
         if lead:
             batch = tree_map(lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t,
@@ -157,13 +159,14 @@ class ClockFeed:
         return clock
 
     # -- a step ----------------------------------------------------------------------------
-    def begin_step(self) -> tuple[Any, float, float] | None:
+    def begin_step(self) -> tuple[Any, float, float, float] | None:
         """Before a step's compute: the marks its price is read from (None: not measured)."""
         if self.wall is not None:
             self.wall.begin(self.comm.step)
         if not self.measured:
             return None
-        return self.meter.start(), time.perf_counter(), self.comm.transport_s
+        return (self.meter.start(), time.perf_counter(), self.comm.transport_s,
+                self.comm.transport_cpu_s)
 
     def computed(self, step: int, active: list[bool] | None) -> None:
         """The step's compute reaches a clock that does not lag (before its collectives)."""
@@ -172,23 +175,24 @@ class ClockFeed:
             if self.ops is not None:
                 self.ops.append(["c", step, bits(active)])
 
-    def end_step(self, marks: tuple[Any, float, float] | None, nodes: int, *, steps: int = 1,
-                 exclude_cpu_s: float = 0.0) -> float | None:
-        """After a step: its measured price per node, real transport excluded (no sync: on a
-        GPU, :meth:`catch_up` scales the host times to the synchronised window). ``steps``:
-        the marks span that many steps computed at once (a paged run's round): each is priced
-        the window's share, this one now, the others by :meth:`priced` when the run reaches
-        them. ``exclude_cpu_s``: CPU time in the window that was not compute (paging). The
-        price per step (None: not measured)."""
+    def end_step(self, marks: tuple[Any, float, float, float] | None, nodes: int, *,
+                 steps: int = 1, exclude_cpu_s: float = 0.0) -> float | None:
+        """After a step: its measured price per node, real transport excluded (its wall time on
+        a GPU, its CPU time on a CPU; no sync: on a GPU, :meth:`catch_up` scales the host times
+        to the synchronised window). ``steps``: the marks span that many steps computed at
+        once (a paged run's round): each is priced the window's share, this one now, the others
+        by :meth:`priced` when the run reaches them. ``exclude_cpu_s``: CPU time in the window
+        that was not compute (paging). The price per step (None: not measured)."""
         if self.wall is not None:
             self.wall.end()
         if marks is None:
             return None
-        mark, start, transport = marks
+        mark, start, transport, transport_cpu = marks
         if not self._timing:
             self._window = (start, transport)
-        price = self.meter.stop(mark, nodes, self.comm.transport_s - transport,
-                                exclude_cpu_s=exclude_cpu_s) / steps
+        price = self.meter.stop(
+            mark, nodes, self.comm.transport_s - transport,
+            exclude_cpu_s=exclude_cpu_s + self.comm.transport_cpu_s - transport_cpu) / steps
         self._timing.append(price)
         return price
 

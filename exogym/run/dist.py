@@ -47,6 +47,7 @@ from torch import Tensor
 from torch.utils._pytree import tree_map
 
 from exogym.sim.comm import Communicator, ReduceOp
+from exogym.sim.compute import work_cpu_mark, work_cpu_since
 from exogym.sim.engine import NodeStack
 from exogym.sim.sharding import NodeBatches, fetch
 
@@ -267,16 +268,19 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _transport(method: _F) -> _F:
-    """Add the wall time of a real collective to ``self.transport_s`` (and to ``self.wall``,
-    when the run's real trace is recorded)."""
+    """Add the wall time of a real collective to ``self.transport_s``, its CPU time to
+    ``self.transport_cpu_s`` (and the collective to ``self.wall``, when the run's real trace is
+    recorded)."""
     @functools.wraps(method)
     def timed(self: DistributedCommunicator, *args: Any, **kwargs: Any) -> Any:
+        cpu = work_cpu_mark()
         start = time.perf_counter()
         try:
             return method(self, *args, **kwargs)
         finally:
             end = time.perf_counter()
             self.transport_s += end - start
+            self.transport_cpu_s += work_cpu_since(cpu)
             if self.wall is not None:
                 self.wall.collective(start, end, len(self.log) - 1)
     return timed  # type: ignore[return-value]

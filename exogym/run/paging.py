@@ -327,6 +327,7 @@ class GroupComm(Communicator):
     active = _hub_attribute("active")
     timeline = _hub_attribute("timeline")
     transport_s = _hub_attribute("transport_s")
+    transport_cpu_s = _hub_attribute("transport_cpu_s")
 
     def arrivals(self, deadline: str | None = None) -> list[bool] | None:
         """The hub's answer, asked once per call and synchronisation (every group and every

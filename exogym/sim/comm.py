@@ -211,9 +211,11 @@ class Communicator(abc.ABC):
         # all), and who decides whose messages arrive (None: a perfect world, everyone's).
         self.active: list[bool] | None = None
         self.timeline: Timeline | None = None
-        # Wall seconds this process spent in a real transport (a process run's torch.distributed
-        # calls; 0 in one process): the trainer takes it out of the measured compute time.
+        # Wall and CPU seconds this process spent in a real transport (a process run's
+        # torch.distributed calls; 0 in one process): the trainer takes them out of the measured
+        # compute time (the wall time on a GPU, the CPU time on a CPU).
         self.transport_s = 0.0
+        self.transport_cpu_s = 0.0
 
     @property
     def n_local(self) -> int:

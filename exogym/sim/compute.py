@@ -5,8 +5,12 @@
 - measured (the default): **the time one node's step takes on the share of this machine one
   node is given.** The run's nodes on this host share its cores (``C``: the intra-op threads
   the run uses here, over all its processes on this host, at most the cores the process may run
-  on); a step of ``n`` nodes that spends ``S`` CPU-seconds on training work is priced at
-  ``c = S / n / C``, the wall time each node adds to a step when the run keeps its cores busy.
+  on; or ``EXOGYM_CORES``, where the host gives the run less than that: a container's CPU
+  quota, ranks that stand for machines of their own on fewer cores); a step of ``n`` nodes that
+  spends ``S`` CPU-seconds on training work is priced at ``c = S / n / C``, the wall time each
+  node adds to a step when the run keeps its cores busy. A process run's transport (the CPU
+  time inside its collectives: gloo's reductions, copies and socket work) is not training work:
+  the network's price covers it.
   On a CPU it is read from CPU time, not wall time, so that it does not depend on how exogym
   runs the nodes: in one process (loop or threads engine) or in a process per node
   (``--engine process``: four processes on two cores each take four times as long in wall time,
@@ -46,12 +50,16 @@ from exogym.sim.engine import EngineName, NodeStack, Precision
 from exogym.sim.network import parse_duration
 
 __all__ = [
+    "CORES_ENV",
+    "CpuMark",
     "OptimizerBuilder",
     "StepMeter",
     "calibrate_step_time",
     "host_cores",
     "measure_step_time",
     "resolve_step_time",
+    "work_cpu_mark",
+    "work_cpu_since",
 ]
 
 
@@ -93,15 +101,45 @@ def resolve_step_time(
 
 
 # -- measuring a step ----------------------------------------------------------------------------
-def host_cores(threads: int, processes_here: int = 1) -> int:
+#: The environment variable that sets ``C`` (:func:`host_cores`) for the processes it reaches.
+CORES_ENV = "EXOGYM_CORES"
+
+
+def host_cores(threads: int, processes_here: int = 1) -> float:
     """``C``: the cores the run's nodes on this host share: its intra-op ``threads`` per
     process times its ``processes_here`` (processes on this host), at most the cores this
-    process may run on."""
+    process may run on; or, where the environment sets ``EXOGYM_CORES``, that number (a
+    fraction allowed). Set it where the machine gives the run less than its cores say: a
+    container limited by a CPU quota (``docker --cpus 4``: the CPU affinity still shows every
+    core of the host), or ranks that stand for machines of their own but share fewer cores
+    (four ranks on two cores: ``EXOGYM_CORES=0.5`` in each, as ``bench/clock_fidelity.py``
+    sets)."""
+    given = os.environ.get(CORES_ENV)
+    if given is not None:
+        return parse_cores(given)
     try:
         available = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         available = os.cpu_count() or 1
-    return max(1, min(threads * processes_here, available))
+    return float(max(1, min(threads * processes_here, available)))
+
+
+def parse_cores(text: str) -> float:
+    """``EXOGYM_CORES``'s value: a number of cores > 0 (``2``, ``0.5``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{CORES_ENV}={text!r}: the cores the run's processes on this host share "
+                         f"must be a number > 0 (e.g. 2, or 0.5 for four ranks on two cores); "
+                         f"unset it to count this process's threads and cores")
+    return value
+
+
+def format_cores(cores: float) -> str:
+    """``2 cores``, ``1 core``, ``0.5 cores``."""
+    return f"{cores:g} core{'s' * (cores != 1)}"
 
 
 # Threads of the process whose CPU time is training work: the caller's (and the OpenMP threads
@@ -145,6 +183,37 @@ def _other_threads_cpu() -> dict[int, float]:
     return out
 
 
+def _work_cpu_since(cpu: float, others: dict[int, float], *, forget: bool) -> float:
+    """CPU seconds this process spent since it read ``cpu`` (``time.process_time``) and
+    ``others`` (:func:`_other_threads_cpu`), less what its non-training Python threads spent;
+    ``forget``: drop the last readings of threads that ended (the step's final reading)."""
+    spent = time.process_time() - cpu
+    now = _other_threads_cpu()
+    for k, v in others.items():
+        end = now[k] if k in now else (_ENDED.pop(k, None) if forget else _ENDED.get(k))
+        if end is not None:
+            spent -= end - v
+    return spent
+
+
+@dataclass(frozen=True)
+class CpuMark:
+    """Where :func:`work_cpu_since` counts from."""
+    cpu: float
+    others: dict[int, float]
+
+
+def work_cpu_mark() -> CpuMark:
+    return CpuMark(time.process_time(), _other_threads_cpu())
+
+
+def work_cpu_since(mark: CpuMark) -> float:
+    """CPU seconds this process spent since ``mark`` on anything but its non-training Python
+    threads (a process run's transport: the collective's calling thread and the backend's own
+    threads, which :class:`StepMeter` takes out of a step's compute)."""
+    return max(_work_cpu_since(mark.cpu, mark.others, forget=False), 0.0)
+
+
 @dataclass(frozen=True)
 class _Mark:
     wall: float
@@ -161,19 +230,21 @@ class StepMeter:
         cores: ``C`` (:func:`host_cores`), used on a CPU.
     """
 
-    def __init__(self, device: torch.device, cores: int) -> None:
-        if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
-            raise ValueError(f"cores must be an integer >= 1, got {cores!r}")
+    def __init__(self, device: torch.device, cores: float) -> None:
+        if isinstance(cores, bool) or not isinstance(cores, (int, float)) or not (
+                math.isfinite(cores) and cores > 0):
+            raise ValueError(f"cores must be a number > 0, got {cores!r}")
         self.device = torch.device(device)
-        self.cores = cores
+        self.cores = float(cores)
         self.cpu = self.device.type == "cpu"
 
     @property
     def method(self) -> str:
         """How a step is priced, for summary.json and the summary line."""
         if self.cpu:
-            return (f"CPU time of the step's training work per node / {self.cores} "
-                    f"core{'s' * (self.cores != 1)} (the run's share of this machine)")
+            given = f", {CORES_ENV}" if os.environ.get(CORES_ENV) is not None else ""
+            return (f"CPU time of the step's training work per node / {format_cores(self.cores)} "
+                    f"(the run's share of this machine{given})")
         return f"wall time of the step per node on {self.device.type}"
 
     def start(self) -> _Mark:
@@ -183,17 +254,14 @@ class StepMeter:
     def stop(self, mark: _Mark, nodes: int, exclude_wall_s: float = 0.0, *,
              exclude_cpu_s: float = 0.0) -> float:
         """``c`` of the step since ``mark`` that computed ``nodes`` nodes (``exclude_wall_s``:
-        wall time that was not compute, a process run's real transport; on a CPU its CPU time
-        is small and stays in; ``exclude_cpu_s``: CPU time that was not compute, a paged run's
-        copies)."""
+        wall time that was not compute, a process run's real transport, taken out on a GPU;
+        ``exclude_cpu_s``: CPU time that was not compute, taken out on a CPU: the transport's
+        (:func:`work_cpu_since` over each collective: gloo reduces and copies on the calling
+        thread and moves bytes on its own, 8 to 12 ms of a 20 ms MNIST step over a shaped
+        100 Mbit/s link, which the network's price already covers) and a paged run's copies)."""
         if not self.cpu:
             return max(time.perf_counter() - mark.wall - exclude_wall_s, 0.0) / nodes
-        spent = time.process_time() - mark.cpu - exclude_cpu_s
-        now = _other_threads_cpu()
-        for k, v in mark.others.items():
-            end = now.get(k, _ENDED.pop(k, None))
-            if end is not None:
-                spent -= end - v
+        spent = _work_cpu_since(mark.cpu, mark.others, forget=True) - exclude_cpu_s
         return max(spent, 0.0) / nodes / self.cores
 
 
@@ -221,7 +289,7 @@ def _key(model: nn.Module, batch: Any, optim: OptimizerBuilder, device: torch.de
 
 def calibrate_step_time(
     model: nn.Module, batch: Any, optim: OptimizerBuilder, device: torch.device | str = "cpu",
-    *, nodes: int = 1, engine: EngineName = "loop", cores: int | None = None,
+    *, nodes: int = 1, engine: EngineName = "loop", cores: float | None = None,
     warmup: int = 4, repeats: int = 10, budget_s: float = 3.0,
     micro_batch_size: int | None = None, precision: Precision = "fp32",
 ) -> float:
