@@ -32,9 +32,10 @@ traffic is not in the log and not timed) by wrapping them before calling ``exogy
 the code path of ``python -m exogym run``; the measured communication of the run is the sum over
 its collectives. Each run also gives a **total** row: the wall time of its training steps on
 rank 0 (evaluation excluded: ``train_time_s``) against the clock's total (``sim_time_s``:
-compute + communication + idle, with the compute measured from the run's own first steps, per
-rank); its "before" re-costs the run on the uncalibrated network with the compute of the
-eval-mode probe the clock used before (measured on rank 0 after the run).
+compute + communication + idle, with the compute measured from the run's own steps, per rank,
+on the cores each rank's machine has: ``EXOGYM_CORES``, see :func:`worker_env`); its "before"
+re-costs the run on the uncalibrated network with the compute of the eval-mode probe the clock
+used before (measured on rank 0 after the run).
 
 Shaping: ``tbf rate R burst B limit Q`` on both ends of each veth pair (:func:`tbf_args`: a
 bucket of 2 ms and a queue of 50 ms of traffic, ``--burst`` / ``--queue``). tbf counts every byte
