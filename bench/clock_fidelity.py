@@ -420,8 +420,10 @@ def error_summary(errors: Sequence[float]) -> dict[str, float]:
             "mean_abs": statistics.fmean(abs(e) for e in errors)}
 
 
-def parse_numbers(text: str, what: str, *, integer: bool = False) -> list[float]:
-    """``"20,100"`` -> ``[20.0, 100.0]``; every value > 0 (an integer >= 2 with ``integer``)."""
+def parse_numbers(text: str, what: str, *, integer: bool = False, least: int = 2,
+                  why: str = "one node sends nothing") -> list[float]:
+    """``"20,100"`` -> ``[20.0, 100.0]``; every value > 0 (an integer >= ``least`` with
+    ``integer``, ``why`` saying why)."""
     values: list[float] = []
     for item in text.split(","):
         try:
@@ -429,8 +431,8 @@ def parse_numbers(text: str, what: str, *, integer: bool = False) -> list[float]
         except ValueError:
             raise ValueError(f"{what}: {item.strip()!r} in {text!r} is not "
                              f"{'an integer' if integer else 'a number'}") from None
-        if integer and value < 2:
-            raise ValueError(f"{what}: {value} in {text!r} must be >= 2 (one node sends nothing)")
+        if integer and value < least:
+            raise ValueError(f"{what}: {value} in {text!r} must be >= {least} ({why})")
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"{what}: {item.strip()!r} in {text!r} must be > 0")
         values.append(value)
@@ -575,23 +577,34 @@ def read_times(workdir: Path, name: str, num_nodes: int) -> list[dict[str, Any]]
 
 
 # -- workers (run inside a namespace) -------------------------------------------------------------
-def worker_collectives(sizes: Sequence[int], reps: int, warmup_bytes: int, out: Path) -> None:
-    """Rank body of (a): per size one warm-up and ``reps`` timed fp32 all-reduces, each after a
-    barrier; writes ``{"sizes": [...], "enter": [[...]], "leave": [[...]]}`` to ``out``."""
+def worker_collectives(sizes: Sequence[int], reps: int | Sequence[int], warmup_bytes: int,
+                       out: Path, *, warmups: int = 1, gap_s: float | None = None) -> None:
+    """Rank body of (a): per size ``warmups`` untimed all-reduces of ``min(size,
+    warmup_bytes)`` and ``reps`` timed fp32 all-reduces (one count for all sizes or one per
+    size), each after a barrier, or, with ``gap_s``, after that many seconds of busy waiting
+    (the compute between a run's collectives); writes ``{"sizes": [...], "enter": [[...]],
+    "leave": [[...]]}`` to ``out``."""
     import torch
     import torch.distributed as dist
 
+    counts = [reps] * len(sizes) if isinstance(reps, int) else list(reps)
     dist.init_process_group("gloo", init_method="env://")
     torch.set_num_threads(1)
     enter: list[list[float]] = []
     leave: list[list[float]] = []
-    for size in sizes:
+    for size, count in zip(sizes, counts, strict=True):
         x = torch.ones(max(size // 4, 1))
         # untimed: the connections' congestion windows open here, as in a run's first steps
-        dist.all_reduce(torch.ones(max(min(size, warmup_bytes) // 4, 1)))
+        for _ in range(warmups):
+            dist.all_reduce(torch.ones(max(min(size, warmup_bytes) // 4, 1)))
         e, lv = [], []
-        for _ in range(reps):
-            dist.barrier()
+        for _ in range(count):
+            if gap_s is None:
+                dist.barrier()
+            else:
+                until = time.monotonic() + gap_s
+                while time.monotonic() < until:
+                    pass
             t0 = time.monotonic()
             dist.all_reduce(x)
             t1 = time.monotonic()
@@ -872,13 +885,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["_collective"]:
         p = argparse.ArgumentParser(prog="clock_fidelity.py _collective")
         p.add_argument("--sizes", required=True)
-        p.add_argument("--reps", type=int, required=True)
+        p.add_argument("--reps", required=True, help="one count, or one per size")
         p.add_argument("--warmup-bytes", type=int, default=int(MB))
+        p.add_argument("--warmups", type=int, default=1)
+        p.add_argument("--gap", type=float, default=None,
+                       help="busy seconds before each timed all-reduce (default: a barrier)")
         p.add_argument("--out", required=True)
         a = p.parse_args(argv[1:])
         rank = os.environ["RANK"]
-        worker_collectives([int(s) for s in a.sizes.split(",")], a.reps, a.warmup_bytes,
-                           Path(f"{a.out}.rank{rank}.json"))
+        reps = [int(r) for r in a.reps.split(",")]
+        worker_collectives([int(s) for s in a.sizes.split(",")],
+                           reps[0] if len(reps) == 1 else reps, a.warmup_bytes,
+                           Path(f"{a.out}.rank{rank}.json"), warmups=a.warmups, gap_s=a.gap)
         return 0
     if argv[:1] == ["_calibrate"]:  # one rank of `exogym calibrate` (rank 0 writes the file)
         from exogym.cli import main as exogym_main

@@ -25,88 +25,56 @@ Usage (root, the virtual environment's python; ``cubic`` must be in the host's
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from exogym.sim.network import ring_all_reduce_time
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import clock_fidelity as cf  # a sibling script, not a package
 
-BARRIER = -1.0
 
-
-def worker(out: Path, sizes: Sequence[int], reps: Sequence[int], gap: float) -> None:
-    """Rank body: per size three untimed all-reduces, then ``reps`` timed ones, each after
-    ``gap`` seconds of busy waiting (:data:`BARRIER`: after a barrier)."""
-    import torch
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method="env://")
-    torch.set_num_threads(1)
-    times = []
-    for size, count in zip(sizes, reps, strict=True):
-        x = torch.ones(size // 4)
-        for _ in range(3):
-            dist.all_reduce(x)
-        enter, leave = [], []
-        for _ in range(count):
-            if gap == BARRIER:
-                dist.barrier()
-            else:
-                until = time.monotonic() + gap
-                while time.monotonic() < until:
-                    pass
-            enter.append(time.monotonic())
-            dist.all_reduce(x)
-            leave.append(time.monotonic())
-        times.append({"enter": enter, "leave": leave})
-    out.write_text(json.dumps(times))
-    dist.destroy_process_group()
-
-
-def counts(text: str, what: str, least: int) -> list[int]:
-    """``"860000,4000000"`` -> ``[860000, 4000000]``; every value an integer >= ``least``."""
-    out = []
+def gaps_of(text: str) -> list[float | None]:
+    """``"barrier,0,0.02"`` -> ``[None, 0.0, 0.02]`` (None: after a barrier)."""
+    out: list[float | None] = []
     for item in text.split(","):
+        if item.strip() == "barrier":
+            out.append(None)
+            continue
         try:
-            value = int(item)
+            value = float(item)
         except ValueError:
-            raise SystemExit(f"connection_spread: {what}: {item.strip()!r} in {text!r} is not an "
-                             f"integer") from None
-        if value < least:
-            raise SystemExit(f"connection_spread: {what}: {value} in {text!r} must be >= {least}")
+            value = math.nan
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"--gaps: {item.strip()!r} in {text!r} must be 'barrier' or a "
+                             f"number of seconds >= 0")
         out.append(value)
     return out
 
 
 def efficiency(seconds: float, size: int, nodes: int, rate_bps: float) -> float:
     """The payload rate of a ring all-reduce of ``size`` bytes over the shaped rate."""
-    return 2 * (nodes - 1) / nodes * size * 8 / (rate_bps * seconds)
+    return ring_all_reduce_time(size, nodes, rate_bps, 0.0) / seconds
 
 
 def one_group(topo: cf.Topology, nodes: int, sizes: Sequence[int], reps: Sequence[int],
-              gap: float, workdir: Path) -> list[float]:
-    """A fresh process group: the median time of each size's all-reduces."""
-    outs = [workdir / f"rank{r}.json" for r in range(nodes)]
-    procs = [subprocess.Popen(
-        ["ip", "netns", "exec", topo.namespace(r), sys.executable, str(Path(__file__).resolve()),
-         "--worker", str(outs[r]), ",".join(map(str, sizes)), ",".join(map(str, reps)),
-         str(gap)],
-        env=cf.worker_env(topo, r, nodes), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        for r in range(nodes)]
-    for r, p in enumerate(procs):
-        _, err = p.communicate(timeout=900)
-        if p.returncode != 0:
-            raise RuntimeError(f"rank {r} exited with {p.returncode}:\n{err.decode()[-2000:]}")
-    data = [json.loads(o.read_text()) for o in outs]
-    return [statistics.median(cf.collective_seconds([d[k]["enter"] for d in data],
-                                                    [d[k]["leave"] for d in data]))
+              gap: float | None, workdir: Path) -> list[float]:
+    """A fresh process group: the median time of each size's all-reduces (three untimed
+    full-size ones first)."""
+    argv = ["_collective", "--sizes", ",".join(map(str, sizes)), "--reps",
+            ",".join(map(str, reps)), "--warmups", "3", "--warmup-bytes", str(max(sizes)),
+            "--out", str(workdir / "spread")]
+    if gap is not None:
+        argv += ["--gap", repr(gap)]
+    cf.launch(topo, nodes, argv, workdir, "spread", timeout_s=900.0)
+    times = cf.read_times(workdir, "spread", nodes)
+    return [statistics.median(cf.collective_seconds([t["enter"][k] for t in times],
+                                                    [t["leave"][k] for t in times]))
             for k in range(len(sizes))]
 
 
@@ -121,12 +89,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="idle seconds before each all-reduce ('barrier': after a barrier)")
     p.add_argument("--repeat", type=int, default=2, help="fresh groups per setting (default 2)")
     a = p.parse_args(argv)
-    sizes, reps = counts(a.sizes, "--sizes", 4), counts(a.reps, "--reps", 1)
+    try:
+        sizes = [int(v) for v in cf.parse_numbers(a.sizes, "--sizes", integer=True, least=4,
+                                                  why="one fp32 element")]
+        reps = [int(v) for v in cf.parse_numbers(a.reps, "--reps", integer=True, least=1,
+                                                 why="one timed all-reduce")]
+        gaps = gaps_of(a.gaps)
+    except ValueError as err:
+        p.error(str(err))
     if len(reps) != len(sizes):
         p.error(f"--reps needs one count per size ({len(sizes)}), got {a.reps!r}")
-    gaps = [BARRIER if g == "barrier" else float(g) for g in a.gaps.split(",")]
     if a.nodes < 2 or a.repeat < 1 or a.rate <= 0:
-        p.error("--nodes must be >= 2, --repeat >= 1 and --rate > 0")
+        p.error(f"--nodes must be >= 2, --repeat >= 1 and --rate > 0, got {a.nodes}, "
+                f"{a.repeat}, {a.rate:g}")
     cf.check_environment()
     topo = cf.Topology(f"{os.getpid() & 0xFFFF:04x}", a.nodes)
     proc = Path("/proc/sys/net/ipv4")
@@ -150,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             for t, s in zip(secs, sizes, strict=True)]
                     for j, e in enumerate(effs):
                         seen[j].append(e)
-                    what = "barrier" if gap == BARRIER else f"{1e3 * gap:g} ms"
+                    what = "barrier" if gap is None else f"{1e3 * gap:g} ms"
                     print(f"| {cc} | {what} | {k + 1} | "
                           + " | ".join(f"{e:.3f}" for e in effs) + " |", flush=True)
             for s, e in zip(sizes, seen, strict=True):
@@ -161,8 +136,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        worker(Path(sys.argv[2]), [int(v) for v in sys.argv[3].split(",")],
-               [int(v) for v in sys.argv[4].split(",")], float(sys.argv[5]))
-        sys.exit(0)
     sys.exit(main())
