@@ -12,8 +12,8 @@ Suites (``--suite``, several allowed):
 - ``speed``: DiLoCo H = 50, 64 nodes of the MNIST CNN at the task's batch (64), in memory and
   paged (``--resident 16``: host memory, disk); the goal is paged >= 0.9x the in-memory
   samples/s.
-- ``memory``: DiLoCo (H = 10, batch 4) at N = 256 ... 2,048 in memory and at N = 256 ... 8,192
-  with ``--resident 64 --offload disk``: peak RSS against N.
+- ``memory``: DiLoCo (H = 10, batch 4) at N = 256 ... 2,048 in memory and at N = 256, 1,024
+  and 4,096 with ``--resident 64 --offload disk``: peak RSS against N (8,192: ``n8192``).
 - ``n8192``: the 8,192-node DiLoCo run of the goal (``--resident 64 --offload disk``, batch 4).
 - ``gpt``: 256 nodes of the 10.8 M-parameter Shakespeare GPT (``shakespeare-char-gpt-small-v0``,
   batch 4), ``--resident 8 --offload disk``.
@@ -93,11 +93,13 @@ def run_once(case: Case) -> dict[str, Any]:
         out = Path(tmp) / "run"
         cmd = [sys.executable, "-m", "exogym", "run", *case.args, "--out", str(out),
                "--no-progress"]
+        log = Path(tmp) / "output.txt"  # a file, not a pipe: a full pipe would block the run
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(proc.pid, 0)
+        with open(log, "wb") as sink:
+            proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT)
+            _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
-        text = proc.stdout.read().decode() if proc.stdout else ""
+        text = log.read_text(errors="replace")
         if status != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{text[-2000:]}")
         summary = json.loads((out / "summary.json").read_text())
@@ -119,6 +121,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="override every case's steps")
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
     args = parser.parse_args()
+    if args.repeats < 1 or (args.steps is not None and args.steps < 1):
+        parser.error(f"--repeats and --steps must be >= 1, got {args.repeats} and {args.steps}")
     cases = [c for s in args.suite.split(",") for c in suite_cases(s.strip(), args.steps)]
     rows: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     for r in range(args.repeats):
