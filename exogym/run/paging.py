@@ -271,13 +271,14 @@ class _Rendezvous:
             raise PagingError(f"group {comm.group} made a {kind} where group 0 made a "
                               f"{self.kind}: every group must make the same collectives")
         assert self.parts is not None
-        for j, t in enumerate(tensors):
-            if kind == "reduce":
-                self.parts[j] = accumulate_rows(self.parts[j], t.detach())
-            elif kind == "gather":
-                self.parts[j] = [*(self.parts[j] or []), t.detach().clone()]
-            elif arg in comm.node_ids:  # broadcast: the source's row
-                self.parts[j] = t[comm.node_ids.index(arg)].detach().clone()
+        if kind == "reduce":  # the running sums, this group's rows added in node order
+            self.parts = accumulate_rows(self.parts if self.contributions else None,
+                                         [t.detach() for t in tensors])
+        elif kind == "gather":
+            self.parts = [[*(blocks or []), t.detach().clone()]
+                          for blocks, t in zip(self.parts, tensors, strict=True)]
+        elif arg in comm.node_ids:  # broadcast: the source's row
+            self.parts = [t[comm.node_ids.index(arg)].detach().clone() for t in tensors]
         self.contributions += 1
 
     def complete(self, num_nodes: int) -> None:
@@ -288,8 +289,7 @@ class _Rendezvous:
         assert self.parts is not None and self.kind is not None
         if self.kind == "reduce":
             op, dtypes = self.arg
-            out = [finish_reduce(acc, op, num_nodes, d)
-                   for acc, d in zip(self.parts, dtypes, strict=True)]
+            out = finish_reduce(self.parts, op, num_nodes, dtypes)
         elif self.kind == "gather":
             out = [torch.cat(blocks) for blocks in self.parts]
         else:
@@ -363,8 +363,9 @@ class GroupComm(Communicator):
     def _all_reduce(self, tensors: list[Tensor], op: ReduceOp) -> list[Tensor]:
         return self._collect("reduce", tensors, (op, tuple(t.dtype for t in tensors)))
 
-    def mean_rows(self, x: Tensor) -> Tensor:
-        return self._collect("reduce", [x], ("mean", (x.dtype,)))[0]
+    def mean_rows(self, xs: Sequence[Tensor]) -> list[Tensor]:
+        xs = list(xs)
+        return self._collect("reduce", xs, ("mean", tuple(x.dtype for x in xs))) if xs else []
 
     def _all_gather(self, tensors: list[Tensor]) -> list[Tensor]:
         return self._collect("gather", tensors, None)

@@ -91,32 +91,47 @@ def broadcast_bytes(payload: int, num_nodes: int) -> tuple[float, float]:
     return float((num_nodes - 1) * payload), float(payload) if num_nodes > 1 else 0.0
 
 
-def accumulate_rows(acc: Tensor | None, rows: Tensor) -> Tensor:
-    """``acc + rows[0] + rows[1] + ...``, one row after the other in row order.
+def accumulate_rows(accs: list[Tensor] | None, tensors: Sequence[Tensor]) -> list[Tensor]:
+    """``acc + t[0] + t[1] + ...`` for every node-stacked ``t`` of ``tensors`` and its
+    accumulator, one row after the other in row order (one ``_foreach_add_`` per row for all
+    the tensors: an element's sum is the same as tensor by tensor).
 
     The reduction order of every collective in one process: a fixed order, so that a run whose
     nodes are computed a group at a time (:mod:`exogym.run.paging`, each group adding its rows
-    to the sum in turn) gets the very same bits as the run with every node in memory. The
+    to the sums in turn) gets the very same bits as the run with every node in memory. An
     accumulator is fp32 for half-precision payloads and int64 for integers (as NCCL and gloo
-    reduce them), else the payload's own dtype; ``acc`` None starts a new sum.
+    reduce them), else the payload's own dtype; ``accs`` None starts new sums.
     """
+    rows = [t.unbind(0) for t in tensors]
     start = 0
-    if acc is None:
-        dtype = (torch.float32 if rows.dtype in (torch.float16, torch.bfloat16) else
-                 rows.dtype if rows.is_floating_point() else torch.int64)
-        acc, start = rows[0].to(dtype, copy=True), 1
-    for i in range(start, rows.shape[0]):
-        acc.add_(rows[i])
-    return acc
+    if accs is None:
+        accs = [r[0].to(_accumulator_dtype(r[0].dtype), copy=True) for r in rows]
+        start = 1
+    if len(accs) != len(rows) or len({len(r) for r in rows}) > 1:
+        raise ValueError(f"accumulate_rows: {len(accs)} accumulators for tensors of "
+                         f"{[len(r) for r in rows]} rows: one per tensor, equal row counts")
+    for i in range(start, len(rows[0]) if rows else 0):
+        torch._foreach_add_(accs, [r[i] for r in rows])
+    return accs
 
 
-def finish_reduce(acc: Tensor, op: ReduceOp, num_nodes: int, dtype: torch.dtype) -> Tensor:
-    """A sum from :func:`accumulate_rows` as the collective's result: divided by ``num_nodes``
-    for a mean (an integer mean truncates toward zero), in the payload's ``dtype``."""
-    if op == "mean":
-        acc = (acc / num_nodes if acc.is_floating_point()
-               else torch.div(acc, num_nodes, rounding_mode="trunc"))
-    return acc.to(dtype)
+def _accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
+    if dtype in (torch.float16, torch.bfloat16):
+        return torch.float32
+    return dtype if dtype.is_floating_point else torch.int64
+
+
+def finish_reduce(accs: Sequence[Tensor], op: ReduceOp, num_nodes: int,
+                  dtypes: Sequence[torch.dtype]) -> list[Tensor]:
+    """Sums from :func:`accumulate_rows` as the collective's results: divided by ``num_nodes``
+    for a mean (an integer mean truncates toward zero), each in its payload's dtype."""
+    out = []
+    for acc, dtype in zip(accs, dtypes, strict=True):
+        if op == "mean":
+            acc = (acc / num_nodes if acc.is_floating_point()
+                   else torch.div(acc, num_nodes, rounding_mode="trunc"))
+        out.append(acc.to(dtype))
+    return out
 
 
 @dataclass(frozen=True)
@@ -410,12 +425,16 @@ class Communicator(abc.ABC):
             self._account(op, tensors, tag, False, sent=none, received=one,
                           members=[i == node for i in range(self.num_nodes)], dst=node)
 
-    def mean_rows(self, x: Tensor) -> Tensor:
-        """The mean of every node's row of ``x`` (``x.shape[1:]``), summed in node order, and
-        not traffic: what evaluation reads (the global model of a method whose nodes never hold
-        one; a multi-process run gathers every node's rows first). A paged run's communicator
-        adds the other groups' rows."""
-        return finish_reduce(accumulate_rows(None, x), "mean", x.shape[0], x.dtype)
+    def mean_rows(self, xs: Sequence[Tensor]) -> list[Tensor]:
+        """The mean of every node's row of each node-stacked ``x`` of ``xs`` (``x.shape[1:]``),
+        summed in node order, and not traffic: what evaluation reads (the global model of a
+        method whose nodes never hold one; a multi-process run gathers every node's rows
+        first). A paged run's communicator adds the other groups' rows (all of ``xs`` in one
+        pass over the groups)."""
+        if not xs:
+            return []
+        return finish_reduce(accumulate_rows(None, xs), "mean", xs[0].shape[0],
+                             [x.dtype for x in xs])
 
     def fetch_row(self, x: Tensor, src: int) -> Tensor:
         """Node ``src``'s row of node-stacked ``x`` on every process, not counted as traffic:
@@ -546,17 +565,14 @@ class InProcessCommunicator(Communicator):
         super().__init__(num_nodes, range(num_nodes))
 
     def _all_reduce(self, tensors: list[Tensor], op: ReduceOp) -> list[Tensor]:
-        return [self._reduce(t, op, keepdim=False) for t in tensors]
+        return finish_reduce(accumulate_rows(None, tensors), op, self.num_nodes,
+                             [t.dtype for t in tensors])
 
     def _all_reduce_inplace(self, tensors: list[Tensor], op: ReduceOp) -> None:
         if self.num_nodes == 1:
             return  # the reduction of one row is that row
-        for t in tensors:
-            t.copy_(self._reduce(t, op, keepdim=True).expand_as(t))
-
-    def _reduce(self, t: Tensor, op: ReduceOp, *, keepdim: bool) -> Tensor:
-        out = finish_reduce(accumulate_rows(None, t), op, self.num_nodes, t.dtype)
-        return out.unsqueeze(0) if keepdim else out
+        for t, out in zip(tensors, self._all_reduce(tensors, op), strict=True):
+            t.copy_(out.unsqueeze(0).expand_as(t))
 
     def _all_gather(self, tensors: list[Tensor]) -> list[Tensor]:
         return [t.clone() for t in tensors]

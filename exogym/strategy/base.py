@@ -213,11 +213,11 @@ class Strategy(metaclass=_Recognising):
     def node_mean_state(self) -> dict[str, Tensor]:
         """The node mean of the parameters and float buffers, node 0's integer buffers: the
         global model of a method whose nodes never hold one model (SPARTA, DES-LOC)."""
-        mean = self.comm.mean_rows
-        out = {k: mean(p.detach()) for k, p in self.nodes.params.items()}
-        for k, b in self.nodes.buffers.items():
-            out[k] = mean(b) if b.is_floating_point() else b[0].clone()
-        return out
+        floats = {k: p.detach() for k, p in self.nodes.params.items()}
+        floats.update((k, b) for k, b in self.nodes.buffers.items() if b.is_floating_point())
+        means = dict(zip(floats, self.comm.mean_rows(list(floats.values())), strict=True))
+        return {k: means[k] if k in means else b[0].clone()
+                for k, b in (*self.nodes.params.items(), *self.nodes.buffers.items())}
 
     # -- state ---------------------------------------------------------------------------------
     def _state_names(self) -> list[str]:
