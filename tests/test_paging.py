@@ -65,24 +65,33 @@ def test_threads_engine_paged_to_disk(sid: str, tmp_path: Path) -> None:
     assert list((tmp_path / "pages").iterdir()) == []  # the run's pages are removed at its end
 
 
-@pytest.mark.parametrize("sid", ["diloco", "fedavg", "fedadam", "muloco"])
+@pytest.mark.parametrize("sid", ["diloco", "fedavg", "fedadam", "muloco", "diloco_eager"])
 def test_rounds_computed_group_by_group_give_the_same_rows(sid: str) -> None:
     # threads engine: each group computes a round's H = 4 steps while in memory; the rows of
     # the steps inside a round (loss, lr under warm-up and cosine, bytes, an evaluation of the
-    # global model at step 2, mid-round) are the in-memory run's
+    # global model at step 2, mid-round: the round stops there, as eager DiLoCo's global model,
+    # the nodes' mean, changes every step) are the in-memory run's
     schedule = LRSchedule(warmup_steps=3, cosine=True)
     kw: dict[str, Any] = dict(engine="threads", max_steps=10, eval_interval=2)
     a = fit(make(sid, H=4, schedule=schedule), **kw)
     b = fit(make(sid, H=4, schedule=schedule), resident=8, offload="disk", **kw)
     assert_same(a, b)
     assert len({r["lr"] for r in b.history}) > 5
+    # rounds: the groups are read less often than step by step (the loop engine's paging)
+    stepwise = fit(make(sid, H=4, schedule=schedule), resident=8, offload="disk",
+                   **{**kw, "engine": "loop"})
+    assert b.paging is not None and stepwise.paging is not None
+    assert b.paging["bytes_read"] < stepwise.paging["bytes_read"]
+    if sid == "diloco_eager":
+        return  # takes no partial participation
     a = fit(make(sid, H=4), participation=6, **kw)
     b = fit(make(sid, H=4), participation=6, resident=8, **kw)
     assert_same(a, b)
 
 
 def test_a_checkpoint_due_inside_a_round_is_written_at_its_end(tmp_path: Path) -> None:
-    kw: dict[str, Any] = dict(engine="threads", max_steps=12, network=None)
+    # evaluations at rounds' ends (an evaluation inside a round would end the round there)
+    kw: dict[str, Any] = dict(engine="threads", max_steps=12, network=None, eval_interval=4)
     whole = fit(make("diloco", H=4), resident=8, **kw)
     fit(make("diloco", H=4), resident=8, out_dir=tmp_path / "run", checkpoint_every=2,
         keep_checkpoints=10, **{**kw, "max_steps": 6})

@@ -172,7 +172,6 @@ class Run:
         # A paged run's round computed ahead: per step (losses, (lr, epoch), price); the global
         # model until its synchronisation; the step's (lr, epoch) for its row.
         self._ahead: dict[int, tuple[Tensor, tuple[float, int], float | None]] = {}
-        self._held_global: dict[str, Tensor] = {}
         self._view: tuple[float, int] = (0.0, 0)
         self.nodes, self.comm = self._build_nodes(model)
         if self.paged is None:
@@ -354,14 +353,13 @@ class Run:
         # only at a round's first step, where a round computed ahead starts anyway
         s = self.settings
         worldly = not s.world.perfect or getattr(self.strategy, "deadline", None) is not None
-        n = 1 if worldly else paged.round_length(step, s.total_steps)
+        n = 1 if worldly else min(paged.round_length(step, s.total_steps),
+                                  self._steps_to_evaluation(step))
         marks, cpu = self.feed.begin_step(), paged.store.cpu_seconds
         ids, epochs = [], []
         for _ in range(n):
             ids.append(self.batches.next_indices(active))
             epochs.append(self.batches.epoch)
-        if n > 1:  # the model the run evaluates until the round's synchronisation
-            self._held_global = paged.global_state()
         # the clock learns of the step's compute before its collectives ask who arrives (a
         # deadline reads the clock), as in memory
         self.feed.computed(step, active)
@@ -507,7 +505,9 @@ class Run:
     def global_state(self) -> dict[str, Tensor]:
         """The model to evaluate; across processes a collective (every rank calls it)."""
         if self.paged is not None:
-            return dict(self._held_global) if self._ahead else self.paged.global_state()
+            # evaluations end a round (_steps_to_evaluation), the run ends between rounds
+            assert not self._ahead, "a paged run's global model read inside a round"
+            return self.paged.global_state()
         if self.ranks is None:
             return self.strategy.global_state()
         assert isinstance(self.comm, DistributedCommunicator)
@@ -609,6 +609,15 @@ class Run:
         return lambda folder, write: paged.write_groups(folder, write, _nodes_state)
 
     # -- internals -----------------------------------------------------------------------------
+    def _steps_to_evaluation(self, step: int) -> int:
+        """Steps from ``step`` to the next evaluation, that step included (a paged round ends
+        there: an evaluation reads the groups' state of its step, which a round computed
+        further ahead has left behind; eager DiLoCo's global model, the nodes' mean, changes
+        every step)."""
+        if self.eval_set is None:
+            return self.settings.total_steps - step
+        return self.settings.eval_interval - step % self.settings.eval_interval
+
     @property
     def _eval_due(self) -> bool:
         s, done = self.settings, self.step
