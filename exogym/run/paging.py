@@ -159,7 +159,7 @@ class PageStore:
         if self._own_folder:  # removed at close, or when the store is collected, or at exit
             weakref.finalize(self, shutil.rmtree, str(self.folder), True)
         self.bytes_written = self.bytes_read = 0
-        self.writes = self.reads = 0  # group pages written and read
+        self.reads = 0  # group pages read
         self.seconds = 0.0  # wall time spent paging (not the nodes' compute)
         self.cpu_seconds = 0.0  # CPU time of the calling thread spent paging
 
@@ -189,7 +189,6 @@ class PageStore:
                 for s in storages:
                     f.write(_host_buffer(s if s.device.type == "cpu" else s.cpu()))
         self.bytes_written += total
-        self.writes += 1
         self.seconds += time.perf_counter() - t0
         self.cpu_seconds += time.thread_time() - c0
 
@@ -390,7 +389,6 @@ class Group:
     sizes: list[int] = field(default_factory=list)
     zeroed: list[tuple[torch.UntypedStorage, int]] = field(default_factory=list)
     python: Any = None  # the strategy's state at the last snapshot (tensors are the live ones)
-    resident: bool = True
 
     def state(self) -> tuple[list[Tensor], list[Tensor], dict[str, Any]]:
         """(the tensors of its state, its gradients, the strategy's ``state_dict``)."""
@@ -478,7 +476,6 @@ class Paged:
     def _free(self, g: Group) -> None:
         for s in [*g.storages, *(s for s, _ in g.zeroed)]:
             s.resize_(0)
-        g.resident = False
         if self.store.kind == "disk":
             _give_back()
 
@@ -491,7 +488,6 @@ class Paged:
             _as_bytes(s).zero_()
         if restore:
             _restore(g.strategy, g.python)
-        g.resident = True
 
     # -- running strategy code on every group -----------------------------------------------------
     def call(self, fn: Callable[[Group], T], *, prepare: Callable[[Group], None] | None = None,
@@ -507,7 +503,6 @@ class Paged:
         out: list[Any] = [None] * len(self.groups)
         communicating = False
         # a query changes nothing: it is never saved, and a pass starts from the group's page
-        replayable = not silent
         for g in self.groups:
             self._load(g)
             if prepare is not None:
@@ -515,7 +510,8 @@ class Paged:
             if not query and ((g.index == 0 and not silent) or communicating):
                 # a step's gradients are state until its strategy step; between steps, zeros
                 self._save(g, grads=prepare is not None, keep=True)
-            if self._run(g, fn, out, replayable or communicating or query):
+            # (a silent call's group 0 cannot contribute, so it never becomes communicating)
+            if self._run(g, fn, out, not silent):
                 self._done(g, query)
                 if communicating:
                     raise self._uneven(g)
@@ -693,10 +689,6 @@ class Paged:
         return {"resident": self.resident, "offload": self.offload, "groups": len(self.groups),
                 "bytes_written": st.bytes_written, "bytes_read": st.bytes_read,
                 "seconds": round(st.seconds, 3)}
-
-    @property
-    def seconds(self) -> float:
-        return self.store.seconds
 
     def close(self) -> None:
         self.store.close()

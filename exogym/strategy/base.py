@@ -454,6 +454,15 @@ class Strategy(metaclass=_Recognising):
         communicates is an error there."""
         return None
 
+    def _communicates_every_H(self, step: int, owner: type[Strategy]) -> bool | None:
+        """:meth:`communicates` of a method whose ``owner.step`` makes collectives only at the
+        last step of every ``H``-step round (DiLoCo, FedAvg, FedOpt): False at the other steps;
+        None for a subclass with a ``step`` of its own."""
+        period = self.sync_period  # their H
+        if type(self).step is not owner.step or period is None:
+            return None
+        return None if (step + 1) % period == 0 else False
+
     @property
     def sync_period(self) -> int | None:
         """Steps between the synchronisations that update the whole global model (the paper's

@@ -99,9 +99,7 @@ class FedOpt(Strategy):
 
     def communicates(self, step: int) -> bool | None:
         """Only the last step of a round communicates (a subclass with another step: None)."""
-        if type(self).step is not FedOpt.step:
-            return None
-        return None if (step + 1) % self.H == 0 else False
+        return self._communicates_every_H(step, FedOpt)
 
     @torch.no_grad()
     def step(self, step: int) -> None:
