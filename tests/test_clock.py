@@ -557,11 +557,14 @@ def test_a_bad_exogym_cores_is_refused_by_name(monkeypatch, bad: str) -> None:
     monkeypatch.setenv("EXOGYM_CORES", bad)
     with pytest.raises(ValueError, match=f"EXOGYM_CORES={bad!r}: .* must be a number > 0"):
         host_cores(1)
+
+
+@pytest.mark.parametrize("cores", [0, -1.0, float("nan"), True])
+def test_a_step_meter_refuses_cores_that_are_not_a_positive_number(cores: object) -> None:
     from exogym.sim.compute import StepMeter
 
-    for cores in (0, -1.0, float("nan"), True):
-        with pytest.raises(ValueError, match="cores must be a number > 0"):
-            StepMeter(torch.device("cpu"), cores)
+    with pytest.raises(ValueError, match=rf"cores must be a number > 0, got {cores!r}"):
+        StepMeter(torch.device("cpu"), cores)  # type: ignore[arg-type]
 
 
 def test_a_collectives_cpu_time_is_transport_not_compute(monkeypatch) -> None:

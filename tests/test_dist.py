@@ -451,3 +451,24 @@ def test_a_process_run_from_the_command_line_shows_workers_warnings_in_one_line(
     err = capfd.readouterr().err
     assert "exogym: warning: diloco: 2 steps is not a multiple of H=50" in err
     assert "UserWarning" not in err
+
+
+def test_a_real_collective_counts_its_wall_and_cpu_time_as_transport() -> None:
+    # DistributedCommunicator's all-reduce, gather and broadcast add their wall time and their
+    # CPU time (the measured compute leaves both out: tests/test_clock.py) in a one-rank group
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        comm = DistributedCommunicator(1, [0])
+        x = torch.ones(1, 4_000_000)  # 16 MB: copies that take CPU time
+        for call in (lambda: comm.all_reduce([x]), lambda: comm.all_gather([x]),
+                     lambda: comm.broadcast([x], 0)):
+            wall, cpu = comm.transport_s, comm.transport_cpu_s
+            call()
+            assert comm.transport_s > wall and comm.transport_cpu_s > cpu
+    finally:
+        dist.destroy_process_group()

@@ -45,6 +45,8 @@ def rows(result: Any) -> list[dict[str, Any]]:
 
 
 def assert_same(a: Any, b: Any) -> None:
+    """``b``, paged, gave ``a``'s numbers (in memory) bit for bit."""
+    assert a.paging is None and b.paging is not None and b.paging["bytes_read"] > 0
     assert rows(a) == rows(b)
     ma, mb = a.model.state_dict(), b.model.state_dict()
     assert all(torch.equal(ma[k], mb[k]) for k in ma)
@@ -55,6 +57,24 @@ def assert_same(a: Any, b: Any) -> None:
 @pytest.mark.parametrize("sid", SYNCHRONOUS)
 def test_a_paged_run_gives_the_in_memory_numbers_bit_for_bit(sid: str) -> None:
     assert_same(fit(sid), fit(sid, resident=8))  # groups of 8, 8 and 4 nodes, host memory
+
+
+@pytest.mark.parametrize("engine", ["loop", "threads"])
+@pytest.mark.parametrize("sid", ["ddp", "diloco"])
+def test_dropout_and_batch_norm_page_like_in_memory(sid: str, engine: str) -> None:
+    # dropout draws from each node's generator, whose state a paged round keeps per step
+    # (threads: a group computes the round's steps in a row), and BatchNorm's running
+    # statistics are buffers paged with the group
+    from resume_cases import Net, data
+
+    def run(**kw: Any) -> Any:
+        torch.manual_seed(1)
+        return Trainer(Net(norm=True, drop=True), data(), data()).fit(
+            strategy=make(sid, **({"H": 4} if sid == "diloco" else {})), num_nodes=16,
+            max_steps=8, batch_size=4, eval_interval=4, log_interval=1, engine=engine, seed=0,
+            progress=False, step_time="1ms", **kw)
+
+    assert_same(run(), run(resident=8))
 
 
 @pytest.mark.parametrize("sid", ["ddp", "diloco", "sparta", "streaming_diloco", "demo"])
@@ -224,6 +244,7 @@ def test_a_step_that_says_it_is_silent_and_communicates_is_an_error() -> None:
     ({"resident": 8, "strategy": "fedbuff"}, "fedbuff is asynchronous"),
 ])
 def test_bad_paging_settings_are_refused_by_name(kw: dict[str, Any], message: str) -> None:
+    kw = dict(kw)  # the parametrize case is shared: not changed here
     strategy = kw.pop("strategy", "diloco")
     with pytest.raises(ValueError, match=message):
         fit(strategy, network="datacenter", **kw)

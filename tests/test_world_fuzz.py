@@ -11,6 +11,7 @@ example, which reproduces it.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import traceback
@@ -235,11 +236,13 @@ def test_drawn_worlds_paged_give_the_in_memory_numbers(d: Drawn) -> None:
         except BaseException as err:
             if not _clear(err):
                 raise AssertionError(f"{d.describe()}: unclear error {err!r}") from err
-            with pytest.raises(type(err)):
+            with pytest.raises(type(err), match=re.escape(str(err))):
                 _fit(d, None, resident=8, offload="disk")
             return
         b = _fit(d, None, resident=8, offload="disk")
     assert _strip(b.history) == _strip(a.history), d.describe()
+    assert b.paging is not None and a.paging is None
     assert b.events == a.events and b.bytes_sent == a.bytes_sent and b.clock == a.clock
+    assert b.bytes_received == a.bytes_received and b.comm_log == a.comm_log
     ma, mb = a.model.state_dict(), b.model.state_dict()
     assert all(torch.equal(ma[k], mb[k]) for k in ma), d.describe()
