@@ -59,6 +59,13 @@ def test_a_paged_run_gives_the_in_memory_numbers_bit_for_bit(sid: str) -> None:
     assert_same(fit(sid), fit(sid, resident=8))  # groups of 8, 8 and 4 nodes, host memory
 
 
+def test_engine_auto_pages_with_the_loop_engine_where_it_would_pick_vmap(monkeypatch) -> None:
+    # on CUDA engine="auto" picks vmap, which a paged run cannot use: it pages with the loop
+    monkeypatch.setattr("exogym.run.state.auto_engine", lambda device, n: "vmap")
+    b = fit("diloco", engine="auto", resident=8)
+    assert rows(b) == rows(fit("diloco", engine="loop", resident=8))
+
+
 @pytest.mark.parametrize("engine", ["loop", "threads"])
 @pytest.mark.parametrize("sid", ["ddp", "diloco"])
 def test_dropout_and_batch_norm_page_like_in_memory(sid: str, engine: str) -> None:

@@ -216,7 +216,10 @@ class Run:
         n_here = s.num_nodes if ranks is None else ranks.nodes_per_process
         if s.resident is not None and ranks is None:
             hub = InProcessCommunicator(s.num_nodes)
-            engine = auto_engine(self.device, s.num_nodes) if s.engine == "auto" else s.engine
+            engine = s.engine
+            if engine == "auto":  # vmap (auto's choice on CUDA) batches what it holds: loop
+                engine = auto_engine(self.device, s.num_nodes)
+                engine = "loop" if engine == "vmap" else engine
             self.paged = Paged(model, self.strategy, hub, resident=s.resident,
                                offload=s.offload, device=self.device, engine=engine,
                                micro_batch_size=s.micro_batch_size, precision=s.precision,
