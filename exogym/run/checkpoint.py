@@ -28,7 +28,6 @@ tried.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import re
@@ -245,33 +244,24 @@ def read_part(step_dir: Path, name: str, map_location: torch.device | str = "cpu
     Raises:
         CheckpointError: the part is missing, not in the manifest, or corrupted.
     """
-    manifest = json.loads((step_dir / "manifest.json").read_text(encoding="utf-8"))
-    want = manifest.get("sha256", {}).get(name)
+    path = _verified(step_dir, name, _manifest(step_dir))
+    return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def _manifest(step_dir: Path) -> dict[str, Any]:
+    path = step_dir / "manifest.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{path} cannot be read ({err})") from None
+
+
+def _verified(step_dir: Path, name: str, manifest: dict[str, Any]) -> Path:
+    """``step_dir / name`` after checking its sha256 (read in chunks) against the manifest's."""
     path = step_dir / name
+    want = manifest.get("sha256", {}).get(name)
     if want is None or not path.is_file():
         raise CheckpointError(f"{path} is missing from the checkpoint")
-    data = path.read_bytes()
-    if hashlib.sha256(data).hexdigest() != want:
-        raise CheckpointError(f"{path} is corrupted or truncated (its sha256 is not the "
-                              "manifest's)")
-    return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
-
-
-def _check_files(step_dir: Path, rank: int, world_size: int) -> Path:
-    """The rank's file of a checkpoint folder after checking it against the manifest."""
-    manifest_path = step_dir / "manifest.json"
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"{manifest_path} cannot be read ({err})") from None
-    if manifest.get("processes") != world_size:
-        raise _LayoutError(
-            f"{step_dir} was written by {manifest.get('processes')} process(es); this run has "
-            f"{world_size}: resume with the same number of processes (and nodes)")
-    path = step_dir / f"rank-{rank}.pt"
-    want = manifest.get("sha256", {}).get(path.name)
-    if not path.is_file():
-        raise CheckpointError(f"{path} is missing")
     h = hashlib.sha256()
     with path.open("rb") as f:
         while chunk := f.read(1 << 22):
@@ -280,6 +270,16 @@ def _check_files(step_dir: Path, rank: int, world_size: int) -> Path:
         raise CheckpointError(f"{path} is corrupted or truncated (sha256 {h.hexdigest()[:12]}..."
                               f", the manifest says {str(want)[:12]}...)")
     return path
+
+
+def _check_files(step_dir: Path, rank: int, world_size: int) -> Path:
+    """The rank's file of a checkpoint folder after checking it against the manifest."""
+    manifest = _manifest(step_dir)
+    if manifest.get("processes") != world_size:
+        raise _LayoutError(
+            f"{step_dir} was written by {manifest.get('processes')} process(es); this run has "
+            f"{world_size}: resume with the same number of processes (and nodes)")
+    return _verified(step_dir, f"rank-{rank}.pt", manifest)
 
 
 def load_checkpoint(
