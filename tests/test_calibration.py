@@ -84,6 +84,16 @@ def test_fit_line_median_intercept_and_robust_slope():
     assert line.intercept == pytest.approx(1.2e-4 - 4e-6, rel=1e-6)  # t - a x at 4 bytes
 
 
+def test_fit_line_widens_when_the_two_largest_sizes_do_not_grow():
+    # noise above the two largest sizes' difference (the same time): the slope is then every
+    # size's but the smallest's, Theil-Sen: median(8e-6, 1.6e-6, 0) = 1.6e-6
+    xs = [4, 1000, 4000, 16000]
+    ts = [2e-4 + 8e-6 * x for x in (4, 1000, 4000)] + [2e-4 + 8e-6 * 4000]
+    line = fit_line(xs, ts)
+    assert line.slope == pytest.approx(1.6e-6, rel=1e-9)
+    assert line.kept == (True, True, True, True)
+
+
 def test_fit_line_needs_two_sizes():
     with pytest.raises(ValueError, match="2 or more different sizes"):
         fit_line([1000, 1000], [1.0, 1.1])
@@ -126,6 +136,13 @@ def test_fit_finds_a_ramp_that_large_transfers_pay():
     plain = fit_network(synthetic([20e6] * 2, [20e6] * 2, efficiency=0.936, hop_s=100e-6,
                                   message_s=80e-6, noise=0.01))
     assert plain.network.ramp_s == 0.0 and plain.network.ramp_bytes == 0.0
+
+
+def test_a_ramp_under_5_percent_of_a_large_transfer_is_not_kept():
+    # 10 ms against the 1 MiB all-reduce's 0.45 s (2%): noise-sized, no ramp term
+    fit = fit_network(synthetic([20e6] * 2, [20e6] * 2, efficiency=0.936, hop_s=100e-6,
+                                message_s=80e-6, ramp_s=0.01, ramp_bytes=1048576))
+    assert fit.network.ramp_s == 0.0 and fit.network.ramp_bytes == 0.0
 
 
 def test_ramp_of_a_network_by_hand():

@@ -107,6 +107,12 @@ def _timed_all_reduce(x: torch.Tensor) -> float:
     return time.perf_counter() - t0
 
 
+def _repeats(size: int, reps: int) -> int:
+    """Timed repeats of a transfer of ``size`` bytes: the 4-byte one :data:`LATENCY_REPS`
+    times as often."""
+    return reps * (LATENCY_REPS if size <= 4 else 1)
+
+
 def _all_reduces(nodes: int, opts: CalibrateOptions, device: str) -> list[Sample]:
     """Every size's all-reduces, the sizes growing by :func:`next_size` (every rank holds the
     same times after the MIN reduction, so every rank picks the same next size)."""
@@ -114,8 +120,7 @@ def _all_reduces(nodes: int, opts: CalibrateOptions, device: str) -> list[Sample
     size = next_size([], 0.0, opts)
     while size is not None:
         x = torch.ones(size // 4, device=device)
-        reps = opts.reps * (LATENCY_REPS if size <= 4 else 1)
-        times = [_timed_all_reduce(x) for _ in range(reps)]
+        times = [_timed_all_reduce(x) for _ in range(_repeats(size, opts.reps))]
         mine = torch.tensor(times, dtype=torch.float64, device=device)
         dist.all_reduce(mine, op=dist.ReduceOp.MIN)  # the last rank to arrive (see above)
         out.append(Sample("all_reduce", nodes, size, tuple(mine.tolist())))
@@ -134,7 +139,7 @@ def _pingpong(src: int, dst: int, rank: int, sizes: Sequence[int], reps: int,
     for size in [None, *sizes]:  # None: the untimed warm-up
         x = warm if size is None else torch.ones(size // 4, device=device)
         times = []
-        for _ in range(1 if size is None else reps * (LATENCY_REPS if size <= 4 else 1)):
+        for _ in range(1 if size is None else _repeats(size, reps)):
             if rank == src:
                 t0 = time.perf_counter()
                 dist.send(x, dst)

@@ -325,7 +325,7 @@ def fit_network(samples: Sequence[Sample], *, name: str = "calibrated",
     latency = _sig(min(statistics.median(msg.values()), hop))
     net = Network(name=name, **rates, latency_s=latency, efficiency=min(raw_eff, 1.0),
                   hop_latency_s=max(_sig(hop) - latency, 0.0), ramp_s=_sig(ramp),
-                  ramp_bytes=float(big_sizes[0]) if ramp and big_sizes else 0.0,
+                  ramp_bytes=float(big_sizes[0]) if ramp else 0.0,  # a ramp: big sizes
                   description=description)
     residuals = []
     for line, group in lines.values():

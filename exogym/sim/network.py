@@ -323,7 +323,8 @@ class Network:
             propagation delay met ``S = 0`` 3 to 58 ms above the latency, from run to run;
             none with Reno or CUBIC). A collective of ``S`` bytes per node adds ``ramp_s *
             min(1, S / ramp_bytes)``. Default 0: ``exogym calibrate`` fits it where its own
-            measurements show one (none of the files measured here did).
+            measurements show one (none of the files measured here did). Collectives only:
+            point-to-point transfers (an asynchronous method's push and pull) do not pay it.
         ramp_bytes: the payload per node from which the whole ``ramp_s`` applies (below it, a
             share in proportion); 0 = every collective of more than 0 bytes pays all of it.
         description: where a profile's numbers come from.
