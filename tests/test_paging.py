@@ -125,7 +125,10 @@ def test_a_checkpoint_due_inside_a_round_is_written_at_its_end(tmp_path: Path) -
     assert checkpoint_steps(tmp_path / "run") == [6, 4]  # the one due at 2 waits for 4
     resumed = Trainer(TinyNet(), tiny_data(), tiny_data()).fit(
         resume=tmp_path / "run", max_steps=12, progress=False)
-    assert rows(resumed)[-1] == rows(whole)[-1]
+    # every row after the checkpoint (step 6 of the first run also has its final evaluation)
+    assert rows(resumed)[6:] == rows(whole)[6:] and len(rows(whole)) == 12
+    mr, mw = resumed.model.state_dict(), whole.model.state_dict()
+    assert all(torch.equal(mr[k], mw[k]) for k in mw)
 
 
 def test_worlds_and_participation_page_like_in_memory() -> None:
@@ -264,7 +267,8 @@ def test_resident_of_every_node_is_the_in_memory_run(tmp_path: Path) -> None:
     config = json.loads((tmp_path / "paged" / "config.json").read_text())
     assert config["paging"] == {"resident": 8, "offload": "disk"}
     paging = json.loads((tmp_path / "paged" / "summary.json").read_text())["paging"]
-    assert paging["groups"] == 3 and paging["bytes_read"] > 0 and paging["seconds"] > 0
+    # every step reads each group at least once: 6 steps x 20 nodes x 83 fp32 parameters
+    assert paging["groups"] == 3 and paging["bytes_read"] >= 6 * 20 * 83 * 4
 
 
 @pytest.mark.parametrize("kind", ["host", "disk"])
