@@ -125,7 +125,7 @@ def test_parse_partition_rejects_bad_alpha(text: str) -> None:
 
 
 def test_partition_validates_its_fields() -> None:
-    kinds = r"kind must be one of \('iid', 'dirichlet', 'contiguous'\), got 'x'"
+    kinds = r"kind must be one of \('iid', 'dirichlet', 'contiguous', 'natural'\), got 'x'"
     with pytest.raises(ValueError, match=kinds):
         Partition(kind="x")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"alpha applies only to kind='dirichlet', got alpha=0.5"):

@@ -48,7 +48,7 @@ def data_root() -> Path:
 def test_registry_has_versioned_ids_and_the_mnist_alias() -> None:
     assert list(TASKS) == [
         "mnist-cnn-v0", "cifar10-cnn-v0", "shakespeare-char-gpt-v0",
-        "shakespeare-char-gpt-small-v0",
+        "shakespeare-char-gpt-small-v0", "shakespeare-roles-gpt-v0",
     ]
     assert all(t.id == key for key, t in TASKS.items())
     assert ALIASES == {"mnist": "mnist-cnn-v0"}

@@ -1,4 +1,5 @@
-"""How a shared dataset's samples are split among nodes: IID, Dirichlet label skew, contiguous.
+"""How a shared dataset's samples are split among nodes: IID, Dirichlet label skew, contiguous,
+natural (the dataset's own clients).
 
 A :class:`Partition` is parsed from a short string (:func:`parse_partition`):
 
@@ -22,6 +23,15 @@ A :class:`Partition` is parsed from a short string (:func:`parse_partition`):
   token ``j * stride``, so each node reads its own span of the text (neighbouring spans share at
   most the ``block_size`` tokens of the windows that straddle the border); for a classification set
   it is whatever order the file has.
+- ``"natural"``: the dataset's own split into clients, as a federated benchmark defines it (LEAF's
+  Shakespeare: one client per speaking role, :mod:`exogym.tasks.data.shakespeare_roles`). The
+  dataset says which client each sample belongs to: ``dataset.clients``, one integer in
+  ``0..R-1`` per sample, and optionally ``dataset.client_names`` (``R`` names; without them
+  ``R = max(clients) + 1``). Node ``i`` gets the samples of client ``i``, fixed for the whole run;
+  so the run needs exactly ``N = R`` nodes (a different ``N`` is a ``ValueError`` that names
+  ``R``: train a subset of clients per round with partial participation instead), and every
+  client must hold at least ``min_size`` samples (the per-node batch size). Nothing is drawn:
+  no seed enters the split.
 
 Draws and redraws (Dirichlet): a node's shard must hold at least ``min_size`` samples (the
 per-node batch size). A draw that leaves some node short is redrawn from the next derived seed,
@@ -56,10 +66,11 @@ __all__ = [
     "dataset_labels",
     "dirichlet_shards",
     "label_histogram",
+    "natural_shards",
     "parse_partition",
 ]
 
-PartitionKind = Literal["iid", "dirichlet", "contiguous"]
+PartitionKind = Literal["iid", "dirichlet", "contiguous", "natural"]
 KINDS: tuple[str, ...] = get_args(PartitionKind)
 
 MAX_DRAWS = 100
@@ -68,7 +79,7 @@ MAX_DRAWS = 100
 _DIRICHLET_KEY = 0x6469_7269  # "diri": separates these seeds from the data-order seeds
 _ALLOWED = (
     "'iid', 'dirichlet:ALPHA' (ALPHA > 0, e.g. 'dirichlet:0.5'; small ALPHA = strong label "
-    "skew) or 'contiguous'"
+    "skew), 'contiguous' or 'natural' (the dataset's own clients, one node each)"
 )
 
 
@@ -77,7 +88,7 @@ class Partition:
     """How a shared dataset is split among nodes (see the module docstring).
 
     Attributes:
-        kind: ``"iid"``, ``"dirichlet"`` or ``"contiguous"``.
+        kind: ``"iid"``, ``"dirichlet"``, ``"contiguous"`` or ``"natural"``.
         alpha: the Dirichlet concentration ``alpha`` of Hsu et al. 2019 (``kind="dirichlet"``
             only; a finite float > 0): ``q_c ~ Dir(alpha * 1_N)``; None for the other kinds.
     """
@@ -123,7 +134,8 @@ def _number(x: float) -> str:
 
 
 def parse_partition(text: str | Partition) -> Partition:
-    """The :class:`Partition` of ``"iid"``, ``"dirichlet:ALPHA"`` or ``"contiguous"``.
+    """The :class:`Partition` of ``"iid"``, ``"dirichlet:ALPHA"``, ``"contiguous"`` or
+    ``"natural"``.
 
     Case and surrounding spaces are ignored; a :class:`Partition` is returned unchanged.
 
@@ -136,7 +148,7 @@ def parse_partition(text: str | Partition) -> Partition:
     if not isinstance(text, str):
         raise TypeError(f"partition must be a str or a Partition, got {type(text).__name__}")
     name, sep, arg = (part.strip() for part in text.strip().lower().partition(":"))
-    if name in ("iid", "contiguous") and not sep:
+    if name in ("iid", "contiguous", "natural") and not sep:
         return Partition(kind=name)  # type: ignore[arg-type]
     if name == "dirichlet" and sep:
         try:
@@ -186,6 +198,69 @@ def contiguous_shards(length: int, num_nodes: int) -> list[Tensor]:
     """Node ``i``'s sample ids ``[i * per, (i + 1) * per)`` with ``per = length // num_nodes``."""
     per = length // num_nodes
     return [torch.arange(i * per, (i + 1) * per) for i in range(num_nodes)]
+
+
+def natural_shards(dataset: object, num_nodes: int, *, min_size: int = 1) -> list[Tensor]:
+    """Node ``i``'s sample ids under ``"natural"``: those with ``dataset.clients == i``.
+
+    Args:
+        dataset: has ``clients`` (one integer client id per sample: a tensor, NumPy array or
+            sequence) and optionally ``client_names`` (one name per client, for messages).
+        num_nodes: ``N``; must equal the number of clients ``R``.
+        min_size: the fewest samples a client may have (the per-node batch size).
+
+    Returns:
+        ``R`` sorted int64 tensors of sample ids: disjoint, together every sample once.
+
+    Raises:
+        ValueError: the dataset has no ``clients`` (names its class and the partitions it
+            allows); ``clients`` is not one id in ``0..R-1`` per sample; ``num_nodes != R``
+            (names both); a client has fewer than ``min_size`` samples (names it).
+    """
+    name = type(dataset).__name__
+    raw = getattr(dataset, "clients", None)
+    if raw is None:
+        allowed = ("'iid', 'dirichlet:ALPHA' or 'contiguous'"
+                   if getattr(dataset, "targets", None) is not None else "'iid' or 'contiguous'")
+        raise ValueError(
+            f"partition 'natural' gives each node one of the dataset's own clients, but {name} "
+            f"has no 'clients' attribute (one integer client id per sample); for {name} use "
+            f"{allowed}"
+        )
+    clients = torch.as_tensor(raw)
+    length = len(dataset)  # type: ignore[arg-type]
+    if clients.dim() != 1 or clients.numel() != length or clients.dtype.is_floating_point or (
+        clients.dtype.is_complex or clients.dtype == torch.bool
+    ):
+        raise ValueError(
+            f"{name}.clients must be one integer client id per sample ({length}), got "
+            f"{clients.dtype} {tuple(clients.shape)}"
+        )
+    clients = clients.to(torch.int64)
+    names = getattr(dataset, "client_names", None)
+    count = len(names) if names is not None else int(clients.max()) + 1 if length else 0
+    if length and (int(clients.min()) < 0 or int(clients.max()) >= count):
+        raise ValueError(
+            f"{name}.clients must lie in 0..{count - 1} ({count} clients), got ids "
+            f"{int(clients.min())}..{int(clients.max())}"
+        )
+    if num_nodes != count:
+        raise ValueError(
+            f"partition 'natural' gives each of the {count} clients of {name} its own node, but "
+            f"the run has {num_nodes} nodes: run with {count} nodes (--nodes {count}; to train "
+            "a few clients per round, add partial participation)"
+        )
+    sizes = torch.bincount(clients, minlength=count)
+    small = int(torch.argmin(sizes)) if count else 0
+    if count and int(sizes[small]) < min_size:
+        who = f"client {small}" + (f" ({names[small]!r})" if names is not None else "")
+        raise ValueError(
+            f"partition 'natural': {who} of {name} has {int(sizes[small])} samples, fewer than "
+            f"batch_size {min_size}; use a batch_size <= {int(sizes[small])} or build the "
+            "dataset without its smallest clients"
+        )
+    order = torch.argsort(clients, stable=True)  # ascending ids within each client
+    return list(torch.split(order, sizes.tolist()))
 
 
 def dirichlet_shards(

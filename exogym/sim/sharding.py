@@ -8,7 +8,8 @@ Two ways to give data to N nodes (the original EXO Gym's contract):
     ``(seed, epoch)`` and node ``i`` takes every N-th index starting at ``i`` (like
     ``DistributedSampler(drop_last=True)``), so shards are disjoint, equal in size, and reshuffled
     every epoch; ``len(dataset) % N`` samples are left out of each epoch;
-  - ``"dirichlet:ALPHA"`` (label skew) or ``"contiguous"`` (consecutive blocks): each node gets a
+  - ``"dirichlet:ALPHA"`` (label skew), ``"contiguous"`` (consecutive blocks) or ``"natural"``
+    (node ``i`` = the dataset's client ``i``, ``N`` = the number of clients): each node gets a
     fixed shard for the whole run (:mod:`exogym.sim.partition`), possibly of unequal sizes.
     Each node cycles through its own shard: a node-local pass permutes the shard with a
     generator seeded by ``(seed, node, pass)``, the node takes ``batch_size`` samples per step
@@ -44,6 +45,7 @@ from exogym.sim.partition import (
     dataset_labels,
     dirichlet_shards,
     label_histogram,
+    natural_shards,
     parse_partition,
 )
 
@@ -94,7 +96,8 @@ class NodeBatches:
         batch_size: samples per node per step.
         seed: seeds the data order (and the partition); same seed, same batches.
         partition: how a shared dataset is split (:func:`~exogym.sim.partition.parse_partition`:
-            ``"iid"``, ``"dirichlet:ALPHA"``, ``"contiguous"`` or a ``Partition``).
+            ``"iid"``, ``"dirichlet:ALPHA"``, ``"contiguous"``, ``"natural"`` or a
+            ``Partition``).
 
     Attributes:
         partition: the parsed :class:`~exogym.sim.partition.Partition`.
@@ -102,13 +105,14 @@ class NodeBatches:
             fixed shards: ``sum(shard sizes) // (N * batch_size)``.
         epoch: the epoch of the last batch drawn (0 before the first).
         per_node: IID: samples per node per epoch; fixed shards: the smallest shard.
-        shards: fixed shards (``"dirichlet"``, ``"contiguous"``): node ``i``'s sorted sample ids;
-            None for IID, whose shards change every epoch.
+        shards: fixed shards (``"dirichlet"``, ``"contiguous"``, ``"natural"``): node ``i``'s
+            sorted sample ids; None for IID, whose shards change every epoch.
 
     Raises:
         ValueError: a bad ``batch_size``, ``num_nodes`` or partition; a node with fewer than
             ``batch_size`` samples; a partition other than ``"iid"`` with a dataset_factory, or
-            ``"dirichlet"`` with a dataset without integer ``targets``.
+            ``"dirichlet"`` with a dataset without integer ``targets``, ``"natural"`` with a
+            dataset without ``clients`` or with ``N`` other than its number of clients.
         TypeError: ``data`` is neither a Dataset nor a callable.
     """
 
@@ -180,9 +184,12 @@ class NodeBatches:
         self._orders: dict[int, Tensor] = {0: self._permute(0)}
 
     def _fixed_shards(self, dataset: Dataset) -> list[Tensor]:
-        """Each node's sample ids under a ``"dirichlet"`` or ``"contiguous"`` partition."""
+        """Each node's sample ids under a ``"dirichlet"``, ``"contiguous"`` or ``"natural"``
+        partition."""
         if self.partition.kind == "contiguous":
             return contiguous_shards(_length(dataset), self.num_nodes)
+        if self.partition.kind == "natural":
+            return natural_shards(dataset, self.num_nodes, min_size=self.batch_size)
         labels = dataset_labels(dataset)
         if labels is None:
             raise ValueError(

@@ -9,7 +9,12 @@ data or defaults that changes its numbers gets a new version instead of silently
   attribute says which test file was used (the full ``test_batch.bin`` or the first 1,000 images);
 - ``shakespeare-char-gpt-v0``: Tiny Shakespeare characters, a 4-layer 128-wide GPT, block 64;
 - ``shakespeare-char-gpt-small-v0``: the same data, nanoGPT's "baby GPT" sizes (6 layers, 384 wide,
-  6 heads, block 256, dropout 0.2): about 10.8M parameters, slow on CPU.
+  6 heads, block 256, dropout 0.2): about 10.8M parameters, slow on CPU;
+- ``shakespeare-roles-gpt-v0``: Tiny Shakespeare split by speaking role, one client per role as in
+  LEAF (:mod:`exogym.tasks.data.shakespeare_roles`: roles with at least 32 training windows of 64
+  characters, 243 clients), the model of ``shakespeare-char-gpt-v0``. Its natural split is used
+  only with ``partition="natural"`` and 243 nodes (``--partition natural --nodes 243``): a task has
+  no default partition of its own, so without them it trains on the roles' windows shuffled IID.
 """
 
 from __future__ import annotations
@@ -152,10 +157,42 @@ def _shakespeare_task(
     )
 
 
+ROLES_MIN_WINDOWS = 32
+"""``shakespeare-roles-gpt-v0`` keeps the roles with at least this many training windows (a batch
+of its default size)."""
+
+ROLES_CLIENTS = 243
+"""Its clients (the roles kept from Tiny Shakespeare): the ``--nodes`` of a ``natural`` run."""
+
+
+def _shakespeare_roles_task(task_id: str, cfg: GPTConfig, batch_size: int, lr: float,
+                            eval_interval: int) -> Task:
+    def load_data(data_dir: DataDir, download: bool) -> tuple[Dataset, Dataset]:
+        from exogym.tasks.data.shakespeare_roles import load_shakespeare_roles
+
+        return load_shakespeare_roles(data_dir, block_size=cfg.block_size,
+                                      min_windows=ROLES_MIN_WINDOWS, download=download)
+
+    return dataclasses.replace(
+        _shakespeare_task(task_id, cfg, batch_size, lr, eval_interval),
+        description=(
+            f"Tiny Shakespeare by speaking role (LEAF): {ROLES_CLIENTS} clients, one per role "
+            f"with >= {ROLES_MIN_WINDOWS} training windows; run with --partition natural "
+            f"--nodes {ROLES_CLIENTS}; GPT {cfg.n_layer} layers x {cfg.n_embd} "
+            f"({cfg.num_params():,} parameters); eval: val loss and perplexity (last 10% of "
+            "each role's text)"
+        ),
+        load_data=load_data,
+    )
+
+
 def _vocabulary(train: Dataset) -> dict[str, Any]:
     """A character corpus's vocabulary, in id order (id ``i`` is ``vocab[i]``)."""
     return {"vocab": "".join(train.vocab.chars)}  # type: ignore[attr-defined]
 
+
+_CHAR_GPT = GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128)
+"""The model of ``shakespeare-char-gpt-v0`` and ``shakespeare-roles-gpt-v0``."""
 
 _MNIST = Task(
     id="mnist-cnn-v0",
@@ -181,14 +218,16 @@ TASKS: dict[str, Task] = {
             load_data=_cifar_data,
         ),
         _shakespeare_task(
-            "shakespeare-char-gpt-v0",
-            GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128),
-            batch_size=32, lr=1e-3, eval_interval=200,
+            "shakespeare-char-gpt-v0", _CHAR_GPT, batch_size=32, lr=1e-3, eval_interval=200,
         ),
         _shakespeare_task(
             "shakespeare-char-gpt-small-v0",
             GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384, dropout=0.2),
             batch_size=64, lr=1e-3, eval_interval=250,
+        ),
+        _shakespeare_roles_task(
+            "shakespeare-roles-gpt-v0", _CHAR_GPT, batch_size=ROLES_MIN_WINDOWS, lr=1e-3,
+            eval_interval=200,
         ),
     )
 }
