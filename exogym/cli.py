@@ -240,8 +240,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "take part in each round (the strategy's H steps), drawn among the nodes "
                         "that are up (fedavg, fedprox, fedopt's, diloco, muloco, sparta_diloco)")
     run.add_argument("--client-state", choices=("fresh", "keep"), default="fresh",
-                   help="with --participation: a client's inner optimizer state starts fresh "
-                        "each round it takes part in (default, as Flower) or is kept")
+                   help="with --participation: a client's own state (inner optimizer state, "
+                        "residuals) starts fresh each round it takes part in (default, as "
+                        "Flower: nothing stored per client) or is kept (--client-store)")
+    run.add_argument("--clients-in-memory", choices=("auto", "round", "all"), default="auto",
+                     help="with --participation: hold only the round's K clients (round: time "
+                          "and memory set by K, a million clients start in seconds) or a row "
+                          "per client (all: worlds whose participants fail inside a round); "
+                          "auto: round where it applies")
+    run.add_argument("--client-store", metavar="SIZE[:DIR]", default="512MB",
+                     help="with --client-state keep: host memory for the clients' own state, "
+                          "the rest on disk in the run folder's client-store (or DIR); "
+                          "default 512MB")
     run.add_argument("--resident", type=_positive_int, metavar="K", default=None,
                      help="at most K nodes' state in memory at once: the nodes compute a group "
                           "of K at a time, the others paged out (--offload); the numbers of "
@@ -609,11 +619,15 @@ def _check_run(args: argparse.Namespace, strategy: Strategy, model: nn.Module, *
     """
     from exogym.run.paging import in_memory_nodes
     from exogym.sim.engine import check_memory, resolve_device
+    from exogym.sim.participation import parse_participation
 
     if args.engine != "process" and not under_torchrun:
         device = resolve_device(args.device)
-        check_memory(model, in_memory_nodes(args.nodes, args.resident, args.offload, device),
-                     device, strategy.optim.states_per_parameter)
+        nodes = in_memory_nodes(args.nodes, args.resident, args.offload, device)
+        if args.participation is not None and args.clients_in_memory != "all":
+            nodes = min(nodes, parse_participation(args.participation).per_round(args.nodes))
+            # (the trainer checks again with every client when the run must hold all of them)
+        check_memory(model, nodes, device, strategy.optim.states_per_parameter)
     period = strategy.sync_period
     if period is not None and args.steps is not None and args.steps < period \
             and not args.allow_unsynced:
@@ -642,6 +656,8 @@ def _run_fit_args(args: argparse.Namespace, task: Task, out: Path, sinks: list[A
         world=args.world,
         participation=args.participation,
         client_state=args.client_state,
+        clients_in_memory=args.clients_in_memory,
+        client_store=args.client_store,
         resident=args.resident,
         offload=args.offload,
         step_time=args.step_time,

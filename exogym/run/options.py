@@ -87,8 +87,19 @@ class FitOptions:
             ``seed``; only they compute, send and are charged, and a client selected again
             receives the global model. None: every node every round. FedAvg, FedProx, the
             FedOpt family, DiLoCo, MuLoCo and SPARTA-DiLoCo take it.
-        client_state: with ``participation``, whether a client's inner optimizer state starts
-            ``"fresh"`` each round it takes part in (Flower's default) or is kept (``"keep"``).
+        client_state: with ``participation``, whether a client's own state (inner optimizer
+            state, residuals) starts ``"fresh"`` each round it takes part in (Flower's
+            default: nothing is stored per client) or is kept from its previous round
+            (``"keep"``: stored once it has trained, in ``client_store``).
+        clients_in_memory: with ``participation``, which clients the run holds
+            (:mod:`exogym.run.population`): ``"round"``, only the round's ``K`` participants
+            (seats filled from the global model each round: time and memory set by ``K``, not
+            ``N``); ``"all"``, a row for every client (what a world where participants fail
+            during a round needs); ``"auto"`` (default): ``"round"`` where it applies (a world
+            of speeds and availability only, one process, no paging), else ``"all"``.
+        client_store: where clients that keep state keep it (``client_state="keep"`` with
+            ``clients_in_memory="round"``): ``"SIZE"`` of host memory, the rest on disk in the
+            run folder's ``client-store`` (a temporary folder without one), or ``"SIZE:DIR"``.
         resident: at most this many nodes' state in memory at once (:mod:`exogym.run.paging`):
             the nodes compute in groups of ``resident``, one group at a time, the others'
             state paged out to ``offload``; the numbers are those of the run with every node
@@ -175,6 +186,8 @@ class FitOptions:
     world: World | str | None = None
     participation: int | float | str | None = None
     client_state: str = "fresh"
+    clients_in_memory: str = "auto"
+    client_store: str = "512MB"
     resident: int | None = None
     offload: str = "host"
     step_time: float | str | None = None

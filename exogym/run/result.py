@@ -6,10 +6,12 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -271,6 +273,8 @@ class FitResult:
     processes: int = 1
     resumed_from: dict[str, Any] | None = None
     paging: dict[str, Any] | None = None
+    population: dict[str, Any] | None = None
+    rounds: list[list[int]] | None = field(default=None, repr=False)
 
     @property
     def samples_per_s(self) -> float:
@@ -311,8 +315,8 @@ class FitResult:
             "train_time_s": self.train_time_s,
             "wall_time_s": self.wall_time_s,
             "samples_per_s": self.samples_per_s,
-            "bytes_sent_per_node": self.bytes_sent,
-            "bytes_received_per_node": self.bytes_received,
+            "bytes_sent_per_node": _per_node(self.bytes_sent),
+            "bytes_received_per_node": _per_node(self.bytes_received),
             "collectives": len(self.comm_log),
             "engine": self.engine,
             "processes": self.processes,
@@ -326,6 +330,7 @@ class FitResult:
             "world": self.world,
             "asynchronous": self.asynchronous,
             **({} if self.paging is None else {"paging": self.paging}),
+            **({} if self.population is None else {"population": self.population}),
             **self._clock_dict(),
         }
 
@@ -355,13 +360,18 @@ class FitResult:
             lines.append(f"diverged    non-finite loss first at step {self.nonfinite['step']} on "
                          f"node(s) {', '.join(map(str, self.nonfinite['nodes']))}")
         sent, recv = self.bytes_sent, self.bytes_received
+        if self.population is not None:
+            p = self.population
+            lines.append(f"population  {p['clients']:,} clients, {p['per_round']:,} per round "
+                         f"({p['client_state']}): {p['clients_trained']:,} trained in "
+                         f"{p['rounds']:,} rounds")
         lines.append(
             f"throughput  {self.samples_per_s:,.0f} samples/s  ({self.samples:,} samples in "
             f"{self.train_time_s:.1f} s of training, {self.wall_time_s:.1f} s in all)"
         )
         lines.append(
-            f"traffic     per node sent {_fmt_bytes(max(sent))}, received "
-            f"{_fmt_bytes(max(recv))} (max over nodes; {len(self.comm_log)} collectives)"
+            f"traffic     per node sent {_fmt_bytes(float(max(sent)))}, received "
+            f"{_fmt_bytes(float(max(recv)))} (max over nodes; {len(self.comm_log)} collectives)"
         )
         if self.paging is not None:
             p = self.paging
@@ -398,6 +408,21 @@ class FitResult:
         if self.out_dir:
             lines.append(f"written to  {self.out_dir}")
         return "\n".join(lines)
+
+
+PER_NODE_LISTED = 10_000
+"""Up to this many nodes, ``summary.json`` lists every node's bytes; a larger population gets
+their maximum, mean and the number of clients with any."""
+
+
+def _per_node(values: Sequence[float]) -> list[float] | dict[str, float]:
+    """Per-node byte counters for ``summary.json`` (a list, or statistics past
+    :data:`PER_NODE_LISTED` nodes)."""
+    if len(values) <= PER_NODE_LISTED:
+        return [float(v) for v in values]
+    array = np.asarray(values, dtype=np.float64)
+    return {"max": float(array.max()), "mean": float(array.mean()),
+            "nodes_with_traffic": int(np.count_nonzero(array))}
 
 
 def world_line(world: dict[str, Any]) -> str:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from exogym.run.state import Run, RunSettings
     from exogym.sim.participation import Participation
 
-__all__ = ["Lockstep", "PerNodeTimelines", "Scheduler"]
+__all__ = ["Lockstep", "PerNodeTimelines", "Rounds", "Scheduler"]
 
 
 class Scheduler(Protocol):
@@ -56,15 +56,18 @@ class Lockstep:
                     if self.worldly else None)
         return step + 1
 
-    def select(self, step: int, up: list[bool]) -> tuple[list[bool], dict[int, int]]:
-        """``(who computes at step, {node joining the round now: its donor})``: at a round's
+    def select(self, step: int, up: list[bool]) -> tuple[list[bool], dict[int, int], list[int]]:
+        """``(who computes at step, {node joining the round now: its donor}, the participants
+        that stay from the previous round and start their own state afresh)``: at a round's
         first step the participants are drawn among the ``up`` nodes; a participant that did not
         take part in the previous round joins: it receives the global model from a client of
         the previous round that is up (in turn, so that no client carries every download; the
         peer-to-peer stand-in for a server's broadcast). None is up: no donor given (the run's
-        usual choice)."""
+        usual choice). With ``client_state="fresh"`` a participant that stays restarts its
+        state (a client keeps nothing from one round to its next)."""
         assert self.participation is not None
         joining: dict[int, int] = {}
+        staying: list[int] = []
         fresh = step % self.period == 0 or self.participants is None
         if fresh or not any(u and p for u, p in zip(up, self.participants, strict=True)):
             previous = self.participants  # every participant down: a new draw in the round
@@ -74,7 +77,10 @@ class Lockstep:
                 new = [i for i, p in enumerate(self.participants) if p and not previous[i]]
                 donors = [i for i, p in enumerate(previous) if p and up[i]] or [-1]
                 joining = {node: donors[k % len(donors)] for k, node in enumerate(new)}
-        return [u and p for u, p in zip(up, self.participants, strict=True)], joining
+                if fresh and self.participation.client_state == "fresh":
+                    staying = [i for i, p in enumerate(self.participants)
+                               if p and previous[i] and up[i]]
+        return [u and p for u, p in zip(up, self.participants, strict=True)], joining, staying
 
     def state_dict(self) -> dict[str, Any] | None:
         return None if self.participants is None else {"participants": list(self.participants)}
@@ -82,6 +88,31 @@ class Lockstep:
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         self.participants = (None if not state else
                              [bool(p) for p in state["participants"]])
+
+
+class Rounds:
+    """A population's rounds (:mod:`exogym.run.population`): at a round's first step the run
+    seats the round's clients (:meth:`exogym.run.state.Run.start_round`), every seat computes
+    each step of the round, and at its end clients that keep state write it back."""
+
+    def __init__(self, period: int) -> None:
+        self.period = period
+
+    def advance(self, run: Run) -> int:
+        step, population = run.step, run.population
+        assert population is not None
+        if step % self.period == 0 or not population.seated:
+            run.start_round(step)
+        run.compute(step, population.active)
+        if (step + 1) % self.period == 0 or step + 1 == run.settings.total_steps:
+            population.end_round(run.strategy)
+        return step + 1
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return None  # the population's state is the run's (Run.state_dict)
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        pass
 
 
 class PerNodeTimelines:

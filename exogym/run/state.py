@@ -52,6 +52,7 @@ from torch.utils._pytree import tree_map
 from torch.utils.data import Dataset
 
 from exogym.run.checkpoint import Parts, read_part
+from exogym.run.client_store import ClientStore, parse_client_store
 from exogym.run.clocking import ClockFeed, not_recostable
 from exogym.run.dist import (
     DistributedCommunicator,
@@ -61,11 +62,13 @@ from exogym.run.dist import (
 )
 from exogym.run.events import Timelines
 from exogym.run.paging import Paged
+from exogym.run.population import Population
 from exogym.run.record import Recorder
 from exogym.run.result import FitResult, NonFiniteLossError
-from exogym.run.schedule import Lockstep, PerNodeTimelines, Scheduler
+from exogym.run.schedule import Lockstep, PerNodeTimelines, Rounds, Scheduler
 from exogym.run.sinks import MultiSink
 from exogym.run.trace import picture_due
+from exogym.sim.client_data import ClientBatches
 from exogym.sim.clock import ClockReport, ClockTrace, SimClock
 from exogym.sim.comm import Communicator, InProcessCommunicator
 from exogym.sim.engine import EngineName, NodeStack, Precision, auto_engine, metrics_of
@@ -89,7 +92,7 @@ RUN_CONFIG_KEYS = (
     "log_interval", "partition", "partition_stats", "engine", "device", "seed",
     "micro_batch_size", "precision", "processes", "parameters", "eval_set", "network",
     "step_time_s", "compute_source", "allow_nonfinite", "allow_unsynced", "checkpointing",
-    "world", "participation", "paging",
+    "world", "participation", "paging", "population",
 )
 """The keys of ``config.json`` that are the run's own (``run_info`` may add others)."""
 
@@ -127,6 +130,8 @@ class RunSettings:
     trace: bool = False
     resident: int | None = None  # nodes in memory at once (exogym.run.paging); None: all
     offload: str = "host"
+    seats: bool = False  # only the round's participants in memory (exogym.run.population)
+    client_store: str = "512MB"  # where clients that keep state keep it (seats)
 
 
 class Run:
@@ -166,9 +171,11 @@ class Run:
         # trainer after load_state_dict; None: the run started here.
         self.resumed_from: dict[str, Any] | None = None
         torch.manual_seed(s.seed)
-        self.batches = batches if batches is not None else NodeBatches(
+        self.batches: NodeBatches | ClientBatches = batches if batches is not None else (
+            ClientBatches if s.seats else NodeBatches)(
             train_data, s.num_nodes, s.batch_size, seed=s.seed, partition=s.partition)
         self.paged: Paged | None = None
+        self.population: Population | None = None
         # A paged run's round computed ahead: per step (losses, (lr, epoch), price); the global
         # model until its synchronisation; the step's (lr, epoch) for its row.
         self._ahead: dict[int, tuple[Tensor, tuple[float, int], float | None]] = {}
@@ -200,12 +207,13 @@ class Run:
         # Whether nodes can be absent at a step (a world that is not perfect, or a deadline);
         # an asynchronous run's world gives speeds only, which its timelines follow.
         worldly = isinstance(self.scheduler, Lockstep) and self.scheduler.worldly
-        self.feed = ClockFeed(s.network, s.world, s.num_nodes, s.step_time_s, s.compute_source,
+        rows = self.comm.num_nodes  # N, or a population's K seats
+        self.feed = ClockFeed(s.network, s.world, rows, s.step_time_s, s.compute_source,
                               strategy.overlap_steps, comm=self.comm, ranks=ranks,
                               device=device, record_ops=worldly, trace=s.trace,
                               spans=self.lead and out_dir is not None and (s.trace or picture_due(
-                                  s.world, s.network, s.num_nodes, self.timelines is not None)))
-        self.presence = Presence(s.world, s.num_nodes, self.record.event, self.feed.ops)
+                                  s.world, s.network, rows, self.timelines is not None)))
+        self.presence = Presence(s.world, rows, self.record.event, self.feed.ops)
         if worldly:
             self.comm.timeline = self
         self._log_now = False
@@ -214,6 +222,8 @@ class Run:
         """The node-stacked replicas this process computes and their communicator."""
         s, ranks = self.settings, self.ranks
         n_here = s.num_nodes if ranks is None else ranks.nodes_per_process
+        if s.seats:
+            return self._build_seats(model)
         if s.resident is not None and ranks is None:
             hub = InProcessCommunicator(s.num_nodes)
             engine = s.engine
@@ -231,11 +241,32 @@ class Run:
             return nodes, InProcessCommunicator(s.num_nodes)
         return nodes, DistributedCommunicator(s.num_nodes, ranks.node_ids)
 
+    def _build_seats(self, model: nn.Module) -> tuple[NodeStack, Communicator]:
+        """A population's ``K`` seats (:mod:`exogym.run.population`) and their communicator."""
+        s = self.settings
+        assert s.participation is not None and isinstance(self.batches, ClientBatches)
+        k = s.participation.per_round(s.num_nodes)
+        nodes = NodeStack(model, k, device=self.device, engine=s.engine,
+                          micro_batch_size=s.micro_batch_size, precision=s.precision)
+        comm = InProcessCommunicator(k)
+        comm.seats = True
+        store = None
+        if s.participation.client_state == "keep":
+            memory, folder = parse_client_store(s.client_store)
+            if folder is None and self.out_dir is not None:
+                folder = self.out_dir / "client-store"
+            store = ClientStore(memory, folder)
+        self.population = Population(s.num_nodes, s.participation,
+                                     self.strategy.sync_period or 1, self.batches, store=store)
+        return nodes, comm
+
     def _scheduler(self) -> Scheduler:
         """Per-node timelines for an asynchronous strategy (checked here), else lockstep."""
         s = self.settings
         if s.participation is not None:
             _check_participation(self.strategy, s)
+        if self.population is not None:
+            return Rounds(self.population.period)
         if not getattr(self.strategy, "asynchronous", False):
             return Lockstep(not s.world.perfect or getattr(self.strategy, "deadline", None)
                             is not None, s.participation, self.strategy.sync_period or 1)
@@ -282,8 +313,7 @@ class Run:
         if self.eval_set is None or not self.settings.eval_at_start or self.step != 0:
             return
         row: dict[str, Any] = {"step": 0, "epoch": 0, "samples": 0,
-                               "bytes_sent": max(self.comm.bytes_sent),
-                               "bytes_received": max(self.comm.bytes_received),
+                               **self._most_bytes(),
                                "wall_s": time.perf_counter() - self.wall_start}
         if self.settings.network is not None:
             row["sim_time_s"] = 0.0
@@ -331,7 +361,7 @@ class Run:
             self.feed.end_step(marks, self.comm.n_local)
         self.loss_sum += losses.sum()
         self.loss_count += 1
-        computed = s.num_nodes if active is None else sum(active)
+        computed = self.comm.num_nodes if active is None else sum(active)
         self.loss_nodes += computed
         self.node_steps += computed
         if not s.allow_nonfinite or self.nonfinite is None:
@@ -375,6 +405,35 @@ class Run:
         self._view = (out[0][1], epochs[0])
         return out[0][0]
 
+    def start_round(self, step: int) -> None:
+        """A population's round starts at ``step``: its clients are drawn and seated, and those
+        not in the previous round receive the global model (:meth:`Population.start_round`)."""
+        assert self.population is not None
+        self.comm.step = step
+        self.presence.step = step
+        self.population.start_round(step, self.strategy, self.nodes, self.comm, self.clock,
+                                    self._joined, self.feed.feed)
+
+    def _joined(self, seat: int, client: int, donor: int, received: float,
+                seconds: float) -> None:
+        """A client joined its round (the global model received from ``donor``): an event, in
+        the form a run with every client in memory writes (client ids, not seats)."""
+        counts = self.presence.counts
+        counts["recoveries"] += 1
+        counts["recovery_bytes"] += received
+        counts["recovery_time_s"] += seconds
+        self.record.event({"step": self.step, "time_s": self._time(seat), "node": client,
+                           "event": "recovery", "donor": donor, "bytes": received,
+                           "duration_s": seconds})
+
+    def _most_bytes(self) -> dict[str, float]:
+        """The bytes sent and received by the busiest node (client) so far."""
+        if self.population is not None:
+            sent, received = self.population.totals(self.comm)
+            return {"bytes_sent": float(sent.max()), "bytes_received": float(received.max())}
+        return {"bytes_sent": max(self.comm.bytes_sent),
+                "bytes_received": max(self.comm.bytes_received)}
+
     @property
     def between_rounds(self) -> bool:
         """Whether the run's state is that of its step (a paged run mid-round has computed
@@ -394,8 +453,7 @@ class Run:
             "train_loss": float(self.loss_sum) / max(self.loss_nodes, 1),
             "lr": lr,
             "samples": self.node_steps * s.batch_size,
-            "bytes_sent": max(self.comm.bytes_sent),
-            "bytes_received": max(self.comm.bytes_received),
+            **self._most_bytes(),
             "wall_s": time.perf_counter() - self.wall_start,
         }
         if self.clock is not None:
@@ -471,13 +529,16 @@ class Run:
     def _result(self, model: nn.Module, final: dict[str, float], report: ClockReport | None,
                 trace: ClockTrace | None) -> FitResult:
         s, tl = self.settings, self.timelines
+        pop = self.population
+        sent, received = ((list(self.comm.bytes_sent), list(self.comm.bytes_received))
+                          if pop is None else pop.totals(self.comm))
         return FitResult(
             model=model, history=self.history, final=final, strategy=self.strategy.id,
             hyperparameters=self.strategy.hyperparameters(), num_nodes=s.num_nodes,
             steps=s.total_steps, batch_size=s.batch_size,
             samples=self.node_steps * s.batch_size,
             train_time_s=self.train_time_s, wall_time_s=time.perf_counter() - self.wall_start,
-            bytes_sent=list(self.comm.bytes_sent), bytes_received=list(self.comm.bytes_received),
+            bytes_sent=sent, bytes_received=received,  # type: ignore[arg-type]
             engine=self.nodes.engine, device=str(self.device), seed=s.seed,
             out_dir=self.out_dir, comm_log=list(self.comm.log),
             eval_set=_describe_eval_set(self.eval_full),
@@ -487,9 +548,11 @@ class Run:
             processes=1 if self.ranks is None else self.ranks.world_size,
             nonfinite=self.nonfinite, resumed_from=self.resumed_from,
             paging=None if self.paged is None else self.paged.report(),
-            world=(None if self.feed.ops is None else
+            world=(None if self.feed.ops is None and pop is None else
                    {"spec": s.world.spec(), "description": s.world.describe(),
                     **self.presence.counts, "events": len(self.events)}),
+            population=None if pop is None else pop.report(),
+            rounds=None if pop is None else pop.rounds,
             events=list(self.events),
             asynchronous=(None if tl is None else
                           {**tl.summary(self.strategy.staleness),  # type: ignore[attr-defined]
@@ -503,6 +566,8 @@ class Run:
         self.record.close(summary)
         if self.paged is not None:
             self.paged.close()
+        if self.population is not None and self.population.store is not None:
+            self.population.store.close()
 
     # -- evaluation ----------------------------------------------------------------------------
     def global_state(self) -> dict[str, Tensor]:
@@ -555,6 +620,7 @@ class Run:
             "world": {**self.presence.state_dict(), "events": _plain(self.events),
                       "ops": _plain(self.feed.ops)},
             "timelines": self.scheduler.state_dict(),
+            "population": None if self.population is None else self.population.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any], folder: Path | None = None) -> None:
@@ -584,6 +650,9 @@ class Run:
             assert self.feed.ops is not None
             self.feed.ops[:] = [list(op) for op in w["ops"]]
         self.scheduler.load_state_dict(state["timelines"])
+        if self.population is not None:
+            self.population.load_state_dict(state["population"])
+            self.nodes.row_ids = self.population.seated_rows()
         m = state["metrics"]
         self.record.history[:] = [dict(row) for row in m["history"]]
         self.loss_sum.copy_(m["loss_sum"])
@@ -630,6 +699,8 @@ class Run:
     def _next_batch(self, active: list[bool] | None) -> Any:
         """This process's rows of the next node-stacked batch (``active``: only those nodes
         consume data)."""
+        if self.population is not None:
+            return self.population.batch()
         if self.ranks is None:
             return self.batches.batch(active)
         return local_batch(self.batches, self.ranks.node_ids, active)
@@ -654,7 +725,9 @@ class Run:
         active, rejoined = self.presence.before_step(self.step, self.clock)
         joining: dict[int, int] = {}
         if select is not None:
-            active, joining = select(self.step, active)
+            active, joining, staying = select(self.step, active)
+            if staying:
+                self._restart(staying)
         paged = self.paged
         if rejoined or joining:
             for strategy in self._strategies:
@@ -664,8 +737,12 @@ class Run:
                  for n, d in (self.presence.donors(pending) if pending else [])]
         part = self.settings.participation
         if pairs:  # every recovery of the step, then the clock: a paged run passes over its
-            # groups once; the records and their order are those of one recovery at a time
-            before = [(self.comm.bytes_received[n], self._time(n)) for n, _, _ in pairs]
+            # groups once; the records and their order are those of one recovery at a time;
+            # a joining client's recovery lasts from when its donor can send (before, it was
+            # not part of the run)
+            before = [(self.comm.bytes_received[n],
+                       max(self._time(n), self._time(d)) if j else self._time(n))
+                      for n, d, j in pairs]
 
             def recover_all(strategy: Strategy) -> None:
                 for n, d, j in pairs:
@@ -682,6 +759,19 @@ class Run:
         for strategy in self._strategies:
             strategy.pending_recovery = [i for i in strategy.pending_recovery if not active[i]]
         return None if all(active) else active
+
+    def _restart(self, nodes: list[int]) -> None:
+        """``nodes`` (global ids) start their own state afresh (a client that keeps none)."""
+        def restart(strategy: Strategy) -> None:
+            for node in nodes:
+                row = strategy._row(node)
+                if row is not None:
+                    strategy.restart_row(row)
+
+        if self.paged is None:
+            restart(self.strategy)
+        else:
+            self.paged.call(lambda g: restart(g.strategy))
 
     @property
     def _strategies(self) -> list[Strategy]:
@@ -715,8 +805,10 @@ class Run:
         if not bad:
             return
         first = min(bad.values())
-        self.nonfinite = {"step": first + 1,
-                          "nodes": sorted(i for i, s in bad.items() if s == first)}
+        nodes = [i for i, s in bad.items() if s == first]
+        if self.population is not None:
+            nodes = [self.population.client_of(i, first) for i in nodes]
+        self.nonfinite = {"step": first + 1, "nodes": sorted(nodes)}
         message = (f"non-finite training loss at step {first + 1} on node(s) "
                    f"{', '.join(map(str, self.nonfinite['nodes']))} of "
                    f"{self.settings.num_nodes} (strategy {self.strategy.id}): the run diverged")
@@ -758,6 +850,10 @@ def _config(run: Run, run_info: dict[str, Any], checkpointing: dict[str, Any]) -
         "participation": None if s.participation is None else s.participation.to_dict(),
         "paging": None if run.paged is None else {"resident": s.resident,
                                                    "offload": s.offload},
+        "population": None if s.participation is None else {
+            "clients_in_memory": "round" if s.seats else "all",
+            **({"client_store": s.client_store} if s.seats
+               and s.participation.client_state == "keep" else {})},
     }
     assert set(config) == set(RUN_CONFIG_KEYS)
     clash = sorted(set(run_info) & set(config))

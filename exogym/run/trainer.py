@@ -27,12 +27,14 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from exogym.run.checkpoint import Checkpointer, load_checkpoint
+from exogym.run.client_store import parse_client_store
 from exogym.run.dist import RankContext, close_group, join_torchrun, torchrun_env
 from exogym.run.options import FitOptions
 from exogym.run.paging import in_memory_nodes, parse_offload, resident_check
 from exogym.run.result import FitResult, check_out_dir, read_json
 from exogym.run.sinks import MultiSink, Sink
 from exogym.run.state import RUN_CONFIG_KEYS, Run, RunInterrupted, RunSettings
+from exogym.sim.client_data import ClientBatches
 from exogym.sim.clock import resolve_step_time
 from exogym.sim.engine import (
     ENGINES,
@@ -149,6 +151,8 @@ class Trainer:
         world: World | str | None = None,
         participation: int | float | str | None = None,
         client_state: str = "fresh",
+        clients_in_memory: str = "auto",
+        client_store: str = "512MB",
         resident: int | None = None,
         offload: str = "host",
         step_time: float | str | None = None,
@@ -216,6 +220,11 @@ class Trainer:
             if lead and o.out_dir is not None:
                 check_out_dir(o.out_dir)
             n_here = o.num_nodes if ranks is None else ranks.nodes_per_process
+            seats = _seats(o.clients_in_memory, participation, the_world, strategy, resident,
+                           ranks, self.train_dataset)
+            if seats:
+                assert participation is not None
+                n_here = participation.per_round(o.num_nodes)
             if resident is not None:
                 if ranks is not None:
                     raise ValueError("resident= pages nodes within one process; a "
@@ -223,8 +232,8 @@ class Trainer:
                                      "them over processes instead: give one or the other")
                 n_here = in_memory_nodes(o.num_nodes, resident, o.offload, dev)
             check_memory(self.model, n_here, dev, strategy.optim.states_per_parameter)
-            batches = NodeBatches(self.train_dataset, o.num_nodes, o.batch_size, seed=o.seed,
-                                  partition=partition)
+            batches = (ClientBatches if seats else NodeBatches)(
+                self.train_dataset, o.num_nodes, o.batch_size, seed=o.seed, partition=partition)
             total = _total_steps(o.max_steps, o.num_epochs, batches.steps_per_epoch)
             _check_sync(strategy, total, o.allow_unsynced, warn=lead, stacklevel=5)
             settings = RunSettings(
@@ -236,7 +245,8 @@ class Trainer:
                 precision=o.precision, seed=o.seed, network=net, step_time_s=step_time_s,
                 compute_source=source, allow_nonfinite=o.allow_nonfinite,
                 allow_unsynced=o.allow_unsynced, world=the_world, trace=o.trace,
-                participation=participation, resident=resident, offload=o.offload)
+                participation=participation, resident=resident, offload=o.offload,
+                seats=seats, client_store=_check_client_store(o.client_store))
             run = Run(self.model, self.train_dataset, self.val_dataset, strategy, settings,
                       device=dev, ranks=ranks, out_dir=o.out_dir, sink=sink,
                       progress=o.progress, run_info=dict(o.run_info or {}), batches=batches,
@@ -336,7 +346,61 @@ def _resumed_settings(o: FitOptions, given: frozenset[str], saved: dict[str, Any
         allow_nonfinite=arg("allow_nonfinite", saved["allow_nonfinite"]),
         allow_unsynced=arg("allow_unsynced", saved["allow_unsynced"]), world=the_world,
         trace=o.trace, participation=_resumed_participation(o, given, saved),
-        **_resumed_paging(o, given, saved, num_nodes, strategy, engine))
+        **_resumed_paging(o, given, saved, num_nodes, strategy, engine),
+        **_resumed_population(o, given, saved))
+
+
+def _resumed_population(o: FitOptions, given: frozenset[str],
+                        saved: dict[str, Any]) -> dict[str, Any]:
+    """A resumed run holds its clients as recorded (seats or a row each: its state's shape);
+    the client store is the recorded one unless given (its folder must hold the records)."""
+    recorded = saved.get("population") or {}
+    seats = recorded.get("clients_in_memory") == "round"
+    asked = o.given("clients_in_memory", given, "auto")
+    if asked not in ("auto", "round" if seats else "all"):
+        raise ValueError(f"clients_in_memory={asked!r}: the checkpoint's run holds "
+                         f"{'the round' if seats else 'all'} of its clients; a resumed run holds "
+                         "them as it did")
+    return {"seats": seats, "client_store": _check_client_store(
+        o.given("client_store", given, recorded.get("client_store", "512MB")))}
+
+
+def _check_client_store(spec: str) -> str:
+    parse_client_store(spec)
+    return spec.strip()
+
+
+def _seats(asked: str, participation: Participation | None, world: World,
+           strategy: Strategy, resident: int | None, ranks: RankContext | None,
+           data: Any) -> bool:
+    """Whether a run holds only the round's clients (:mod:`exogym.run.population`): asked
+    (``"round"``: an error naming what prevents it), allowed (``"auto"``), or not
+    (``"all"``)."""
+    if asked not in ("auto", "round", "all"):
+        raise ValueError(f"clients_in_memory must be 'auto', 'round' or 'all', got {asked!r}")
+    if asked == "all" or (participation is None and asked == "auto"):
+        return False
+    why = None
+    if participation is None:
+        why = "the run has no partial participation (participation=K): every node trains"
+    elif getattr(strategy, "asynchronous", False):
+        why = f"{strategy.id} is asynchronous (its clients in flight are its nodes)"
+    elif world.availability_varies or world.drop or world.speed is not None \
+            or world.speed_sigma or getattr(strategy, "deadline", None) is not None:
+        why = (f"world {world.spec()!r} (failures, message loss, speeds or a deadline change "
+               "who computes inside a round: a row per client)")
+    elif resident is not None:
+        why = "resident= pages the rows of every client"
+    elif ranks is not None:
+        why = "a multi-process run splits every client's row over its processes"
+    elif not isinstance(data, Dataset):
+        why = "a dataset_factory builds every node's data up front"
+    if why is None:
+        return True
+    if asked == "round":
+        raise ValueError(f"clients_in_memory='round' holds only the round's clients, but {why}; "
+                         "use clients_in_memory='all'")
+    return False
 
 
 def _resumed_paging(o: FitOptions, given: frozenset[str], saved: dict[str, Any],

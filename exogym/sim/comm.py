@@ -231,6 +231,9 @@ class Communicator(abc.ABC):
         # compute time (the wall time on a GPU, the CPU time on a CPU).
         self.transport_s = 0.0
         self.transport_cpu_s = 0.0
+        # Whether the rows are seats of a population's clients (exogym.run.population): a seat's
+        # previous client may then send to its next one (``send`` with ``src == dst``).
+        self.seats = False
 
     @property
     def n_local(self) -> int:
@@ -383,7 +386,7 @@ class Communicator(abc.ABC):
         for name, node in (("src", src), ("dst", dst)):
             if not 0 <= node < self.num_nodes:
                 raise ValueError(f"{name} must be a node id in [0, {self.num_nodes}), got {node}")
-        if src == dst:
+        if src == dst and not self.seats:
             raise ValueError(f"a node does not send to itself (src = dst = {src})")
         tensors = self._check(x)
         s = float(_payload(tensors))

@@ -285,9 +285,11 @@ class NodeStack:
         self._vmap_checked = engine != "vmap"
         self._threads_checked = engine != "threads"
         self._pool: NodePool | None = None
-        # The global index of row 0 (a group of a paged run, exogym.run.paging): the threads
-        # engine seeds each node's generator by its global index.
+        # The global index of row 0 (a group of a paged run, exogym.run.paging), or of every row
+        # (a population's seats, exogym.run.population): the threads engine seeds each node's
+        # generator by its global index.
         self.first_node = 0
+        self.row_ids: list[int] | None = None
         # The template module: its own tensors are never used for compute, functional_call swaps
         # in a node's row. Kept on the device so that module code creating tensors "like" its
         # parameters lands there.
@@ -467,7 +469,7 @@ class NodeStack:
             saved = ({n: b.clone() for n, b in self.buffers.items()},
                      {n: g.clone() for n, g in self.grads.items()})
         rng = torch.get_rng_state()
-        seeds = node_seeds(self.num_nodes, self.first_node)
+        seeds = node_seeds(self.num_nodes, self.first_node, self.row_ids)
         training = self.module.training
         used = [False] * self.num_nodes
 

@@ -25,7 +25,7 @@ its availability traces say are online. Here:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -83,14 +83,53 @@ class Participation:
 
     def draw(self, round_index: int, up: Sequence[bool], again: int = 0) -> list[bool]:
         """The participants of round ``round_index``: ``k`` of the ``up`` nodes, at random
-        (``again``: a new draw within the round, after every participant failed)."""
-        candidates = [i for i, u in enumerate(up) if u]
-        k = min(self.per_round(len(up)), len(candidates))
+        (``again``: a new draw within the round, after every participant failed), as ``N``
+        booleans; the same draw as :meth:`draw_ids` with ``up`` as the availability."""
+        flags = np.asarray(up, dtype=bool)
+        available = None if flags.all() else flags.__getitem__
+        picked = set(self.draw_ids(round_index, len(flags), available, again))
+        return [i in picked for i in range(len(flags))]
+
+    def draw_ids(self, round_index: int, num_clients: int,
+                 available: Callable[[np.ndarray], np.ndarray] | None = None,
+                 again: int = 0) -> list[int]:
+        """The participants of round ``round_index`` among ``num_clients``, sorted ids; ``k``
+        of the clients ``available`` says are up (a vectorized test of an id array; None: all
+        are), all of them if fewer are up. Expected work ``O(k / p)`` for a share ``p`` of the
+        clients up, never a pass over every client unless fewer than ``k`` turn up in
+        ``64 k`` random tries (then the up clients are listed once, vectorized).
+
+        The draw: a uniform ``k``-subset of the ids (``Generator.choice`` without
+        replacement, ``O(k)`` for a large population), the ones up kept; while fewer than
+        ``k``, uniform ids with replacement, each new one up kept. Given how many of the first
+        subset are up, that is a uniform ``k``-subset of the up clients; with every client up
+        it is the first subset alone, so a perfect world draws without testing anyone.
+        """
+        k = min(self.per_round(num_clients), num_clients)
         key = [self.seed, _STREAM, round_index] + ([again] if again else [])
         rng = np.random.default_rng(np.random.SeedSequence(key))
-        chosen = set(rng.choice(len(candidates), size=k, replace=False).tolist())
-        picked = {candidates[j] for j in chosen}
-        return [i in picked for i in range(len(up))]
+        first = rng.choice(num_clients, size=k, replace=False)
+        if available is None:
+            return sorted(int(i) for i in first)
+        chosen = [int(i) for i in first[available(first)]]
+        seen = set(chosen)
+        tries = 0
+        while len(chosen) < k and tries < 64 * k:
+            candidates = rng.integers(0, num_clients, size=2 * (k - len(chosen)) + 8)
+            tries += len(candidates)
+            for c in candidates[available(candidates)].tolist():
+                if c not in seen:
+                    seen.add(c)
+                    chosen.append(c)
+                    if len(chosen) == k:
+                        break
+        if len(chosen) < k:  # few clients up: list them (once, vectorized) and draw the rest
+            every = np.arange(num_clients)
+            rest = np.setdiff1d(every[available(every)], np.asarray(chosen, dtype=np.int64))
+            need = k - len(chosen)
+            chosen += (rest if len(rest) <= need else
+                       rng.choice(rest, size=need, replace=False)).tolist()
+        return sorted(chosen)
 
     def spec(self) -> str:
         """``"K"`` or ``"C"`` (a fraction), as the command line takes it."""

@@ -49,12 +49,12 @@ from exogym.sim.partition import (
     parse_partition,
 )
 
-__all__ = ["BatchDataset", "DatasetFactory", "FixedSubset", "NodeBatches", "fetch",
-           "iterate_batches"]
+__all__ = ["PASS_KEY", "BatchDataset", "DatasetFactory", "FixedSubset", "NodeBatches", "fetch",
+           "fixed_shards", "iterate_batches", "node_pass_order", "seeded_generator"]
 
 DatasetFactory = Callable[[int, int, bool], Dataset]
 
-_PASS_KEY = 0x7061_7373  # "pass": separates node-pass seeds from the IID epoch seeds
+PASS_KEY = 0x7061_7373  # "pass": separates node-pass seeds from the IID epoch seeds
 
 
 @runtime_checkable
@@ -73,7 +73,7 @@ def fetch(dataset: Dataset, indices: Tensor) -> Any:
     return default_collate([dataset[int(i)] for i in indices])
 
 
-def _generator(*key: int) -> torch.Generator:
+def seeded_generator(*key: int) -> torch.Generator:
     seed = int(np.random.SeedSequence(list(key)).generate_state(1, dtype=np.uint64)[0] >> 1)
     return torch.Generator().manual_seed(seed)
 
@@ -85,6 +85,32 @@ def _length(dataset: Dataset) -> int:
         raise TypeError(
             f"datasets must define __len__ (map-style), got {type(dataset).__name__}"
         ) from None
+
+
+def fixed_shards(dataset: Dataset, num_nodes: int, batch_size: int, seed: int,
+                 partition: Partition) -> list[Tensor]:
+    """Each node's sample ids under a ``"dirichlet"``, ``"contiguous"`` or ``"natural"``
+    partition (every node at least ``batch_size`` of them)."""
+    if partition.kind == "contiguous":
+        return contiguous_shards(_length(dataset), num_nodes)
+    if partition.kind == "natural":
+        return natural_shards(dataset, num_nodes, min_size=batch_size)
+    labels = dataset_labels(dataset)
+    if labels is None:
+        raise ValueError(
+            f"partition {partition.spec!r} splits by class label, but "
+            f"{type(dataset).__name__} has no 'targets' (one integer label per sample); "
+            "for a dataset without labels (text) use partition='contiguous'"
+        )
+    assert partition.alpha is not None  # Partition guarantees it for "dirichlet"
+    return dirichlet_shards(labels, num_nodes, partition.alpha, seed=seed, min_size=batch_size)
+
+
+def node_pass_order(shard: Tensor, seed: int, node: int, n_pass: int) -> Tensor:
+    """A fixed ``shard`` of node ``node`` in the order of its pass ``n_pass`` (a permutation
+    seeded by ``(seed, node, pass)``)."""
+    gen = seeded_generator(seed, PASS_KEY, node, n_pass)
+    return shard[torch.randperm(len(shard), generator=gen)]
 
 
 class NodeBatches:
@@ -184,38 +210,22 @@ class NodeBatches:
         self._orders: dict[int, Tensor] = {0: self._permute(0)}
 
     def _fixed_shards(self, dataset: Dataset) -> list[Tensor]:
-        """Each node's sample ids under a ``"dirichlet"``, ``"contiguous"`` or ``"natural"``
-        partition."""
-        if self.partition.kind == "contiguous":
-            return contiguous_shards(_length(dataset), self.num_nodes)
-        if self.partition.kind == "natural":
-            return natural_shards(dataset, self.num_nodes, min_size=self.batch_size)
-        labels = dataset_labels(dataset)
-        if labels is None:
-            raise ValueError(
-                f"partition {self.partition.spec!r} splits by class label, but "
-                f"{type(dataset).__name__} has no 'targets' (one integer label per sample); "
-                "for a dataset without labels (text) use partition='contiguous'"
-            )
-        assert self.partition.alpha is not None  # Partition guarantees it for "dirichlet"
-        return dirichlet_shards(labels, self.num_nodes, self.partition.alpha, seed=self.seed,
-                                min_size=self.batch_size)
+        return fixed_shards(dataset, self.num_nodes, self.batch_size, self.seed, self.partition)
 
     def _node_pass(self, node: int, n_pass: int) -> Tensor:
         """Node ``node``'s fixed shard in the order of its pass ``n_pass``."""
         assert self.shards is not None
-        shard = self.shards[node]
-        gen = _generator(self.seed, _PASS_KEY, node, n_pass)
-        return shard[torch.randperm(len(shard), generator=gen)]
+        return node_pass_order(self.shards[node], self.seed, node, n_pass)
 
     def _permute(self, epoch: int) -> Tensor:
         """Sample ids for this epoch: ``[N, per_node]``."""
         n, per = self.num_nodes, self.per_node
         if self.shared is not None:
-            perm = torch.randperm(_length(self.shared), generator=_generator(self.seed, epoch))
+            perm = torch.randperm(_length(self.shared),
+                                  generator=seeded_generator(self.seed, epoch))
             return perm[: n * per].view(per, n).t().contiguous()  # node i: perm[i::n]
         return torch.stack([
-            torch.randperm(_length(ds), generator=_generator(self.seed, epoch, rank))[:per]
+            torch.randperm(_length(ds), generator=seeded_generator(self.seed, epoch, rank))[:per]
             for rank, ds in enumerate(self.datasets)
         ])
 

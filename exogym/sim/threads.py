@@ -214,15 +214,15 @@ class NodeRandomness(TorchFunctionMode):
         return op(input, lower, upper, training, generator=self.generator)
 
 
-def node_seeds(num_nodes: int, first: int = 0) -> list[int]:
-    """One seed per node from a hash of torch's global generator state and the node index
-    (``first`` is the index of the first of the ``num_nodes``: a group of a paged run), without
-    drawing from the global generator."""
+def node_seeds(num_nodes: int, first: int = 0, ids: Sequence[int] | None = None) -> list[int]:
+    """One seed per node from a hash of torch's global generator state and the node's global
+    index, without drawing from the global generator: nodes ``first`` to ``first + num_nodes -
+    1`` (a group of a paged run), or the given ``ids`` (a population's seated clients)."""
     state = hashlib.blake2b(torch.get_rng_state().numpy().tobytes(), digest_size=16).digest()
     return [
         int.from_bytes(hashlib.blake2b(state + i.to_bytes(8, "little"), digest_size=8).digest(),
                        "little") >> 1
-        for i in range(first, first + num_nodes)
+        for i in (range(first, first + num_nodes) if ids is None else ids)
     ]
 
 

@@ -347,6 +347,27 @@ class Strategy(metaclass=_Recognising):
             for e in residuals.values():
                 e[row].zero_()
 
+    def client_state(self) -> list[Tensor]:
+        """The node-stacked tensors that are a node's own state besides its model: the inner
+        optimizer's state (moments, momentum), :meth:`node_state` and the transport codec's
+        error-feedback residuals. A client of a population that keeps its state
+        (``client_state="keep"``) carries its rows of these from one round to its next; the
+        per-node step counts (:attr:`node_steps`) go with them."""
+        tensors = _optimizer_rows(self.optimizer, self.nodes.num_nodes)
+        tensors += list(self.node_state().values())
+        residuals = getattr(self.transport_codec, "residuals", None)
+        return tensors + list((residuals or {}).values())
+
+    def restart_row(self, row: int) -> None:
+        """Local row ``row`` starts afresh: zero inner optimizer state, step count 0, no
+        residuals (a client that keeps no state, at the start of each of its rounds)."""
+        if self.node_steps is None:
+            self.node_steps = torch.full((self.nodes.num_nodes,), _count(self.optimizer),
+                                         dtype=torch.long)
+        for t in self.client_state():
+            t[row].zero_()
+        self.node_steps[row] = 0
+
     def node_state(self) -> dict[str, Tensor]:
         """The strategy's own node-stacked tensors besides the parameters, buffers and inner
         optimizer state (DeMo's momenta), which a recovering node copies from its donor."""

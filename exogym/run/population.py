@@ -1,0 +1,273 @@
+"""A population of clients: a round costs what its participants cost.
+
+Cross-device federated learning trains ``N`` clients of which ``K`` take part in a round
+(McMahan et al. 2017, Algorithm 1; pfl-research's and Flower's simulations). A run with partial
+participation holds ``K`` *seats*, not ``N`` rows: the node-stacked replicas, the strategy's
+per-node state, the communicator and the simulated clock are those of a ``K``-node run, and a
+client is a seat's occupant for one round. At a round's first step (:meth:`Population.start_round`)
+
+1. the round's clients are drawn among the available ones (:meth:`exogym.sim.participation.
+   Participation.draw_ids`: seeded by the run's seed and the round, so the draw never depends on
+   how the run is executed; ``O(K)`` work in a perfect world), sorted by id and seated in that
+   order (seat ``j`` holds the ``j``-th smallest id, so reductions add the clients' rows in the
+   order a run with every client in memory adds them);
+2. each seat's own state starts afresh (``client_state="fresh"``: nothing is stored per client)
+   or is read back from the client store (``"keep"``: :mod:`exogym.run.client_store`);
+3. each client that did not take part in the previous round receives the global model, as in
+   a run with every client in memory (:meth:`exogym.strategy.base.Strategy.recover`, the
+   ``recovery`` the client state implies): from a client of the previous round, in turn, point
+   to point, counted and timed. In seats, the sender is the seat its donor held in the previous
+   round (the seat's previous occupant may hand the model on to its next: a send from a seat to
+   itself is two clients);
+
+then the ``K`` seats compute the round's steps as any ``K`` nodes do, and at the round's end a
+client that keeps state is written back. No step touches the other ``N - K`` clients: their
+data positions, bytes and stored state exist only once they have trained.
+
+Accounting. The communicator counts bytes per seat; the population settles each seat's bytes
+to its occupant whenever the seats change hands (a join's bytes to the donor that sent them),
+into per-client totals (``float64[N]``, allocated once: 16 MB for a million clients). The
+communicator's log is in seats; :func:`client_records` gives it in client ids (each record's
+seats mapped through the round it was made in), the form a run with every client in memory
+logs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from exogym.sim.comm import CommRecord, Communicator
+from exogym.sim.participation import Participation
+from exogym.strategy.base import Strategy
+
+if TYPE_CHECKING:
+    from exogym.run.client_store import ClientStore
+    from exogym.sim.client_data import ClientBatches
+    from exogym.sim.clock import SimClock
+    from exogym.sim.engine import NodeStack
+
+__all__ = ["Population", "client_records"]
+
+Availability = Callable[[np.ndarray], np.ndarray]
+
+
+class Population:
+    """``N`` clients over ``K`` seats (the module docstring).
+
+    Args:
+        num_clients: ``N``.
+        participation: how many clients per round (``K``) and ``client_state``.
+        period: steps per round (the strategy's ``H``).
+        batches: the clients' data (:class:`~exogym.sim.client_data.ClientBatches`).
+        store: where clients that keep state keep it (``client_state="keep"``), else None.
+        availability: which clients are up at a simulated time (a function of the time that
+            returns a vectorized test of an id array), or None: every client always.
+    """
+
+    def __init__(self, num_clients: int, participation: Participation, period: int,
+                 batches: ClientBatches, *, store: ClientStore | None = None,
+                 availability: Callable[[float], Availability] | None = None) -> None:
+        if participation.client_state == "keep" and store is None:
+            raise ValueError("client_state='keep' needs a client store")
+        self.num_clients, self.participation, self.period = num_clients, participation, period
+        self.num_seats = participation.per_round(num_clients)
+        self.batches, self.store, self.availability = batches, store, availability
+        self.seated: list[int] = []  # this round's clients, sorted (seat j: the j-th)
+        self.previous: list[int] = []  # the previous round's
+        self.rounds: list[list[int]] = []  # every round's clients (a round: K ints)
+        self.sent = np.zeros(num_clients)  # per client, settled (module docstring)
+        self.received = np.zeros(num_clients)
+        self._base = [[0.0] * self.num_seats, [0.0] * self.num_seats]
+        self.counts: dict[str, Any] = {"joins": 0, "join_bytes": 0.0, "join_time_s": 0.0}
+
+    # -- the round -----------------------------------------------------------------------------
+    @property
+    def active(self) -> list[bool] | None:
+        """The seats that compute (None: all; a round with fewer clients up than seats leaves
+        the rest empty)."""
+        if len(self.seated) == self.num_seats:
+            return None
+        return [j < len(self.seated) for j in range(self.num_seats)]
+
+    def start_round(self, step: int, strategy: Strategy, nodes: NodeStack, comm: Communicator,
+                    clock: SimClock | None,
+                    recovered: Callable[[int, int, int, float, float], None],
+                    feed: Callable[[], None]) -> None:
+        """Draw, seat and prepare the round starting at ``step`` (the module docstring);
+        ``recovered(client, donor, bytes, seconds)`` is told of each join once ``feed`` has
+        given the clock its transfer (``recovered(seat, client, donor, bytes, seconds)``)."""
+        self.settle(comm)
+        now = clock.now if clock is not None else 0.0
+        up = self.availability(now) if self.availability is not None else None
+        clients = self.participation.draw_ids(step // self.period, self.num_clients, up)
+        self.previous, self.seated = self.seated, clients
+        self.rounds.append(list(clients))
+        nodes.row_ids = self.seated_rows()
+        for row, client in enumerate(clients):
+            self._own_state(strategy, row, client)
+        for row in range(len(clients), self.num_seats):
+            strategy.restart_row(row)
+        joins = self._joins(up)
+        if not joins:
+            return
+        before = [(comm.bytes_received[seat], _time(clock, seat)) for seat, _ in joins]
+        with _recovery_as(strategy):
+            for seat, donor_seat in joins:
+                strategy.recover(seat, donor_seat)
+        feed()
+        for (seat, donor_seat), (received, start) in zip(joins, before, strict=True):
+            got = comm.bytes_received[seat] - received
+            donor = self.previous[donor_seat]
+            self.sent[donor] += got  # the donor sent it, not the seat's new occupant
+            self._base[0][donor_seat] += got
+            self.counts["joins"] += 1
+            self.counts["join_bytes"] += got
+            seconds = _time(clock, seat) - start
+            self.counts["join_time_s"] += seconds
+            recovered(seat, clients[seat], donor, got, seconds)
+
+    def seated_rows(self) -> list[int]:
+        """Each seat's client (the threads engine seeds a seat's generator by it); an empty
+        seat repeats the first client (it does not compute)."""
+        if not self.seated:
+            return list(range(self.num_seats))
+        return self.seated + [self.seated[0]] * (self.num_seats - len(self.seated))
+
+    def _joins(self, up: Availability | None) -> list[tuple[int, int]]:
+        """``(seat, donor's seat in the previous round)`` for each client not in the previous
+        round: its donor is a client of the previous round that is up, in turn (the first of
+        them if none is up)."""
+        if not self.previous:
+            return []
+        before = set(self.previous)
+        seats = list(range(len(self.previous)))
+        if up is not None:
+            flags = up(np.asarray(self.previous, dtype=np.int64))
+            seats = [s for s in seats if flags[s]] or [0]
+        new = [seat for seat, c in enumerate(self.seated) if c not in before]
+        return [(seat, seats[k % len(seats)]) for k, seat in enumerate(new)]
+
+    def _own_state(self, strategy: Strategy, row: int, client: int) -> None:
+        """Seat ``row``'s own state for ``client``: its stored state, else a fresh one."""
+        if self.store is not None and self.store.load(client, strategy, row):
+            return
+        strategy.restart_row(row)
+
+    def end_round(self, strategy: Strategy) -> None:
+        """The round is over: clients that keep state write theirs back."""
+        if self.store is not None:
+            for row, client in enumerate(self.seated):
+                self.store.save(client, strategy, row)
+
+    def batch(self) -> Any:
+        """The seats' next batch (``[K, B, ...]``): each seated client's next samples; an
+        empty seat repeats the first seat's samples (it does not compute)."""
+        batch = self.batches.batch(self.seated)
+        missing = self.num_seats - len(self.seated)
+        if not missing:
+            return batch
+        return torch.utils._pytree.tree_map(
+            lambda t: torch.cat([t, t[:1].expand(missing, *t.shape[1:])])
+            if isinstance(t, torch.Tensor) else t, batch)
+
+    # -- accounting ----------------------------------------------------------------------------
+    def settle(self, comm: Communicator) -> None:
+        """Credit each seat's bytes since the last settlement to its occupant."""
+        for seat, client in enumerate(self.seated):
+            for total, counter, base in ((self.sent, comm.bytes_sent, self._base[0]),
+                                         (self.received, comm.bytes_received, self._base[1])):
+                total[client] += counter[seat] - base[seat]
+        self._base = [list(comm.bytes_sent), list(comm.bytes_received)]
+
+    def client_of(self, seat: int, step: int) -> int:
+        """Who sat in ``seat`` at ``step``."""
+        return self.rounds[min(step // self.period, len(self.rounds) - 1)][seat]
+
+    def totals(self, comm: Communicator) -> tuple[np.ndarray, np.ndarray]:
+        """Every client's bytes sent and received so far (settled now)."""
+        self.settle(comm)
+        return self.sent, self.received
+
+    def report(self) -> dict[str, Any]:
+        """The population's part of ``summary.json``."""
+        trained = self.batches.position
+        return {"clients": self.num_clients, "per_round": self.num_seats,
+                "client_state": self.participation.client_state, "rounds": len(self.rounds),
+                "clients_trained": len(trained), **self.counts,
+                **({} if self.store is None else {"store": self.store.report()})}
+
+    # -- state -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The draws so far, the seating, the settled bytes of the clients that have any (no
+        per-client array: ``N`` may be a million) and the data positions."""
+        touched = np.flatnonzero((self.sent != 0) | (self.received != 0))
+        return {"rounds": torch.tensor([c for r in self.rounds for c in r] or [],
+                                       dtype=torch.int64),
+                "round_sizes": [len(r) for r in self.rounds], "seated": list(self.seated),
+                "previous": list(self.previous), "base": [list(b) for b in self._base],
+                "touched": torch.from_numpy(touched),
+                "sent": torch.from_numpy(self.sent[touched]),
+                "received": torch.from_numpy(self.received[touched]),
+                "counts": dict(self.counts),
+                **({} if self.store is None else {"store": self.store.state_dict()})}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        flat, self.rounds, at = state["rounds"].tolist(), [], 0
+        for size in state["round_sizes"]:
+            self.rounds.append(flat[at: at + size])
+            at += size
+        self.seated = [int(c) for c in state["seated"]]
+        self.previous = [int(c) for c in state["previous"]]
+        self._base = [[float(v) for v in b] for b in state["base"]]
+        touched = state["touched"].numpy()
+        self.sent[:], self.received[:] = 0.0, 0.0
+        self.sent[touched] = state["sent"].numpy()
+        self.received[touched] = state["received"].numpy()
+        self.counts = dict(state["counts"])
+        if self.store is not None:
+            self.store.load_state_dict(state["store"])
+
+
+def client_records(log: Sequence[CommRecord], rounds: Sequence[Sequence[int]], period: int,
+                   ) -> list[CommRecord]:
+    """A population run's log in client ids, as a run with every client in memory logs it:
+    members as a bit mask of client ids, a send's ``src`` the donor (the seat's occupant in the
+    previous round: a join), ``dst`` the receiver."""
+    out = []
+    for rec in log:
+        k = min(max(rec.step, 0) // period, len(rounds) - 1)
+        seated = rounds[k]
+        seats = ([s for s in range(len(seated)) if rec.members >> s & 1] if rec.members >= 0
+                 else range(len(seated)))
+        if rec.op == "send":
+            src = rounds[k - 1][rec.src] if k > 0 else seated[rec.src]
+            dst = seated[rec.dst]
+            out.append(replace(rec, members=(1 << src) | (1 << dst), src=src, dst=dst))
+            continue
+        bits = sum(1 << seated[s] for s in seats)
+        out.append(replace(rec, members=bits,
+                           src=seated[rec.src] if rec.src >= 0 else -1,
+                           dst=seated[rec.dst] if rec.dst >= 0 else -1))
+    return out
+
+
+def _time(clock: SimClock | None, seat: int) -> float:
+    return clock.t[seat] if clock is not None else 0.0
+
+
+@contextlib.contextmanager
+def _recovery_as(strategy: Strategy) -> Iterator[None]:
+    """A joining client's recovery: its own state is already in its seat (``"keep"``: kept as
+    it is), the global model comes from the donor."""
+    before = strategy.recovery
+    strategy.recovery = "keep"
+    try:
+        yield
+    finally:
+        strategy.recovery = before
