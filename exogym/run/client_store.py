@@ -56,6 +56,13 @@ def parse_client_store(spec: str) -> tuple[int, Path | None]:
     return int(value), (Path(folder) if folder else None)
 
 
+def _typed(chunk: Tensor, dtype: torch.dtype) -> Tensor:
+    """Raw bytes as ``dtype`` (copied first where they do not start at a multiple of its
+    size: a record packs tensors of several dtypes)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    return (chunk if chunk.storage_offset() % size == 0 else chunk.clone()).view(dtype)
+
+
 class ClientStore:
     """Clients' own state, in host memory up to ``memory`` bytes and on disk beyond it (the
     module docstring).
@@ -123,12 +130,12 @@ class ClientStore:
         with torch.no_grad():
             for t in tensors:
                 n = t[row].numel() * t.element_size()
-                t[row].copy_(record[at: at + n].view(t.dtype).view(t[row].shape))
+                t[row].copy_(_typed(record[at: at + n], t.dtype).view(t[row].shape))
                 at += n
         if strategy.node_steps is None:
             strategy.restart_row(row)  # creates the per-node counts
         assert strategy.node_steps is not None
-        strategy.node_steps[row] = int(record[at:].view(torch.int64)[0])
+        strategy.node_steps[row] = int(_typed(record[at:], torch.int64)[0])
         return True
 
     def __contains__(self, client: int) -> bool:
@@ -190,20 +197,21 @@ class ClientStore:
                 "stats": dict(self.stats)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if Path(state["folder"]).resolve() != self.folder.resolve():
-            raise ValueError(f"the checkpoint's client store is {state['folder']!r}, this run's "
-                             f"{str(self.folder)!r}: give the same client_store folder")
         self.host.clear()
         self.host_bytes = 0
         self.on_disk.clear()
         self.index = {int(c): (int(s), int(o), int(n)) for c, s, o, n in
                       state["index"].tolist()}
         self.stats = {k: int(v) for k, v in state["stats"].items()}
+        ends: dict[int, tuple[int, int]] = {}  # segment -> (its last record's end, client)
         for client, (segment, offset, length) in self.index.items():
+            ends[segment] = max(ends.get(segment, (0, client)), (offset + length, client))
+        for segment, (end, client) in ends.items():
             path = self._path(segment)
-            if not path.exists() or path.stat().st_size < offset + length:
+            if not path.exists() or path.stat().st_size < end:
                 raise ValueError(f"client {client}'s stored state is not in {path} any more "
-                                 "(the client store's folder was changed since the checkpoint)")
+                                 f"(the checkpoint's store was {state['folder']!r}; a run folder "
+                                 "moved with its client-store is fine, a changed store is not)")
 
     def report(self) -> dict[str, Any]:
         return {"clients": len(self), "host_bytes": self.host_bytes, **self.stats,

@@ -24,9 +24,11 @@ then the ``K`` seats compute the round's steps as any ``K`` nodes do, and at the
 client that keeps state is written back. No step touches the other ``N - K`` clients: their
 data positions, bytes and stored state exist only once they have trained.
 
-Accounting. The communicator counts bytes per seat; the population settles each seat's bytes
-to its occupant whenever the seats change hands (a join's bytes to the donor that sent them),
-into per-client totals (``float64[N]``, allocated once: 16 MB for a million clients). The
+Accounting. The communicator tells the population each record's bytes per seat as it counts
+them (:attr:`exogym.sim.comm.Communicator.on_record`), and the population credits them to the
+seats' clients (a join's sent bytes to the donor), into per-client totals (``float64[N]``,
+allocated once: 16 MB for a million clients), in the order a run with a row per client adds
+them. The
 communicator's log is in seats; :func:`client_records` gives it in client ids (each record's
 seats mapped through the round it was made in), the form a run with every client in memory
 logs.
@@ -81,9 +83,9 @@ class Population:
         self.seated: list[int] = []  # this round's clients, sorted (seat j: the j-th)
         self.previous: list[int] = []  # the previous round's
         self.rounds: list[list[int]] = []  # every round's clients (a round: K ints)
-        self.sent = np.zeros(num_clients)  # per client, settled (module docstring)
+        self.sent = np.zeros(num_clients)  # per client (module docstring)
         self.received = np.zeros(num_clients)
-        self._base = [[0.0] * self.num_seats, [0.0] * self.num_seats]
+        self._joining = False  # sends are joins: from the seat's previous occupant
         self.counts: dict[str, Any] = {"joins": 0, "join_bytes": 0.0, "join_time_s": 0.0}
 
     # -- the round -----------------------------------------------------------------------------
@@ -102,7 +104,6 @@ class Population:
         """Draw, seat and prepare the round starting at ``step`` (the module docstring);
         ``recovered(client, donor, bytes, seconds)`` is told of each join once ``feed`` has
         given the clock its transfer (``recovered(seat, client, donor, bytes, seconds)``)."""
-        self.settle(comm)
         now = clock.now if clock is not None else 0.0
         up = self.availability(now) if self.availability is not None else None
         clients = self.participation.draw_ids(step // self.period, self.num_clients, up)
@@ -117,15 +118,17 @@ class Population:
         if not joins:
             return
         before = [(comm.bytes_received[seat], _time(clock, seat)) for seat, _ in joins]
-        with _recovery_as(strategy):
-            for seat, donor_seat in joins:
-                strategy.recover(seat, donor_seat)
+        self._joining = True
+        try:
+            with _recovery_as(strategy):
+                for seat, donor_seat in joins:
+                    strategy.recover(seat, donor_seat)
+        finally:
+            self._joining = False
         feed()
         for (seat, donor_seat), (received, start) in zip(joins, before, strict=True):
             got = comm.bytes_received[seat] - received
             donor = self.previous[donor_seat]
-            self.sent[donor] += got  # the donor sent it, not the seat's new occupant
-            self._base[0][donor_seat] += got
             self.counts["joins"] += 1
             self.counts["join_bytes"] += got
             seconds = _time(clock, seat) - start
@@ -177,21 +180,25 @@ class Population:
             if isinstance(t, torch.Tensor) else t, batch)
 
     # -- accounting ----------------------------------------------------------------------------
-    def settle(self, comm: Communicator) -> None:
-        """Credit each seat's bytes since the last settlement to its occupant."""
+    def on_record(self, op: str, sent: list[float], received: list[float], src: int,
+                  dst: int) -> None:
+        """A record's bytes per seat, credited to the seats' clients as they are counted (the
+        order a run with a row per client adds them in: the same totals, bit for bit); a
+        join's sender is the seat's previous occupant."""
         for seat, client in enumerate(self.seated):
-            for total, counter, base in ((self.sent, comm.bytes_sent, self._base[0]),
-                                         (self.received, comm.bytes_received, self._base[1])):
-                total[client] += counter[seat] - base[seat]
-        self._base = [list(comm.bytes_sent), list(comm.bytes_received)]
+            out = sent[seat]
+            if out and self._joining and op == "send" and seat == src:
+                self.sent[self.previous[src]] += out
+                out = 0.0
+            self.sent[client] += out
+            self.received[client] += received[seat]
 
     def client_of(self, seat: int, step: int) -> int:
         """Who sat in ``seat`` at ``step``."""
         return self.rounds[min(step // self.period, len(self.rounds) - 1)][seat]
 
-    def totals(self, comm: Communicator) -> tuple[np.ndarray, np.ndarray]:
-        """Every client's bytes sent and received so far (settled now)."""
-        self.settle(comm)
+    def totals(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every client's bytes sent and received so far."""
         return self.sent, self.received
 
     def report(self) -> dict[str, Any]:
@@ -204,13 +211,13 @@ class Population:
 
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The draws so far, the seating, the settled bytes of the clients that have any (no
+        """The draws so far, the seating, the bytes of the clients that have any (no
         per-client array: ``N`` may be a million) and the data positions."""
         touched = np.flatnonzero((self.sent != 0) | (self.received != 0))
         return {"rounds": torch.tensor([c for r in self.rounds for c in r] or [],
                                        dtype=torch.int64),
                 "round_sizes": [len(r) for r in self.rounds], "seated": list(self.seated),
-                "previous": list(self.previous), "base": [list(b) for b in self._base],
+                "previous": list(self.previous),
                 "touched": torch.from_numpy(touched),
                 "sent": torch.from_numpy(self.sent[touched]),
                 "received": torch.from_numpy(self.received[touched]),
@@ -224,7 +231,6 @@ class Population:
             at += size
         self.seated = [int(c) for c in state["seated"]]
         self.previous = [int(c) for c in state["previous"]]
-        self._base = [[float(v) for v in b] for b in state["base"]]
         touched = state["touched"].numpy()
         self.sent[:], self.received[:] = 0.0, 0.0
         self.sent[touched] = state["sent"].numpy()

@@ -258,6 +258,7 @@ class Run:
             store = ClientStore(memory, folder)
         self.population = Population(s.num_nodes, s.participation,
                                      self.strategy.sync_period or 1, self.batches, store=store)
+        comm.on_record = self.population.on_record
         return nodes, comm
 
     def _scheduler(self) -> Scheduler:
@@ -429,7 +430,7 @@ class Run:
     def _most_bytes(self) -> dict[str, float]:
         """The bytes sent and received by the busiest node (client) so far."""
         if self.population is not None:
-            sent, received = self.population.totals(self.comm)
+            sent, received = self.population.totals()
             return {"bytes_sent": float(sent.max()), "bytes_received": float(received.max())}
         return {"bytes_sent": max(self.comm.bytes_sent),
                 "bytes_received": max(self.comm.bytes_received)}
@@ -531,7 +532,7 @@ class Run:
         s, tl = self.settings, self.timelines
         pop = self.population
         sent, received = ((list(self.comm.bytes_sent), list(self.comm.bytes_received))
-                          if pop is None else pop.totals(self.comm))
+                          if pop is None else pop.totals())
         return FitResult(
             model=model, history=self.history, final=final, strategy=self.strategy.id,
             hyperparameters=self.strategy.hyperparameters(), num_nodes=s.num_nodes,

@@ -49,7 +49,7 @@ node nothing is sent and the codec is not applied (a collective of one row retur
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import astuple, dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -234,6 +234,9 @@ class Communicator(abc.ABC):
         # Whether the rows are seats of a population's clients (exogym.run.population): a seat's
         # previous client may then send to its next one (``send`` with ``src == dst``).
         self.seats = False
+        # Told of every record's bytes per row: ``(op, sent, received, src, dst)`` (a
+        # population credits them to the seats' clients).
+        self.on_record: Callable[[str, list[float], list[float], int, int], None] | None = None
 
     @property
     def n_local(self) -> int:
@@ -557,6 +560,8 @@ class Communicator(abc.ABC):
         for i in range(self.num_nodes):
             self.bytes_sent[i] += sent[i]
             self.bytes_received[i] += received[i]
+        if self.on_record is not None:
+            self.on_record(op, sent, received, src, dst)
         self.log.append(CommRecord(op, payload, self.step, tag, overlap, codec, members, src,
                                    dst))
 

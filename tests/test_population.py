@@ -1,0 +1,245 @@
+"""Populations (exogym.run.population): a run with partial participation holds the round's K
+clients in seats, and gives the numbers of the run with a row per client: the same draws,
+bytes, collectives (in client ids), events, losses and model, bit for bit; a million clients
+start and train; the data of a population (exogym.sim.client_data); the client store
+(exogym.run.client_store) and exact resume."""
+
+from __future__ import annotations
+
+import shutil
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from resume_cases import Labelled, Net, data
+
+from exogym import Trainer
+from exogym.run.client_store import ClientStore, parse_client_store
+from exogym.run.population import client_records
+from exogym.sim.client_data import ClientBatches, shard_mode
+from exogym.sim.participation import Participation
+from exogym.sim.sharding import NodeBatches
+from exogym.strategy import make
+from exogym.strategy.optim import OptimSpec
+
+WALL = {"wall_s"}
+
+
+def fit(strategy: Any, mode: str, *, nodes: int = 6, steps: int = 12, k: int = 2,
+        **extra: Any):
+    torch.manual_seed(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return Trainer(Net(), data(), data()).fit(
+            strategy=strategy, num_nodes=nodes, max_steps=steps, batch_size=4,
+            network="home-100mbps", step_time=0.1, progress=False, log_interval=1,
+            eval_interval=steps, participation=k, clients_in_memory=mode, **extra)
+
+
+def rows(result: Any) -> list[dict[str, Any]]:
+    return [{k: v for k, v in row.items() if k not in WALL} for row in result.history]
+
+
+def assert_same_run(a: Any, b: Any, period: int) -> None:
+    """``b`` (seats) gives ``a``'s numbers (a row per client) exactly."""
+    assert b.population is not None and a.population is None
+    assert rows(a) == rows(b)
+    assert a.bytes_sent == list(b.bytes_sent) and a.bytes_received == list(b.bytes_received)
+    assert a.events == b.events and a.world == b.world
+    assert client_records(b.comm_log, b.rounds, period) == a.comm_log
+    assert a.clock.total_s == b.clock.total_s
+    for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values(), strict=True):
+        assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("sid", ["fedavg", "diloco", "fedadam", "fedprox"])
+@pytest.mark.parametrize("state", ["fresh", "keep"])
+def test_seats_give_the_numbers_of_a_row_per_client(sid: str, state: str) -> None:
+    h = 2
+    a = fit(make(sid, H=h), "all", client_state=state)
+    b = fit(make(sid, H=h), "round", client_state=state)
+    assert_same_run(a, b, h)
+    assert b.population["rounds"] == 6 and b.population["per_round"] == 2
+    assert len(b.rounds) == 6 and all(r == sorted(r) and len(r) == 2 for r in b.rounds)
+    assert b.population["joins"] == b.world["recoveries"] > 0
+
+
+@pytest.mark.parametrize("engine", ["loop", "threads"])
+def test_seats_on_both_engines_with_dropout_and_a_dirichlet_split(engine: str) -> None:
+    def run(mode: str) -> Any:
+        torch.manual_seed(3)
+        return Trainer(Net(drop=True), data(), data()).fit(
+            strategy=make("fedavg", H=3), num_nodes=8, max_steps=9, batch_size=4,
+            network="home-100mbps", step_time=0.1, progress=False, log_interval=1,
+            eval_interval=9, participation=3, clients_in_memory=mode, engine=engine,
+            partition="dirichlet:1.0")
+
+    assert_same_run(run("all"), run("round"), 3)
+
+
+def test_a_fresh_client_restarts_its_state_every_round_and_a_kept_one_does_not() -> None:
+    # stateless SGD: the client state cannot matter; Adam: it does
+    sgd = [fit(make("fedavg", H=2, optim=OptimSpec(name="sgd", lr=0.05)), "round",
+               client_state=s) for s in ("fresh", "keep")]
+    assert rows(sgd[0]) == rows(sgd[1])
+    adam = [fit(make("fedavg", H=2), "round", client_state=s) for s in ("fresh", "keep")]
+    assert rows(adam[0]) != rows(adam[1])
+    store = adam[1].population["store"]
+    # every client that trained wrote its state after each of its rounds: 6 rounds x 2
+    assert store["writes"] == 12 and store["clients"] == adam[1].population["clients_trained"]
+    assert store["reads"] == 12 - store["clients"]  # a client's first round reads nothing
+
+
+def test_a_million_clients_start_in_seconds_and_train_the_round_s_few() -> None:
+    n = 1_000_000
+    t0 = time.perf_counter()
+    torch.manual_seed(0)
+    big = Labelled(torch.randn(400, 6), torch.randint(0, 3, (400,)))
+    r = Trainer(Net(), big, data()).fit(
+        strategy=make("fedavg", H=2), num_nodes=n, max_steps=6, batch_size=4,
+        network="home-100mbps", step_time=0.1, progress=False, log_interval=2,
+        participation=5, partition="dirichlet:0.5", eval_samples=None)
+    assert time.perf_counter() - t0 < 60  # a generous bound: seconds here
+    assert r.population["clients"] == n and r.population["clients_trained"] == 15
+    assert r.samples == 5 * 6 * 4
+    assert len(r.bytes_sent) == n and np.count_nonzero(np.asarray(r.bytes_sent)) == 15
+    summary = r.to_dict()
+    assert summary["bytes_sent_per_node"]["nodes_with_traffic"] == 15
+    drawn = [c for rnd in r.rounds for c in rnd]
+    assert drawn == [c for k in range(3) for c in Participation(count=5).draw_ids(k, n)]
+
+
+def test_the_draw_is_o_k_uniform_among_the_available_and_the_rows_path_s_draw() -> None:
+    p = Participation(count=10, seed=2)
+    t0 = time.perf_counter()
+    ids = p.draw_ids(7, 10**9)
+    assert time.perf_counter() - t0 < 0.5 and ids == sorted(set(ids)) and len(ids) == 10
+    # the rows path's boolean form is the same draw
+    flags = p.draw(3, [True] * 50)
+    assert [i for i, f in enumerate(flags) if f] == p.draw_ids(3, 50)
+    up = np.arange(50) % 5 == 0  # 10 of 50 up
+    assert p.draw(3, up.tolist()) == [bool(u) for u in up]  # as many up as K: all of them
+    few = np.arange(1000) % 100 == 0  # 10 up of 1,000: found by listing them
+    assert p.draw_ids(1, 1000, few.__getitem__) == list(range(0, 1000, 100))
+    # uniform among the available: each of 40 available clients drawn 1/4 of the time
+    half = np.arange(80) % 2 == 0
+    counts = np.zeros(80)
+    for r in range(2000):
+        counts[Participation(count=10, seed=r).draw_ids(0, 80, half.__getitem__)] += 1
+    assert counts[~half].sum() == 0
+    assert np.all(np.abs(counts[half] / 2000 - 0.25) < 0.05)  # 5 sigma: sqrt(.25*.75/2000)=.01
+
+
+def test_client_batches_deal_the_rows_path_s_batches() -> None:
+    ds = data()
+    for partition in ("iid", "dirichlet:0.7", "contiguous"):
+        rows_path = NodeBatches(ds, 6, 4, seed=5, partition=partition)
+        seats = ClientBatches(ds, 6, 4, seed=5, partition=partition)
+        assert seats.mode == "disjoint"
+        assert seats.steps_per_epoch == rows_path.steps_per_epoch
+        for step in range(20):  # clients 1 and 4 train, the others wait
+            active = [i in (1, 4) for i in range(6)]
+            ids = rows_path.next_indices(active)
+            mine = torch.stack([seats.next_ids(c) for c in (1, 4)])
+            assert torch.equal(ids[[1, 4]], mine), (partition, step)
+
+
+def test_sampled_shards_are_drawn_per_client_from_the_seed() -> None:
+    ds = Labelled(torch.randn(200, 6), torch.arange(200) % 4)
+    assert shard_mode(200, 100, 4) == "sampled" and shard_mode(200, 50, 4) == "disjoint"
+    a = ClientBatches(ds, 10**6, 4, seed=1, partition="dirichlet:0.1")
+    b = ClientBatches(ds, 10**6, 4, seed=1, partition="dirichlet:0.1")
+    assert a.per_client == 4  # max(B, L // N)
+    assert torch.equal(a.shard(123_456), b.shard(123_456))
+    assert not torch.equal(a.shard(1), a.shard(2))
+    # alpha = 0.1: a client's samples come from few classes
+    classes = [len(set(ds.targets[a.shard(c)].tolist())) for c in range(200)]
+    assert np.mean(classes) < 2.0
+    iid = ClientBatches(ds, 1000, 8, seed=1, partition="iid")
+    assert iid.per_client == 8 and len(set(iid.shard(3).tolist())) == 8
+    assert a.partition_stats() == {"partition": "dirichlet:0.1", "mode": "sampled",
+                                   "clients": 10**6, "samples_per_client": 4}
+    with pytest.raises(ValueError, match=r"contiguous.*at most 50 clients"):
+        ClientBatches(ds, 1000, 4, seed=1, partition="contiguous")
+
+
+def test_client_store_keeps_records_in_memory_then_on_disk(tmp_path: Path) -> None:
+    class Fake:  # the store's view of a strategy: its client rows and step counts
+        def __init__(self) -> None:
+            self.m = torch.zeros(3, 5)
+            self.v = torch.zeros(3, 2, dtype=torch.float64)
+            self.node_steps = torch.zeros(3, dtype=torch.long)
+
+        def client_state(self) -> list[torch.Tensor]:
+            return [self.m, self.v]
+
+        def restart_row(self, row: int) -> None:
+            self.m[row], self.v[row], self.node_steps[row] = 0, 0, 0
+
+    s = Fake()
+    record = 5 * 4 + 2 * 8 + 8  # bytes of one client's rows and its count
+    store = ClientStore(2 * record, tmp_path / "store")
+    for client in range(4):
+        s.m[0], s.v[0], s.node_steps[0] = client, -client, 10 + client
+        store.save(client, s, 0)  # type: ignore[arg-type]
+    assert store.host_bytes == 2 * record and sorted(store.host) == [2, 3]
+    assert sorted(store.index) == [0, 1] and store.stats["disk_bytes"] == 2 * record
+    for client in (0, 3):
+        assert store.load(client, s, 1)  # type: ignore[arg-type]
+        assert torch.equal(s.m[1], torch.full((5,), float(client)))
+        assert torch.equal(s.v[1], torch.full((2,), -float(client), dtype=torch.float64))
+        assert int(s.node_steps[1]) == 10 + client
+    assert not store.load(9, s, 1)  # type: ignore[arg-type]
+    state = store.state_dict()  # host records appended: the index names every client
+    assert state["index"][:, 0].tolist() == [0, 1, 2, 3]
+    again = ClientStore(0, tmp_path / "store")
+    again.load_state_dict(state)
+    assert again.load(2, s, 2) and int(s.node_steps[2]) == 12  # type: ignore[arg-type]
+    for segment in (tmp_path / "store").glob("segment-*.bin"):
+        segment.write_bytes(b"")
+    with pytest.raises(ValueError, match="not in .* any more"):
+        ClientStore(0, tmp_path / "store").load_state_dict(state)
+    assert parse_client_store("2GB:/x") == (2 * 10**9, Path("/x"))
+    with pytest.raises(ValueError, match="SIZE must be a number of bytes"):
+        parse_client_store("lots")
+
+
+def test_a_population_that_keeps_state_resumes_bit_for_bit(tmp_path: Path) -> None:
+    def run(out: Path, **extra: Any) -> Any:
+        return fit(make("fedavg", H=2), "round", nodes=40, steps=10, k=3, out_dir=out,
+                   client_state="keep", client_store="0B", **extra)
+
+    full = run(tmp_path / "full", checkpoint_every=3, keep_checkpoints=4)
+    assert (tmp_path / "full" / "client-store").is_dir()  # 0 B of memory: records on disk
+    cut = tmp_path / "cut"
+    shutil.copytree(tmp_path / "full", cut)
+    for step in (6, 9, 10):
+        shutil.rmtree(cut / "checkpoints" / f"step-{step:08d}", ignore_errors=True)
+    (cut / "summary.json").unlink()
+    torch.manual_seed(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        again = Trainer(Net(), data(), data()).fit(resume=cut, progress=False)
+    assert again.resumed_from["step"] == 3  # mid-round (H = 2)
+    assert rows(again) == rows(full) and again.comm_log == full.comm_log
+    assert again.rounds == full.rounds and again.events == full.events
+    assert list(again.bytes_sent) == list(full.bytes_sent)
+    for x, y in zip(full.model.state_dict().values(), again.model.state_dict().values(),
+                    strict=True):
+        assert torch.equal(x, y)
+
+
+def test_what_prevents_seats_is_named() -> None:
+    with pytest.raises(ValueError, match=r"world 'fail=0@2'.*use clients_in_memory='all'"):
+        fit(make("fedavg", H=2), "round", world="fail=0@2")
+    with pytest.raises(ValueError, match="clients_in_memory must be 'auto', 'round' or 'all'"):
+        fit(make("fedavg", H=2), "some")
+    with pytest.raises(ValueError, match="client_store 'x'"):
+        fit(make("fedavg", H=2), "round", client_store="x")
+    # auto: a world whose participants fail inside a round holds a row per client
+    r = fit(make("fedavg", H=2), "auto", world="fail=0@2")
+    assert r.population is None
