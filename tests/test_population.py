@@ -201,7 +201,7 @@ def test_client_store_keeps_records_in_memory_then_on_disk(tmp_path: Path) -> No
     assert again.load(2, s, 2) and int(s.node_steps[2]) == 12  # type: ignore[arg-type]
     for segment in (tmp_path / "store").glob("segment-*.bin"):
         segment.write_bytes(b"")
-    with pytest.raises(ValueError, match="not in .* any more"):
+    with pytest.raises(ValueError, match=r"not in .* any more"):
         ClientStore(0, tmp_path / "store").load_state_dict(state)
     assert parse_client_store("2GB:/x") == (2 * 10**9, Path("/x"))
     with pytest.raises(ValueError, match="SIZE must be a number of bytes"):
