@@ -174,8 +174,8 @@ def test_gradient_accumulation_on_the_device(engine: str) -> None:
     x, y = (t[:36].view(3, 12, *t.shape[1:]) for t in data().tensors)
     runs = []
     for m in (None, 5):
-        nodes = NodeStack(net(norm=False), 3, device=DEVICE, engine=engine,  # type: ignore[arg-type]
-                          micro_batch_size=m)
+        nodes = NodeStack(net(norm=False), 3, device=DEVICE,
+                          engine=engine, micro_batch_size=m)  # type: ignore[arg-type]
         runs.append((nodes.forward_backward(nodes.to_batch_device((x, y))), nodes.grads))
     (whole, whole_grads), (split, split_grads) = runs
     torch.testing.assert_close(split, whole, **ENGINE_TOL)
@@ -192,15 +192,17 @@ def test_paging_to_host_memory_on_the_device() -> None:
     in_memory = fit("diloco", "loop", **kw)
     paged = fit("diloco", "loop", resident=8, offload="host", **kw)
     assert in_memory.paging is None and paged.paging is not None
-    # 6 steps x 2 groups, each read back every step: at least one group's stack each time
-    assert paged.paging["bytes_read"] >= 6 * 2 * 8 * sum(p.numel() * 4 for p in net().parameters())
+    # every step reads every group back: at least 6 steps x 16 nodes' fp32 parameters
+    params = sum(p.numel() for p in net().parameters())
+    assert paged.paging["bytes_read"] >= 6 * 16 * params * 4
     assert_same_run(in_memory, paged, SAME_RUN_TOL)
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("kind", ["host", "disk"])
 def test_a_page_store_gives_back_device_storages(kind: str, tmp_path: Path) -> None:
-    store = PageStore(kind, tmp_path if kind == "disk" else None, device=DEVICE)  # type: ignore[arg-type]
+    folder = tmp_path if kind == "disk" else None
+    store = PageStore(kind, folder, device=DEVICE)  # type: ignore[arg-type]
     tensors = [torch.arange(1000.0, device=DEVICE), torch.arange(7, device=DEVICE)]
     want = [t.clone() for t in tensors]
     storages = [t.untyped_storage() for t in tensors]
