@@ -243,6 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --participation: a client's own state (inner optimizer state, "
                         "residuals) starts fresh each round it takes part in (default, as "
                         "Flower: nothing stored per client) or is kept (--client-store)")
+    run.add_argument("--concurrency", type=_positive_int, metavar="C", default=None,
+                     help="asynchronous strategies (fedbuff, async_local_sgd) over a population "
+                          "of --nodes clients: at most C train at once; when the server receives "
+                          "an update the next client is drawn among the available ones")
     run.add_argument("--clients-in-memory", choices=("auto", "round", "all"), default="auto",
                      help="with --participation: hold only the round's K clients (round: time "
                           "and memory set by K, a million clients start in seconds) or a row "
@@ -626,6 +630,8 @@ def _check_run(args: argparse.Namespace, strategy: Strategy, model: nn.Module, *
         nodes = in_memory_nodes(args.nodes, args.resident, args.offload, device)
         if args.participation is not None and args.clients_in_memory != "all":
             nodes = min(nodes, parse_participation(args.participation).per_round(args.nodes))
+        if args.concurrency is not None:
+            nodes = min(nodes, args.concurrency)
             # (the trainer checks again with every client when the run must hold all of them)
         check_memory(model, nodes, device, strategy.optim.states_per_parameter)
     period = strategy.sync_period
@@ -656,6 +662,7 @@ def _run_fit_args(args: argparse.Namespace, task: Task, out: Path, sinks: list[A
         world=args.world,
         participation=args.participation,
         client_state=args.client_state,
+        concurrency=args.concurrency,
         clients_in_memory=args.clients_in_memory,
         client_store=args.client_store,
         resident=args.resident,

@@ -111,7 +111,7 @@ def test_rounds_computed_group_by_group_give_the_same_rows(sid: str) -> None:
     assert b.paging["bytes_read"] < stepwise.paging["bytes_read"]
     if sid == "diloco_eager":
         return  # takes no partial participation
-    a = fit(make(sid, H=4), participation=6, **kw)
+    a = fit(make(sid, H=4), participation=6, clients_in_memory="all", **kw)
     b = fit(make(sid, H=4), participation=6, resident=8, **kw)
     assert_same(a, b)
 
@@ -147,7 +147,7 @@ def test_worlds_and_participation_page_like_in_memory() -> None:
         b = fit(again, world=f"speed={speeds}", max_steps=8, resident=8, engine="threads")
         assert_same(a, b)
         assert b.world["stragglers_cut"] > 0 and b.world == a.world
-    a = fit(make("fedavg", H=2), participation=5, max_steps=8)
+    a = fit(make("fedavg", H=2), participation=5, max_steps=8, clients_in_memory="all")
     b = fit(make("fedavg", H=2), participation=5, max_steps=8, resident=8, offload="disk")
     assert_same(a, b)
 

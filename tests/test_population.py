@@ -243,3 +243,104 @@ def test_what_prevents_seats_is_named() -> None:
     # auto: a world whose participants fail inside a round holds a row per client
     r = fit(make("fedavg", H=2), "auto", world="fail=0@2")
     assert r.population is None
+
+
+def test_seats_take_their_clients_speeds_as_the_rows_do() -> None:
+    world = "speed_sigma=0.5,seed=2"
+    a = fit(make("fedavg", H=2), "all", nodes=12, k=3, world=world)
+    b = fit(make("fedavg", H=2), "round", nodes=12, k=3, world=world)
+    assert_same_run(a, b, 2)  # the joins' transfers timed as each client's own (two per seat)
+
+
+def test_clients_are_drawn_among_those_the_trace_says_are_up(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.json"
+    # 4 trace nodes: 1 and 3 never up; node i of the population follows trace node i mod 4
+    trace.write_text('{"format": "exogym-availability-v1", "nodes": '
+                     '[[[0, null]], [[1e12, null]], [[0, null]], [[1e12, null]]]}')
+    r = fit(make("fedavg", H=2), "round", nodes=40, k=5, world=f"trace:{trace}")
+    drawn = {c for rnd in r.rounds for c in rnd}
+    assert drawn and all(c % 2 == 0 for c in drawn) and len(drawn) > 10
+
+
+def test_the_diurnal_share_online_follows_the_day() -> None:
+    from exogym.sim.availability import Diurnal
+    from exogym.sim.world import parse_world
+
+    day = Diurnal(0.1, 0.5, day_s=100.0, session_s=10.0, seed=4)
+    assert day.share(0) == pytest.approx(0.1) and day.share(50) == pytest.approx(0.5)
+    assert day.share(25) == pytest.approx(0.3)  # 0.1 + 0.4 * (1 - cos(pi / 2)) / 2
+    ids = np.arange(200_000)
+    for t, share in ((0.0, 0.1), (50.0, 0.5), (25.0, day.share(20.0))):  # a session's start
+        assert abs(day.up(ids, t).mean() - share) < 0.005  # 4 sigma of 200,000 draws
+    assert np.array_equal(day.up(ids[:50], 51.0), day.up(ids[:50], 59.0))  # one session
+    assert not np.array_equal(day.up(ids[:50], 51.0), day.up(ids[:50], 61.0))
+    node = int(np.flatnonzero(~day.up(ids[:100], 0.0))[0])
+    back = day.next_up(node, 0.0)
+    assert back is not None and back % 10.0 == 0 and day.is_up(node, back)
+    w = parse_world("online=0.1:0.5,day=100s,session=10s,seed=4")
+    assert w.online == day and parse_world(w.spec()) == w and w.availability_varies
+    with pytest.raises(ValueError, match="LOW:HIGH with LOW <= HIGH"):
+        parse_world("online=0.5:0.1")
+    with pytest.raises(ValueError, match="day= and session= shape online"):
+        parse_world("day=1h")
+
+
+def fit_async(sid: str = "fedbuff", *, nodes: int = 1000, c: int = 5, steps: int = 20,
+              **extra: Any) -> Any:
+    torch.manual_seed(1)
+    overrides = {"H": 2, "K": 2} if sid == "fedbuff" else {"H": 2}
+    return Trainer(Net(), data(), data()).fit(
+        strategy=make(sid, **overrides), num_nodes=nodes, max_steps=steps, batch_size=4,
+        network="home-100mbps", step_time=0.1, progress=False, log_interval=5,
+        eval_interval=10, concurrency=c, **extra)
+
+
+@pytest.mark.parametrize("sid", ["fedbuff", "async_local_sgd"])
+def test_an_asynchronous_server_keeps_c_clients_of_a_population_in_flight(sid: str) -> None:
+    r = fit_async(sid, world="speed=halfnormal:1:0.1,seed=3")
+    p = r.population
+    assert p["asynchronous"] and p["per_round"] == 5
+    updates = r.asynchronous["updates"]
+    assert len(r.rounds) == 1 + updates and len(r.rounds[0]) == 5  # a new client per update
+    # a client drawn is never one in flight: the seats always hold 5 different clients
+    seats = list(r.rounds[0])
+    for (client,), seat in zip(r.rounds[1:], r.draw_seats, strict=True):
+        assert client not in seats
+        seats[seat] = client
+    # bytes: each push is its client's, each model sent the next client's
+    pushes = [rec for rec in r.comm_log if rec.op == "push"]
+    assert len(pushes) >= updates
+    sent = np.asarray(r.bytes_sent)
+    assert np.count_nonzero(sent) == len({c for rnd in r.rounds for c in rnd}) - 5 + \
+        sum(1 for c in seats if sent[c] > 0)
+
+
+def test_a_small_population_draws_the_one_client_not_in_flight() -> None:
+    r = fit_async(nodes=6, c=5)
+    seats = list(r.rounds[0])
+    for (client,), seat in zip(r.rounds[1:], r.draw_seats, strict=True):
+        assert {client} == set(range(6)) - set(seats)  # the only free one: the one that left
+        seats[seat] = client
+
+
+def test_an_asynchronous_population_resumes_bit_for_bit(tmp_path: Path) -> None:
+    full = fit_async(steps=12, out_dir=tmp_path / "full", checkpoint_every=5,
+                     keep_checkpoints=4, client_state="keep",
+                     world="speed=halfnormal:1:0.1,seed=3")
+    cut = tmp_path / "cut"
+    shutil.copytree(tmp_path / "full", cut)
+    for step in (10, 12):
+        shutil.rmtree(cut / "checkpoints" / f"step-{step:08d}", ignore_errors=True)
+    (cut / "summary.json").unlink()
+    torch.manual_seed(1)
+    again = Trainer(Net(), data(), data()).fit(resume=cut, progress=False)
+    assert again.resumed_from["step"] == 5
+    assert rows(again) == rows(full) and again.rounds == full.rounds
+    assert again.comm_log == full.comm_log and list(again.bytes_sent) == list(full.bytes_sent)
+
+
+def test_concurrency_is_an_asynchronous_server_s() -> None:
+    with pytest.raises(ValueError, match="fedavg is synchronous: it takes participation=K"):
+        fit(make("fedavg", H=2), "auto", concurrency=3)
+    with pytest.raises(RuntimeError, match="no client free to train"):
+        fit_async(nodes=1000, c=5, world="online=0:0.001,seed=1")

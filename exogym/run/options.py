@@ -91,6 +91,11 @@ class FitOptions:
             state, residuals) starts ``"fresh"`` each round it takes part in (Flower's
             default: nothing is stored per client) or is kept from its previous round
             (``"keep"``: stored once it has trained, in ``client_store``).
+        concurrency: an asynchronous strategy's clients in flight over a population of
+            ``num_nodes`` clients (FedBuff's concurrency, :mod:`exogym.run.population`): at
+            most ``C`` train at once; when the server receives one's update, the next client is
+            drawn among the available ones not in flight (seeded by ``seed``), with its own
+            speed (the world's) and data. None: every node is a client that is always there.
         clients_in_memory: with ``participation``, which clients the run holds
             (:mod:`exogym.run.population`): ``"round"``, only the round's ``K`` participants
             (seats filled from the global model each round: time and memory set by ``K``, not
@@ -186,6 +191,7 @@ class FitOptions:
     world: World | str | None = None
     participation: int | float | str | None = None
     client_state: str = "fresh"
+    concurrency: int | None = None
     clients_in_memory: str = "auto"
     client_store: str = "512MB"
     resident: int | None = None

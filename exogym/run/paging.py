@@ -187,7 +187,11 @@ class PageStore:
             self._files.add(key)
             with open(self.path(key), "wb") as f:
                 for s in storages:
-                    f.write(_host_buffer(s if s.device.type == "cpu" else s.cpu()))
+                    # a device storage's host copy is held while it is written: the memoryview
+                    # of _host_buffer does not keep it alive (it read freed memory on CUDA)
+                    host = s if s.device.type == "cpu" else s.cpu()
+                    f.write(_host_buffer(host))
+                    del host
         self.bytes_written += total
         self.seconds += time.perf_counter() - t0
         self.cpu_seconds += time.thread_time() - c0

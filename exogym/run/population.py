@@ -69,20 +69,30 @@ class Population:
         batches: the clients' data (:class:`~exogym.sim.client_data.ClientBatches`).
         store: where clients that keep state keep it (``client_state="keep"``), else None.
         availability: which clients are up at a simulated time (a function of the time that
-            returns a vectorized test of an id array), or None: every client always.
+            returns a vectorized test of an id array, or None: every client), or None: every
+            client always (:meth:`exogym.sim.world.World.availability`).
+        speeds: every client's relative compute speed (its seat's speed in the clock for its
+            rounds), or None: all 1.
+        asynchronous: the seats are an asynchronous server's clients in flight (filled at
+            the start, a seat's next client drawn when the server receives its update:
+            :meth:`fill`, :meth:`replace`), not rounds.
     """
 
     def __init__(self, num_clients: int, participation: Participation, period: int,
                  batches: ClientBatches, *, store: ClientStore | None = None,
-                 availability: Callable[[float], Availability] | None = None) -> None:
+                 availability: Callable[[float], Availability | None] | None = None,
+                 speeds: np.ndarray | None = None, asynchronous: bool = False) -> None:
         if participation.client_state == "keep" and store is None:
             raise ValueError("client_state='keep' needs a client store")
         self.num_clients, self.participation, self.period = num_clients, participation, period
         self.num_seats = participation.per_round(num_clients)
         self.batches, self.store, self.availability = batches, store, availability
+        self.speeds, self.asynchronous = speeds, asynchronous
         self.seated: list[int] = []  # this round's clients, sorted (seat j: the j-th)
         self.previous: list[int] = []  # the previous round's
         self.rounds: list[list[int]] = []  # every round's clients (a round: K ints)
+        # an asynchronous server's draws after the first: the seat each new client took
+        self.draw_seats: list[int] = []
         self.sent = np.zeros(num_clients)  # per client (module docstring)
         self.received = np.zeros(num_clients)
         self._joining = False  # sends are joins: from the seat's previous occupant
@@ -110,6 +120,7 @@ class Population:
         self.previous, self.seated = self.seated, clients
         self.rounds.append(list(clients))
         nodes.row_ids = self.seated_rows()
+        self.apply_speeds(clock)
         for row, client in enumerate(clients):
             self._own_state(strategy, row, client)
         for row in range(len(clients), self.num_seats):
@@ -117,23 +128,34 @@ class Population:
         joins = self._joins(up)
         if not joins:
             return
-        before = [(comm.bytes_received[seat], _time(clock, seat)) for seat, _ in joins]
         self._joining = True
+        links = _SeatLinks(clock)
+        done = []
         try:
             with _recovery_as(strategy):
                 for seat, donor_seat in joins:
-                    strategy.recover(seat, donor_seat)
+                    received = self.received[clients[seat]]  # its own total: the rows' float
+                    start = links.send(donor_seat, seat,
+                                       lambda s=seat, d=donor_seat: (strategy.recover(s, d),
+                                                                     feed()))
+                    got = float(self.received[clients[seat]] - received)
+                    done.append((seat, donor_seat, got, start))
         finally:
             self._joining = False
-        feed()
-        for (seat, donor_seat), (received, start) in zip(joins, before, strict=True):
-            got = comm.bytes_received[seat] - received
-            donor = self.previous[donor_seat]
+        for seat, donor_seat, got, start in done:
             self.counts["joins"] += 1
             self.counts["join_bytes"] += got
             seconds = _time(clock, seat) - start
             self.counts["join_time_s"] += seconds
-            recovered(seat, clients[seat], donor, got, seconds)
+            recovered(seat, clients[seat], self.previous[donor_seat], got, seconds)
+
+    def apply_speeds(self, clock: SimClock | None) -> None:
+        """Each seat computes at its client's speed (an empty seat at 1)."""
+        if clock is None or self.speeds is None:
+            return
+        for seat, client in enumerate(self.seated_rows()):
+            clock.set_speed(seat, float(self.speeds[client]) if seat < len(self.seated)
+                            else 1.0)
 
     def seated_rows(self) -> list[int]:
         """Each seat's client (the threads engine seeds a seat's generator by it); an empty
@@ -162,22 +184,73 @@ class Population:
             return
         strategy.restart_row(row)
 
+    def fill(self, strategy: Strategy, nodes: NodeStack, clock: SimClock | None) -> None:
+        """An asynchronous server's first clients, one per seat (its concurrency): drawn among
+        the available ones, each with its own state (fresh or stored)."""
+        now = clock.now if clock is not None else 0.0
+        up = self.availability(now) if self.availability is not None else None
+        clients = self.participation.draw_ids(0, self.num_clients, up, k=self.num_seats)
+        if len(clients) < self.num_seats:
+            raise RuntimeError(self._too_few(len(clients), now))
+        self.seated = clients
+        self.rounds.append(list(clients))
+        nodes.row_ids = self.seated_rows()
+        for row, client in enumerate(clients):
+            self._own_state(strategy, row, client)
+        self.apply_speeds(clock)
+
+    def replace(self, seat: int, strategy: Strategy, nodes: NodeStack,
+                clock: SimClock | None) -> int:
+        """An asynchronous server received seat ``seat``'s update: its client leaves (writing
+        its state back if it keeps one) and the next client drawn among the available ones
+        not in flight takes the seat, with its own state and speed; the new client."""
+        if self.store is not None:
+            self.store.save(self.seated[seat], strategy, seat)
+        now = clock.t[seat] if clock is not None else 0.0
+        up = self.availability(now) if self.availability is not None else None
+        flying = np.asarray(self.seated, dtype=np.int64)
+
+        def free(ids: np.ndarray) -> np.ndarray:
+            ok = ~np.isin(ids, flying)
+            return ok if up is None else ok & up(ids)
+
+        drawn = self.participation.draw_ids(len(self.rounds), self.num_clients, free, k=1)
+        if not drawn:
+            raise RuntimeError(self._too_few(0, now))
+        client = drawn[0]
+        self.seated[seat] = client
+        self.rounds.append([client])
+        self.draw_seats.append(seat)
+        nodes.row_ids = self.seated_rows()
+        self._own_state(strategy, seat, client)
+        if clock is not None and self.speeds is not None:
+            clock.set_speed(seat, float(self.speeds[client]))
+        return client
+
+    def _too_few(self, found: int, now: float) -> str:
+        return (f"no client free to train at simulated time {now:.1f} s: {found} of the "
+                f"{self.num_clients:,} clients are available and not in flight, the server keeps "
+                f"{self.num_seats} in flight (--concurrency); lower it or make more clients "
+                "available (--world online=LOW:HIGH)")
+
     def end_round(self, strategy: Strategy) -> None:
         """The round is over: clients that keep state write theirs back."""
         if self.store is not None:
             for row, client in enumerate(self.seated):
                 self.store.save(client, strategy, row)
 
-    def batch(self) -> Any:
-        """The seats' next batch (``[K, B, ...]``): each seated client's next samples; an
-        empty seat repeats the first seat's samples (it does not compute)."""
-        batch = self.batches.batch(self.seated)
-        missing = self.num_seats - len(self.seated)
-        if not missing:
+    def batch(self, active: Sequence[bool] | None = None) -> Any:
+        """The seats' next batch (``[K, B, ...]``): each computing seat's client's next samples
+        (``active``: those seats; None: every seated client); a seat that does not compute
+        repeats the first computing seat's samples, and its client's data does not move."""
+        seats = [j for j in range(len(self.seated)) if active is None or active[j]]
+        batch = self.batches.batch([self.seated[j] for j in seats])
+        if len(seats) == self.num_seats:
             return batch
+        where = torch.zeros(self.num_seats, dtype=torch.long)
+        where[seats] = torch.arange(len(seats))
         return torch.utils._pytree.tree_map(
-            lambda t: torch.cat([t, t[:1].expand(missing, *t.shape[1:])])
-            if isinstance(t, torch.Tensor) else t, batch)
+            lambda t: t[where] if isinstance(t, torch.Tensor) else t, batch)
 
     # -- accounting ----------------------------------------------------------------------------
     def on_record(self, op: str, sent: list[float], received: list[float], src: int,
@@ -205,6 +278,7 @@ class Population:
         """The population's part of ``summary.json``."""
         trained = self.batches.position
         return {"clients": self.num_clients, "per_round": self.num_seats,
+                "asynchronous": self.asynchronous,
                 "client_state": self.participation.client_state, "rounds": len(self.rounds),
                 "clients_trained": len(trained), **self.counts,
                 **({} if self.store is None else {"store": self.store.report()})}
@@ -217,7 +291,7 @@ class Population:
         return {"rounds": torch.tensor([c for r in self.rounds for c in r] or [],
                                        dtype=torch.int64),
                 "round_sizes": [len(r) for r in self.rounds], "seated": list(self.seated),
-                "previous": list(self.previous),
+                "previous": list(self.previous), "draw_seats": list(self.draw_seats),
                 "touched": torch.from_numpy(touched),
                 "sent": torch.from_numpy(self.sent[touched]),
                 "received": torch.from_numpy(self.received[touched]),
@@ -231,6 +305,7 @@ class Population:
             at += size
         self.seated = [int(c) for c in state["seated"]]
         self.previous = [int(c) for c in state["previous"]]
+        self.draw_seats = [int(s) for s in state["draw_seats"]]
         touched = state["touched"].numpy()
         self.sent[:], self.received[:] = 0.0, 0.0
         self.sent[touched] = state["sent"].numpy()
@@ -261,6 +336,36 @@ def client_records(log: Sequence[CommRecord], rounds: Sequence[Sequence[int]], p
                            src=seated[rec.src] if rec.src >= 0 else -1,
                            dst=seated[rec.dst] if rec.dst >= 0 else -1))
     return out
+
+
+class _SeatLinks:
+    """The clock's side of the joins: a seat is two clients at a round's start, the previous
+    one (a join's sender) and the new one (its receiver), each with its own time and link, as
+    in a run with a row per client. Before each join's transfer the sender's seat shows the
+    clock its previous client and the receiver's seat its new client (idle until the donor can
+    send); after it, each seat shows its new client again."""
+
+    def __init__(self, clock: SimClock | None) -> None:
+        self.clock = clock
+        self.donors = ({} if clock is None else
+                       {s: (clock.t[s], clock.link_free[s]) for s in range(clock.num_nodes)})
+
+    def send(self, src: int, dst: int, transfer: Callable[[], Any]) -> float:
+        """Run ``transfer`` (the join's send, given to the clock) from seat ``src``'s previous
+        client to seat ``dst``'s new one; when the donor could send (the recovery's start)."""
+        c = self.clock
+        if c is None:
+            transfer()
+            return 0.0
+        here = (c.t[src], c.link_free[src])
+        donor_t, donor_link = self.donors[src]
+        c.t[src], c.link_free[src] = donor_t, donor_link
+        c.t[dst], c.link_free[dst] = min(c.t[dst], donor_t), min(c.link_free[dst], donor_t)
+        transfer()
+        self.donors[src] = (donor_t, c.link_free[dst])  # the donor's link was busy until then
+        if src != dst:
+            c.t[src], c.link_free[src] = here
+        return donor_t
 
 
 def _time(clock: SimClock | None, seat: int) -> float:

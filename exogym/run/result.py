@@ -241,6 +241,15 @@ class FitResult:
         clock: the simulated time on it (:class:`exogym.sim.clock.ClockReport`): total, compute,
             communication, idle, utilization.
         trace: what re-costing needs (:meth:`recost`): compute per step and the collectives.
+        population: a run holding its clients in seats (:mod:`exogym.run.population`): its
+            clients, seats (``per_round``; an asynchronous server's clients in flight), client
+            state, rounds, clients that trained, joins (their bytes and seconds) and the client
+            store; None otherwise. ``bytes_sent``/``bytes_received`` are then per client, and
+            ``comm_log`` is in seats (:func:`exogym.run.population.client_records` gives it in
+            client ids).
+        rounds: each round's clients, in seat order (an asynchronous server: its first
+            clients, then each client drawn, one at a time); ``draw_seats``: the seat each of
+            those took.
     """
 
     model: nn.Module
@@ -275,6 +284,7 @@ class FitResult:
     paging: dict[str, Any] | None = None
     population: dict[str, Any] | None = None
     rounds: list[list[int]] | None = field(default=None, repr=False)
+    draw_seats: list[int] | None = field(default=None, repr=False)
 
     @property
     def samples_per_s(self) -> float:
@@ -362,9 +372,10 @@ class FitResult:
         sent, recv = self.bytes_sent, self.bytes_received
         if self.population is not None:
             p = self.population
-            lines.append(f"population  {p['clients']:,} clients, {p['per_round']:,} per round "
-                         f"({p['client_state']}): {p['clients_trained']:,} trained in "
-                         f"{p['rounds']:,} rounds")
+            lines.append(f"population  {p['clients']:,} clients, {p['per_round']:,} "
+                         f"{'in flight' if p['asynchronous'] else 'per round'} "
+                         f"({p['client_state']}): {p['clients_trained']:,} trained"
+                         + ("" if p["asynchronous"] else f" in {p['rounds']:,} rounds"))
         lines.append(
             f"throughput  {self.samples_per_s:,.0f} samples/s  ({self.samples:,} samples in "
             f"{self.train_time_s:.1f} s of training, {self.wall_time_s:.1f} s in all)"

@@ -127,9 +127,11 @@ class PerNodeTimelines:
         self.timelines = Timelines(num_nodes)
 
     @staticmethod
-    def check(sid: str, s: RunSettings, ranks: RankContext | None) -> None:
+    def check(sid: str, s: RunSettings, ranks: RankContext | None,
+              population: bool = False) -> None:
         """An asynchronous strategy runs in one process, on a simulated network, in a world
-        of node speeds (no failures or losses yet)."""
+        of node speeds (no failures or losses yet); a population's availability decides whom
+        the server draws (``population``)."""
         if ranks is not None:
             raise ValueError(f"{sid} is asynchronous: its parameter server and per-node "
                              "timelines run in one process; allowed: the simulator "
@@ -138,7 +140,8 @@ class PerNodeTimelines:
             raise ValueError(f"{sid} is asynchronous: when an update reaches the server is "
                              "decided by a simulated network; give the run one (--network)")
         w = s.world
-        if w.availability_varies or w.drop:
+        drawn_only = population and not (w.mtbf_s or w.events)  # availability: at the draw
+        if (w.availability_varies and not drawn_only) or w.drop:
             raise ValueError(f"{sid} is asynchronous: its world may give node speeds "
                              f"(speed=..., speed_sigma=...), not failures, rejoins or message "
                              f"loss; got world {w.spec()!r}")
@@ -146,7 +149,9 @@ class PerNodeTimelines:
     def advance(self, run: Run) -> int:
         tl, clock, strategy = self.timelines, run.clock, run.strategy
         assert clock is not None
-        n, target = run.settings.num_nodes, run.step + 1
+        if run.population is not None and not run.population.seated:
+            run.fill_seats()
+        n, target = run.comm.num_nodes, run.step + 1
         while tl.fastest < target:
             free = [i for i in range(n) if not tl.waiting[i]]
             start = min((clock.t[i] for i in free), default=math.inf)
@@ -178,7 +183,10 @@ class PerNodeTimelines:
     def _deliver(self, run: Run, arrival: float, seq: int, node: int) -> None:
         """A push reaches the server: it applies the update and replies to the node."""
         assert run.clock is not None
-        run.strategy.deliver(node)  # type: ignore[attr-defined]
+        run.strategy.receive(node)  # type: ignore[attr-defined]
+        if run.population is not None:  # a population's seat takes its next client
+            run.next_client(node)
+        run.strategy.restart(node)  # type: ignore[attr-defined]
         run.clock.reply(node, run.comm.log[-1].payload_bytes, arrival)
         self.timelines.waiting[node] = False
 

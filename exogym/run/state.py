@@ -208,12 +208,14 @@ class Run:
         # an asynchronous run's world gives speeds only, which its timelines follow.
         worldly = isinstance(self.scheduler, Lockstep) and self.scheduler.worldly
         rows = self.comm.num_nodes  # N, or a population's K seats
-        self.feed = ClockFeed(s.network, s.world, rows, s.step_time_s, s.compute_source,
+        # a population's seats take their clients' speeds and availability each round
+        world = PERFECT if self.population is not None else s.world
+        self.feed = ClockFeed(s.network, world, rows, s.step_time_s, s.compute_source,
                               strategy.overlap_steps, comm=self.comm, ranks=ranks,
                               device=device, record_ops=worldly, trace=s.trace,
                               spans=self.lead and out_dir is not None and (s.trace or picture_due(
                                   s.world, s.network, rows, self.timelines is not None)))
-        self.presence = Presence(s.world, rows, self.record.event, self.feed.ops)
+        self.presence = Presence(world, rows, self.record.event, self.feed.ops)
         if worldly:
             self.comm.timeline = self
         self._log_now = False
@@ -256,23 +258,29 @@ class Run:
             if folder is None and self.out_dir is not None:
                 folder = self.out_dir / "client-store"
             store = ClientStore(memory, folder)
-        self.population = Population(s.num_nodes, s.participation,
-                                     self.strategy.sync_period or 1, self.batches, store=store)
+        self.population = Population(
+            s.num_nodes, s.participation, self.strategy.sync_period or 1, self.batches,
+            store=store, availability=s.world.availability,
+            speeds=s.world.client_speeds(s.num_nodes),
+            asynchronous=getattr(self.strategy, "asynchronous", False))
         comm.on_record = self.population.on_record
         return nodes, comm
 
     def _scheduler(self) -> Scheduler:
         """Per-node timelines for an asynchronous strategy (checked here), else lockstep."""
         s = self.settings
-        if s.participation is not None:
+        asynchronous = getattr(self.strategy, "asynchronous", False)
+        if s.participation is not None and not asynchronous:
             _check_participation(self.strategy, s)
-        if self.population is not None:
+        if self.population is not None and not asynchronous:
             return Rounds(self.population.period)
-        if not getattr(self.strategy, "asynchronous", False):
+        if not asynchronous:
             return Lockstep(not s.world.perfect or getattr(self.strategy, "deadline", None)
                             is not None, s.participation, self.strategy.sync_period or 1)
-        PerNodeTimelines.check(self.strategy.id, s, self.ranks)
+        PerNodeTimelines.check(self.strategy.id, s, self.ranks, self.population is not None)
         assert s.network is not None
+        if self.population is not None:  # the seats' clients give their speeds when seated
+            return PerNodeTimelines(self.comm.num_nodes)
         self.strategy.set_speeds(  # type: ignore[attr-defined]
             speeds_of(s.world, s.network.node_speeds(s.num_nodes)))
         return PerNodeTimelines(s.num_nodes)
@@ -360,7 +368,10 @@ class Run:
             self.strategy.step(step)
             nodes.zero_grad()
             self.feed.end_step(marks, self.comm.n_local)
-        self.loss_sum += losses.sum()
+        # the computing nodes' losses only (others' rows are 0): a run holding the round's
+        # clients in seats sums the very same values in the same order
+        self.loss_sum += (losses if active is None else
+                          losses[self.comm.local_rows(active, losses.device)]).sum()
         self.loss_count += 1
         computed = self.comm.num_nodes if active is None else sum(active)
         self.loss_nodes += computed
@@ -414,6 +425,27 @@ class Run:
         self.presence.step = step
         self.population.start_round(step, self.strategy, self.nodes, self.comm, self.clock,
                                     self._joined, self.feed.feed)
+
+    def fill_seats(self) -> None:
+        """An asynchronous server's first clients take its seats (its concurrency)."""
+        assert self.population is not None
+        self.comm.step = self.step
+        self.population.fill(self.strategy, self.nodes, self.clock)
+        self._seat_speeds()
+
+    def next_client(self, seat: int) -> None:
+        """An asynchronous server received ``seat``'s update: the seat's next client."""
+        assert self.population is not None
+        self.population.replace(seat, self.strategy, self.nodes, self.clock)
+        self._seat_speeds()
+
+    def _seat_speeds(self) -> None:
+        """An asynchronous strategy's view of its seats' speeds (DyLU sizes rounds by them)."""
+        pop = self.population
+        assert pop is not None
+        if pop.speeds is not None:
+            self.strategy.set_speeds(  # type: ignore[attr-defined]
+                [float(pop.speeds[c]) for c in pop.seated_rows()])
 
     def _joined(self, seat: int, client: int, donor: int, received: float,
                 seconds: float) -> None:
@@ -532,14 +564,14 @@ class Run:
         s, tl = self.settings, self.timelines
         pop = self.population
         sent, received = ((list(self.comm.bytes_sent), list(self.comm.bytes_received))
-                          if pop is None else pop.totals())
+                          if pop is None else (pop.sent.tolist(), pop.received.tolist()))
         return FitResult(
             model=model, history=self.history, final=final, strategy=self.strategy.id,
             hyperparameters=self.strategy.hyperparameters(), num_nodes=s.num_nodes,
             steps=s.total_steps, batch_size=s.batch_size,
             samples=self.node_steps * s.batch_size,
             train_time_s=self.train_time_s, wall_time_s=time.perf_counter() - self.wall_start,
-            bytes_sent=sent, bytes_received=received,  # type: ignore[arg-type]
+            bytes_sent=sent, bytes_received=received,
             engine=self.nodes.engine, device=str(self.device), seed=s.seed,
             out_dir=self.out_dir, comm_log=list(self.comm.log),
             eval_set=_describe_eval_set(self.eval_full),
@@ -554,6 +586,7 @@ class Run:
                     **self.presence.counts, "events": len(self.events)}),
             population=None if pop is None else pop.report(),
             rounds=None if pop is None else pop.rounds,
+            draw_seats=None if pop is None else pop.draw_seats,
             events=list(self.events),
             asynchronous=(None if tl is None else
                           {**tl.summary(self.strategy.staleness),  # type: ignore[attr-defined]
@@ -654,6 +687,7 @@ class Run:
         if self.population is not None:
             self.population.load_state_dict(state["population"])
             self.nodes.row_ids = self.population.seated_rows()
+            self.population.apply_speeds(self.clock)
         m = state["metrics"]
         self.record.history[:] = [dict(row) for row in m["history"]]
         self.loss_sum.copy_(m["loss_sum"])
@@ -701,7 +735,7 @@ class Run:
         """This process's rows of the next node-stacked batch (``active``: only those nodes
         consume data)."""
         if self.population is not None:
-            return self.population.batch()
+            return self.population.batch(active)
         if self.ranks is None:
             return self.batches.batch(active)
         return local_batch(self.batches, self.ranks.node_ids, active)
@@ -853,6 +887,8 @@ def _config(run: Run, run_info: dict[str, Any], checkpointing: dict[str, Any]) -
                                                    "offload": s.offload},
         "population": None if s.participation is None else {
             "clients_in_memory": "round" if s.seats else "all",
+            **({"concurrency": s.participation.count}
+               if getattr(strategy, "asynchronous", False) else {}),
             **({"client_store": s.client_store} if s.seats
                and s.participation.client_state == "keep" else {})},
     }

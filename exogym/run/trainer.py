@@ -151,6 +151,7 @@ class Trainer:
         world: World | str | None = None,
         participation: int | float | str | None = None,
         client_state: str = "fresh",
+        concurrency: int | None = None,
         clients_in_memory: str = "auto",
         client_store: str = "512MB",
         resident: int | None = None,
@@ -205,8 +206,8 @@ class Trainer:
         if net is not None:
             net.check_nodes(o.num_nodes)
         the_world = _check_world(parse_world(o.world), o.num_nodes, net, strategy)
-        participation = parse_participation(o.participation, client_state=o.client_state,
-                                            seed=o.seed)
+        participation = _participation(o.participation, o.concurrency, o.client_state, o.seed,
+                                       strategy)
         resident = _check_paging(o.resident, o.offload, o.num_nodes, strategy, engine)
         step_time_s, source = resolve_step_time(o.step_time, o.flops_per_sample,
                                                 o.device_flops, o.batch_size)
@@ -220,8 +221,8 @@ class Trainer:
             if lead and o.out_dir is not None:
                 check_out_dir(o.out_dir)
             n_here = o.num_nodes if ranks is None else ranks.nodes_per_process
-            seats = _seats(o.clients_in_memory, participation, the_world, strategy, resident,
-                           ranks, self.train_dataset)
+            seats = _seats(o.clients_in_memory, participation, the_world, net, strategy,
+                           resident, ranks, self.train_dataset)
             if seats:
                 assert participation is not None
                 n_here = participation.per_round(o.num_nodes)
@@ -350,6 +351,23 @@ def _resumed_settings(o: FitOptions, given: frozenset[str], saved: dict[str, Any
         **_resumed_population(o, given, saved))
 
 
+def _participation(participation: Any, concurrency: int | None, client_state: str, seed: int,
+                   strategy: Strategy) -> Participation | None:
+    """Partial participation (a synchronous strategy's ``K`` per round), or an asynchronous
+    one's ``concurrency`` (its clients in flight), as one :class:`Participation`."""
+    if concurrency is None:
+        return parse_participation(participation, client_state=client_state, seed=seed)
+    if not getattr(strategy, "asynchronous", False):
+        raise ValueError(f"concurrency={concurrency!r} is an asynchronous server's clients in "
+                         f"flight; {strategy.id} is synchronous: it takes participation=K")
+    if participation is not None:
+        raise ValueError(f"{strategy.id}: give concurrency (its clients in flight), not "
+                         f"participation={participation!r}")
+    check_int("concurrency", concurrency, 1)
+    return Participation(count=concurrency, client_state=client_state,  # type: ignore[arg-type]
+                         seed=seed)
+
+
 def _resumed_population(o: FitOptions, given: frozenset[str],
                         saved: dict[str, Any]) -> dict[str, Any]:
     """A resumed run holds its clients as recorded (seats or a row each: its state's shape);
@@ -371,24 +389,31 @@ def _check_client_store(spec: str) -> str:
 
 
 def _seats(asked: str, participation: Participation | None, world: World,
-           strategy: Strategy, resident: int | None, ranks: RankContext | None,
-           data: Any) -> bool:
+           net: Network | None, strategy: Strategy, resident: int | None,
+           ranks: RankContext | None, data: Any) -> bool:
     """Whether a run holds only the round's clients (:mod:`exogym.run.population`): asked
     (``"round"``: an error naming what prevents it), allowed (``"auto"``), or not
     (``"all"``)."""
     if asked not in ("auto", "round", "all"):
         raise ValueError(f"clients_in_memory must be 'auto', 'round' or 'all', got {asked!r}")
+    if getattr(strategy, "asynchronous", False) and participation is not None:
+        if asked == "all":
+            raise ValueError(f"{strategy.id}: concurrency holds only the clients in flight; "
+                             "clients_in_memory='all' does not apply to it")
+        asked = "round"  # clients in flight are seats, always
     if asked == "all" or (participation is None and asked == "auto"):
         return False
     why = None
     if participation is None:
         why = "the run has no partial participation (participation=K): every node trains"
-    elif getattr(strategy, "asynchronous", False):
-        why = f"{strategy.id} is asynchronous (its clients in flight are its nodes)"
-    elif world.availability_varies or world.drop or world.speed is not None \
-            or world.speed_sigma or getattr(strategy, "deadline", None) is not None:
-        why = (f"world {world.spec()!r} (failures, message loss, speeds or a deadline change "
+    elif world.mtbf_s or world.events or world.drop or world.min_nodes != 1 \
+            or getattr(strategy, "deadline", None) is not None:
+        why = (f"world {world.spec()!r} (failures, message loss, a quorum or a deadline change "
                "who computes inside a round: a row per client)")
+    elif net is not None and (net.node_up_bps or net.node_down_bps or net.bw_sigma
+                              or net.node_speed or net.speed_sigma):
+        why = (f"network {net.spec()!r} lists per-node values (a population's clients get "
+               "their speeds from the world: --world speed_sigma=...)")
     elif resident is not None:
         why = "resident= pages the rows of every client"
     elif ranks is not None:

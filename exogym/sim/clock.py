@@ -180,6 +180,12 @@ class SimClock:
         self.step_time_s = float(step_time_s)
         self.node_step_s = [step_time_s / v for v in self.speeds]
 
+    def set_speed(self, node: int, speed: float) -> None:
+        """Node ``node`` computes at relative ``speed`` from now on (a population's seat takes
+        its new client's speed)."""
+        self.speeds[node] = float(speed)
+        self.node_step_s[node] = self.step_time_s / speed
+
     @property
     def now(self) -> float:
         """Simulated seconds so far: when the slowest node finished what it was given."""

@@ -92,7 +92,7 @@ class Participation:
 
     def draw_ids(self, round_index: int, num_clients: int,
                  available: Callable[[np.ndarray], np.ndarray] | None = None,
-                 again: int = 0) -> list[int]:
+                 again: int = 0, k: int | None = None) -> list[int]:
         """The participants of round ``round_index`` among ``num_clients``, sorted ids; ``k``
         of the clients ``available`` says are up (a vectorized test of an id array; None: all
         are), all of them if fewer are up. Expected work ``O(k / p)`` for a share ``p`` of the
@@ -104,8 +104,10 @@ class Participation:
         ``k``, uniform ids with replacement, each new one up kept. Given how many of the first
         subset are up, that is a uniform ``k``-subset of the up clients; with every client up
         it is the first subset alone, so a perfect world draws without testing anyone.
+        ``k``: draw that many instead of the round's count (an asynchronous server replacing
+        one client).
         """
-        k = min(self.per_round(num_clients), num_clients)
+        k = min(self.per_round(num_clients) if k is None else k, num_clients)
         key = [self.seed, _STREAM, round_index] + ([again] if again else [])
         rng = np.random.default_rng(np.random.SeedSequence(key))
         first = rng.choice(num_clients, size=k, replace=False)

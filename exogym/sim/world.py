@@ -51,13 +51,14 @@ from __future__ import annotations
 import bisect
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
+from exogym.sim.availability import Diurnal
 from exogym.sim.network import format_duration, parse_duration
 
 __all__ = ["PERFECT", "Event", "Trace", "World", "parse_world", "speeds_of"]
@@ -134,6 +135,9 @@ class Trace:
                          "{'active': [...], 'inactive': [...], 'finish_time': T}})")
 
     def is_up(self, node: int, t: float) -> bool:
+        """Whether ``node`` is up at ``t``; node ``i`` follows the trace's node ``i mod T`` (a
+        population larger than the trace)."""
+        node %= len(self.up)
         intervals, period = self.up[node], self.period_s[node]
         if period is not None:
             t = math.fmod(t, period)
@@ -145,6 +149,7 @@ class Trace:
         """The first time ``>= t`` at which the node is up (None: never)."""
         if self.is_up(node, t):
             return t
+        node %= len(self.up)
         intervals, period = self.up[node], self.period_s[node]
         base = 0.0
         if period is not None:
@@ -191,10 +196,16 @@ class World:
             four times slower); None: all 1.
         speed_sigma: random spread instead: speeds ``exp(speed_sigma * z)``, ``z ~ N(0, 1)``
             seeded by ``seed``.
+        speed_halfnormal: ``(SD, MIN)``: or each node's step takes ``d`` times the step time,
+            ``d = MIN + |N(0, SD)|`` seeded by ``seed`` (speed ``1 / d``): FedBuff's client
+            training durations (FLSim's ``PerUserHalfNormalDurationDistribution``, its sent140
+            configuration: SD 1, MIN 0).
         mtbf_s, mttr_s: mean time between failures and mean time to repair (seconds) of every
             node, exponential draws; both or neither.
         events: explicit failures and rejoins (by step or simulated time).
-        trace: per-node up intervals from a file.
+        trace: per-node up intervals from a file (node ``i`` follows its node ``i mod T``).
+        online: a share of the nodes online that follows the simulated day
+            (:class:`~exogym.sim.availability.Diurnal`: a volunteer population).
         drop: probability that a node's contribution to a synchronisation is lost.
         min_nodes: the quorum: with fewer nodes up the run waits (its clock advances) until
             enough return.
@@ -204,10 +215,12 @@ class World:
 
     speed: tuple[float, ...] | None = None
     speed_sigma: float = 0.0
+    speed_halfnormal: tuple[float, float] | None = None
     mtbf_s: float | None = None
     mttr_s: float | None = None
     events: tuple[Event, ...] = ()
     trace: Trace | None = None
+    online: Diurnal | None = None
     drop: float = 0.0
     min_nodes: int = 1
     max_wait_s: float = 86400.0
@@ -228,6 +241,13 @@ class World:
         _finite("speed_sigma", self.speed_sigma, 0.0)
         if self.speed is not None and self.speed_sigma:
             raise ValueError("give speed (per node) or speed_sigma (random), not both")
+        if self.speed_halfnormal is not None:
+            sd, least = self.speed_halfnormal
+            _finite("speed=halfnormal SD", sd, 0.0, open_lo=True)
+            _finite("speed=halfnormal MIN", least, 0.0)
+            if self.speed is not None or self.speed_sigma:
+                raise ValueError("give one of speed (per node), speed_sigma and "
+                                 "speed=halfnormal:SD[:MIN]")
         if (self.mtbf_s is None) != (self.mttr_s is None):
             raise ValueError(f"mtbf and mttr go together (the mean up and down durations), got "
                              f"mtbf={self.mtbf_s!r}, mttr={self.mttr_s!r}")
@@ -264,18 +284,20 @@ class World:
     def perfect(self) -> bool:
         """Every node up at speed 1, nothing lost: a run gives the numbers of no world."""
         return (self.speed is None or all(s == 1.0 for s in self.speed)) and not (
-            self.speed_sigma or self.mtbf_s or self.events or self.trace or self.drop)
+            self.speed_sigma or self.speed_halfnormal or self.mtbf_s or self.events
+            or self.trace or self.drop or self.online)
 
     @property
     def availability_varies(self) -> bool:
         """Whether some node is ever down."""
-        return bool(self.mtbf_s or self.events or self.trace)
+        return bool(self.mtbf_s or self.events or self.trace or self.online)
 
     @property
     def time_dependent(self) -> bool:
         """Whether who is up depends on simulated time (then re-costing a run on another
         network would change its participants: it needs retraining)."""
-        return bool(self.mtbf_s or self.trace or any(e.time_s is not None for e in self.events))
+        return bool(self.mtbf_s or self.trace or self.online
+                    or any(e.time_s is not None for e in self.events))
 
     def check_nodes(self, num_nodes: int) -> None:
         """Raise ValueError, before a run starts, if a per-node setting does not fit N."""
@@ -286,9 +308,6 @@ class World:
             if not 0 <= e.node < num_nodes:
                 raise ValueError(f"world event {e.spec()} names node {e.node}, but the run's "
                                  f"nodes are 0..{num_nodes - 1}")
-        if self.trace is not None and len(self.trace.up) < num_nodes:
-            raise ValueError(f"availability trace {self.trace.source!r} has {len(self.trace.up)}"
-                             f" nodes, the run {num_nodes}")
         if self.min_nodes > num_nodes:
             raise ValueError(f"min_nodes={self.min_nodes} is more than the run's {num_nodes} "
                              "nodes")
@@ -296,11 +315,42 @@ class World:
     def speeds(self, num_nodes: int) -> tuple[float, ...]:
         if self.speed is not None:
             return self.speed
-        if self.speed_sigma:
-            rng = np.random.default_rng(np.random.SeedSequence([self.seed, _SPEED_STREAM]))
-            return tuple(float(v) for v in np.exp(self.speed_sigma *
-                                                  rng.standard_normal(num_nodes)))
+        drawn = self.client_speeds(num_nodes)
+        if drawn is not None:
+            return tuple(float(v) for v in drawn)
         return (1.0,) * num_nodes
+
+    def client_speeds(self, num_nodes: int) -> np.ndarray | None:
+        """Every node's speed as one array (a population's clients: built once, vectorized),
+        the values of :meth:`speeds`; None when all are 1."""
+        if self.speed is None and not self.speed_sigma and self.speed_halfnormal is None:
+            return None
+        if self.speed is not None:
+            return np.asarray(self.speed, dtype=np.float64)
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, _SPEED_STREAM]))
+        if self.speed_halfnormal is not None:
+            sd, least = self.speed_halfnormal
+            durations = least + np.abs(sd * rng.standard_normal(num_nodes))
+            return 1.0 / np.maximum(durations, 1e-9)
+        return np.exp(self.speed_sigma * rng.standard_normal(num_nodes))
+
+    def availability(self, t: float) -> Callable[[np.ndarray], np.ndarray] | None:
+        """Which of an array of node ids are up at time ``t`` by the world's availability
+        (a trace, ``online``; vectorized where the source is): for drawing a population's
+        clients without listing them. None: every node is."""
+        if self.trace is None and self.online is None:
+            return None
+        trace, online = self.trace, self.online
+
+        def up(ids: np.ndarray) -> np.ndarray:
+            ids = np.asarray(ids, dtype=np.int64)
+            ok = online.up(ids, t) if online is not None else np.ones(len(ids), dtype=bool)
+            if trace is not None:
+                for j in np.flatnonzero(ok):
+                    ok[j] = trace.is_up(int(ids[j]), t)
+            return ok
+
+        return up
 
     def is_up(self, node: int, t: float, step: int) -> bool:
         """Whether ``node`` is up when its clock reads ``t`` before step ``step`` (0-based)."""
@@ -316,11 +366,12 @@ class World:
         for _ in range(10_000):  # alternate until every time-based source agrees
             before = u
             u = self._next_up_random(node, u)
-            if self.trace is not None:
-                nxt = self.trace.next_up(node, u)
-                if nxt is None:
-                    return None
-                u = nxt
+            for source in (self.trace, self.online):
+                if source is not None:
+                    nxt = source.next_up(node, u)
+                    if nxt is None:
+                        return None
+                    u = nxt
             timed = self._next_up_events(node, u)
             if timed is None:
                 return None
@@ -344,11 +395,15 @@ class World:
             items.append("speed=" + ":".join(f"{v:g}" for v in self.speed))
         if self.speed_sigma:
             items.append(f"speed_sigma={self.speed_sigma:g}")
+        if self.speed_halfnormal is not None:
+            items.append("speed=halfnormal:{:g}:{:g}".format(*self.speed_halfnormal))
         if self.mtbf_s is not None:
             items.append(f"mtbf={self.mtbf_s:g}s,mttr={self.mttr_s:g}s")
         items += [e.spec() for e in self.events]
         if self.trace is not None:
             items.append(f"trace={self.trace.source}")
+        if self.online is not None:
+            items.append(self.online.spec())
         if self.drop:
             items.append(f"drop={self.drop:g}")
         if self.min_nodes != 1:
@@ -366,13 +421,22 @@ class World:
             parts.append("speeds " + ":".join(f"{v:g}" for v in self.speed))
         if self.speed_sigma:
             parts.append(f"speed spread {self.speed_sigma:g}")
+        if self.speed_halfnormal is not None:
+            parts.append("step times {1:g} + |N(0, {0:g})| x the step".format(
+                *self.speed_halfnormal))
         if self.mtbf_s is not None:
             parts.append(f"MTBF {format_duration(self.mtbf_s)}, MTTR "
                          f"{format_duration(self.mttr_s or 0.0)}")
         if self.events:
             parts.append(", ".join(e.spec() for e in self.events))
         if self.trace is not None:
-            parts.append(f"trace {self.trace.source}")
+            parts.append(f"trace {self.trace.source} ({len(self.trace.up):,} nodes; node i "
+                         "follows i mod that)")
+        if self.online is not None:
+            o = self.online
+            parts.append(f"{100 * o.low:g}% to {100 * o.high:g}% online over a "
+                         f"{format_duration(o.day_s)} day, sessions of "
+                         f"{format_duration(o.session_s)}")
         if self.drop:
             parts.append(f"{100 * self.drop:g}% messages lost")
         if self.min_nodes != 1:
@@ -381,9 +445,11 @@ class World:
 
     def to_dict(self) -> dict[str, Any]:
         return {"spec": self.spec(), "perfect": self.perfect, "speed": self.speed,
-                "speed_sigma": self.speed_sigma, "mtbf_s": self.mtbf_s, "mttr_s": self.mttr_s,
+                "speed_sigma": self.speed_sigma, "speed_halfnormal": self.speed_halfnormal,
+                "mtbf_s": self.mtbf_s, "mttr_s": self.mttr_s,
                 "events": [e.spec() for e in self.events],
                 "trace": self.trace.source if self.trace is not None else None,
+                "online": self.online.spec() if self.online is not None else None,
                 "drop": self.drop, "min_nodes": self.min_nodes, "max_wait_s": self.max_wait_s,
                 "seed": self.seed}
 
@@ -451,8 +517,8 @@ def _finite(name: str, value: Any, lo: float = -math.inf, hi: float = math.inf, 
                          f"{value!r}")
 
 
-_KEYS = ("speed", "speed_sigma", "mtbf", "mttr", "fail", "rejoin", "trace", "drop", "min_nodes",
-         "max_wait", "seed")
+_KEYS = ("speed", "speed_sigma", "mtbf", "mttr", "fail", "rejoin", "trace", "online", "day",
+         "session", "drop", "min_nodes", "max_wait", "seed")
 
 
 def parse_world(spec: str | World | None = None) -> World:
@@ -497,6 +563,16 @@ def parse_world(spec: str | World | None = None) -> World:
             raise ValueError(f"world {key}={value}: {err}") from None
     kwargs: dict[str, Any] = {}
     renames = {"mtbf": "mtbf_s", "mttr": "mttr_s", "max_wait": "max_wait_s"}
+    day = {k: values.pop(k) for k in ("online", "day", "session") if k in values}
+    if day:
+        if "online" not in day:
+            raise ValueError(f"world {spec!r}: day= and session= shape online=LOW:HIGH; give it")
+        low, high = day["online"]
+        kwargs["online"] = Diurnal(low, high, day.get("day", 86400.0),
+                                   day.get("session", 3600.0), seed=values.get("seed", 0))
+    speed = values.get("speed")
+    if speed and speed[0] == "halfnormal":
+        kwargs["speed_halfnormal"] = tuple(values.pop("speed")[1:])
     for key, value in values.items():
         kwargs[renames.get(key, key)] = value
     return World(events=tuple(events), **kwargs)
@@ -504,11 +580,24 @@ def parse_world(spec: str | World | None = None) -> World:
 
 def _value(key: str, text: str) -> Any:
     if key == "speed":
+        if text.startswith("halfnormal"):
+            parts = text.split(":")[1:]
+            if not 1 <= len(parts) <= 2:
+                raise ValueError(f"takes halfnormal:SD[:MIN] (step-time multipliers MIN + "
+                                 f"|N(0, SD)|), got {text!r}")
+            return ("halfnormal", _number(parts[0]), _number(parts[1]) if len(parts) > 1
+                    else 0.0)
         return tuple(_number(v) for v in text.split(":"))
     if key in ("speed_sigma", "drop"):
         return _number(text)
-    if key in ("mtbf", "mttr", "max_wait"):
+    if key in ("mtbf", "mttr", "max_wait", "day", "session"):
         return parse_duration(text)
+    if key == "online":
+        low, sep, high = text.partition(":")
+        if not sep:
+            raise ValueError(f"takes LOW:HIGH, the shares online at the day's trough and peak "
+                             f"(e.g. 0.05:0.3), got {text!r}")
+        return (_number(low), _number(high))
     if key in ("min_nodes", "seed"):
         try:
             return int(text)

@@ -119,9 +119,17 @@ class ServerStrategy(Strategy):
 
     @torch.no_grad()
     def deliver(self, node: int) -> int:
-        """Node ``node``'s push arrives at the server: the server applies it (:meth:`apply`)
-        and replies with its current model, from which the node starts its next round. Returns
-        the update's staleness."""
+        """Node ``node``'s push arrives at the server: the server applies it (:meth:`receive`)
+        and replies with its current model, from which the node starts its next round
+        (:meth:`restart`). Returns the update's staleness."""
+        staleness = self.receive(node)
+        self.restart(node)
+        return staleness
+
+    @torch.no_grad()
+    def receive(self, node: int) -> int:
+        """The server applies node ``node``'s arrived pseudo-gradient (:meth:`apply`) and adopts
+        its float buffers; the update's staleness."""
         staleness = self.version - self.base_version[node]
         delta = {k: self.base[k][node] - p[node] for k, p in self.nodes.params.items()}
         self.apply(node, delta, staleness)
@@ -129,6 +137,12 @@ class ServerStrategy(Strategy):
         for k, b in self.nodes.float_buffers.items():  # the node keeps its own: they are the
             self.global_buffers[k].copy_(b[node])       # server's now
         self.copy_counters(self.global_buffers)
+        return staleness
+
+    @torch.no_grad()
+    def restart(self, node: int) -> None:
+        """Node ``node`` starts a round from the server's current model, sent to it (a
+        population's seat: the next client drawn, :mod:`exogym.run.population`)."""
         for k, p in self.nodes.params.items():
             p[node].copy_(self.global_params[k])
             self.base[k][node].copy_(self.global_params[k])
@@ -136,7 +150,6 @@ class ServerStrategy(Strategy):
         self.local[node] = 0
         self.comm.pull(list(self.nodes.params.values()) + list(self.nodes.float_buffers.values()),
                        node, tag="model")
-        return staleness
 
     @abc.abstractmethod
     def apply(self, node: int, delta: dict[str, Tensor], staleness: int) -> None:
