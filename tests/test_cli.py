@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -14,18 +13,17 @@ import pytest
 
 from exogym.cli import main
 
-SHARED_DATA = Path(os.environ.get("EXOGYM_DATA_DIR") or
-                   Path(__file__).resolve().parents[2] / "shared" / "data")
+
+def run(data: Path, *args: str) -> int:
+    return main(["run", "--data-dir", str(data), "--no-progress", "--no-download", *args])
 
 
-def run(*args: str) -> int:
-    return main(["run", "--data-dir", str(SHARED_DATA), "--no-progress", "--no-download", *args])
-
-
-def test_run_diloco_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_diloco_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                               mnist_data: Path) -> None:
     out = tmp_path / "run"
-    rc = run("--strategy", "diloco", "--nodes", "2", "--steps", "6", "--batch-size", "16",
-             "--set", "H=3", "--eval-interval", "3", "--log-interval", "2", "--out", str(out))
+    rc = run(mnist_data, "--strategy", "diloco", "--nodes", "2", "--steps", "6", "--batch-size",
+             "16", "--set", "H=3", "--eval-interval", "3", "--log-interval", "2", "--out",
+             str(out))
     assert rc == 0
     summary = json.loads((out / "summary.json").read_text())
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -49,10 +47,10 @@ def test_run_diloco_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "final eval" in printed and "samples/s" in printed and "sent" in printed
 
 
-def test_run_ddp_learns(tmp_path: Path) -> None:
+def test_run_ddp_learns(tmp_path: Path, mnist_data: Path) -> None:
     out = tmp_path / "ddp"
-    assert run("--strategy", "ddp", "--nodes", "2", "--steps", "40", "--batch-size", "32",
-               "--lr", "2e-3", "--eval-interval", "40", "--out", str(out)) == 0
+    assert run(mnist_data, "--strategy", "ddp", "--nodes", "2", "--steps", "40", "--batch-size",
+               "32", "--lr", "2e-3", "--eval-interval", "40", "--out", str(out)) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["hyperparameters"]["optim.lr"] == 2e-3
     assert summary["final"]["eval_accuracy"] > 0.7  # chance is 0.1
@@ -82,10 +80,11 @@ def test_strategies_lists_registry(capsys: pytest.CaptureFixture[str]) -> None:
     ],
 )
 def test_bad_input_is_a_clear_error(
-    args: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    args: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    data_dir: Path,
 ) -> None:
     try:
-        rc = run("--steps", "1", "--out", str(tmp_path / "x"), *args)
+        rc = run(data_dir, "--steps", "1", "--out", str(tmp_path / "x"), *args)
     except SystemExit as exit_:  # argparse errors
         rc = exit_.code
     assert rc == 2
@@ -106,22 +105,22 @@ def test_missing_data_folder_says_where_to_put_files(
 
 
 def test_existing_run_folder_is_not_overwritten(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], data_dir: Path
 ) -> None:
     out = tmp_path / "run"
     out.mkdir()
     (out / "metrics.jsonl").write_text('{"step": 1}\n')
-    rc = run("--steps", "1", "--batch-size", "8", "--out", str(out))
+    rc = run(data_dir, "--steps", "1", "--batch-size", "8", "--out", str(out))
     assert rc == 2
     assert "already exists" in capsys.readouterr().err
     assert (out / "metrics.jsonl").read_text() == '{"step": 1}\n'
 
 
-def test_run_with_process_engine(tmp_path: Path) -> None:
+def test_run_with_process_engine(tmp_path: Path, mnist_data: Path) -> None:
     """`--engine process`: one worker process per node over gloo, the same summary fields."""
     out = tmp_path / "proc"
-    assert run("--engine", "process", "--strategy", "fedavg", "--set", "H=2", "--nodes", "2",
-               "--steps", "4", "--batch-size", "16", "--eval-interval", "4",
+    assert run(mnist_data, "--engine", "process", "--strategy", "fedavg", "--set", "H=2",
+               "--nodes", "2", "--steps", "4", "--batch-size", "16", "--eval-interval", "4",
                "--out", str(out)) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["processes"] == 2 and summary["num_nodes"] == 2
@@ -132,15 +131,15 @@ def test_run_with_process_engine(tmp_path: Path) -> None:
 
 # -- issue 25: the command line's messages ----------------------------------------------------
 def test_recost_refuses_a_run_whose_world_ran_on_simulated_time(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], mnist_data: Path) -> None:
     """A world decided by simulated time (mtbf) cannot be replayed on another network, nor with
     another compute time: the command refuses as FitResult.recost does, with its message."""
     from exogym.sim.clock import ClockTrace
     from exogym.sim.network import parse_network
 
     out = tmp_path / "world"
-    assert run("--strategy", "ddp", "--nodes", "2", "--steps", "4", "--batch-size", "8",
-               "--world", "mtbf=1s,mttr=0.5s", "--step-time", "10ms", "--eval-interval", "4",
+    assert run(mnist_data, "--strategy", "ddp", "--nodes", "2", "--steps", "4", "--batch-size",
+               "8", "--world", "mtbf=1s,mttr=0.5s", "--step-time", "10ms", "--eval-interval", "4",
                "--out", str(out)) == 0
     capsys.readouterr()
     trace = ClockTrace.from_dict(json.loads((out / "summary.json").read_text())["clock"]["trace"])
@@ -212,12 +211,13 @@ def test_a_misspelled_command_is_one_line_with_a_suggestion(
 
 
 def test_warnings_are_one_line_in_the_cli_only(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], mnist_data: Path) -> None:
     shown = warnings.showwarning
     with warnings.catch_warnings():
         warnings.simplefilter("always")
-        assert run("--strategy", "diloco", "--set", "H=2", "--nodes", "2", "--steps", "3",
-                   "--batch-size", "8", "--eval-interval", "3", "--out", str(tmp_path / "r")) == 0
+        assert run(mnist_data, "--strategy", "diloco", "--set", "H=2", "--nodes", "2",
+                   "--steps", "3", "--batch-size", "8", "--eval-interval", "3", "--out",
+                   str(tmp_path / "r")) == 0
     err = capsys.readouterr().err
     assert ("exogym: warning: diloco: 3 steps is not a multiple of H=2: the last 1 local steps "
             "never reach the global model\n") in err
@@ -238,13 +238,14 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
-def test_sigterm_while_a_run_sets_up_stops_it_with_a_message(tmp_path: Path) -> None:
+def test_sigterm_while_a_run_sets_up_stops_it_with_a_message(tmp_path: Path,
+                                                             data_dir: Path) -> None:
     """A SIGTERM that arrives before the training loop (here: from the process itself while it
     makes its sinks, so no timing is assumed) ends the run with a message and status 130, as
     Ctrl-C does, never a silent death by the signal (-15 / 143)."""
     out = tmp_path / "run"
     done = subprocess.run(
-        [sys.executable, "-c", _SIGNALLED, "run", "--data-dir", str(SHARED_DATA),
+        [sys.executable, "-c", _SIGNALLED, "run", "--data-dir", str(data_dir),
          "--no-download", "--no-progress", "--steps", "2", "--nodes", "2", "--batch-size", "8",
          "--csv", "--out", str(out)],
         capture_output=True, text=True, timeout=600)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 import struct
 import sys
@@ -38,17 +37,15 @@ from exogym.sim.threads import intra_op_threads
 from exogym.tasks.registry import TASKS, Task, get_task
 from exogym.utils.config import ConfigError
 
-SHARED_DATA = Path(os.environ.get("EXOGYM_DATA_DIR") or
-                   Path(__file__).resolve().parents[2] / "shared" / "data")
 TINY = "mnist-tiny-test-v0"
 P = 4 * 215_370  # fp32 bytes of the MNIST CNN
 
 
 @pytest.fixture(scope="module")
-def tiny_task() -> Iterator[str]:
+def tiny_task(mnist_data: Path) -> Iterator[str]:
     """The MNIST task evaluated on its first 500 test images, registered as ``TINY``."""
     mnist = get_task("mnist")
-    train, test = mnist.load_data(SHARED_DATA, False)
+    train, test = mnist.load_data(mnist_data, False)
     small = TensorDataset(test.images[:500], test.targets[:500])
     task = Task(id=TINY, description="MNIST, 500 test images", build_model=mnist.build_model,
                 load_data=lambda _dir, _download: (train, small), batch_size=16, lr=1e-3,
@@ -223,7 +220,7 @@ def test_a_compared_run_is_the_plain_run_with_that_seed(repeated: Comparison) ->
 
 def test_cli_without_matplotlib_writes_table_and_says_why(
         tiny_task: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+        capsys: pytest.CaptureFixture[str], mnist_data: Path) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     out = tmp_path / "cli"
     assert main([
@@ -231,7 +228,7 @@ def test_cli_without_matplotlib_writes_table_and_says_why(
         "--steps", "10", "--eval-interval", "5", "--set", "diloco.H=5", "--set",
         "diloco-h2.H=2", "--set", "optim.lr=2e-3", "--micro-batch-size", "8",
         "--target-loss", "1e9", "--network", "cloud-10g", "--out", str(out),
-        "--data-dir", str(SHARED_DATA), "--no-download", "--no-progress"]) == 0
+        "--data-dir", str(mnist_data), "--no-download", "--no-progress"]) == 0
     printed = capsys.readouterr().out
     assert f"plots not drawn: {MISSING_MATPLOTLIB}" in printed
     assert not list(out.glob("*.png"))

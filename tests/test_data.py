@@ -1,14 +1,13 @@
 """Tests for exogym.tasks.data: data-dir resolution, IDX parsing, MNIST, verified downloads.
 
-The real MNIST files are expected in ``$EXOGYM_DATA_DIR/mnist/`` if that variable is set, else in
-``shared/data/mnist/`` beside the repository checkout.
+The real MNIST files are read from the tests' data folder (the ``mnist_data`` fixture of
+``conftest.py``).
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
-import os
 import re
 import shutil
 import struct
@@ -27,25 +26,10 @@ from exogym.tasks.data.download import (
 from exogym.tasks.data.mnist import FILES, MEAN, MNIST, STD, TEST_LABELS, load_mnist, read_idx
 from exogym.tasks.data.paths import ENV_VAR, default_cache_dir, resolve_data_dir
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-
-
-def _real_data_root() -> Path:
-    env = os.environ.get(ENV_VAR)
-    root = Path(env).expanduser() if env else SHARED
-    folder = root / "mnist"
-    missing = [f.name for f in FILES if not (folder / f.name).is_file()]
-    if missing:
-        pytest.fail(
-            f"real MNIST files {missing} not found in {folder}; set {ENV_VAR} to a folder "
-            f"containing mnist/ with the 4 original .gz files (default: {SHARED})"
-        )
-    return root.absolute()
-
 
 @pytest.fixture(scope="module")
-def data_root() -> Path:
-    return _real_data_root()
+def data_root(mnist_data: Path) -> Path:
+    return mnist_data
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ each strategy's accuracy, which every test prints).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -21,9 +20,6 @@ from exogym import strategy as strategies
 from exogym.strategy import registry
 from exogym.tasks.registry import get_task
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("EXOGYM_DATA_DIR") or ROOT.parent / "shared" / "data")
-
 NODES = 4
 STEPS = 500
 MIN_ACCURACY = 0.95
@@ -31,13 +27,13 @@ MIN_ACCURACY = 0.95
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy_id", registry())
-def test_defaults_train_the_default_task(strategy_id: str) -> None:
+def test_defaults_train_the_default_task(strategy_id: str, mnist_data: Path) -> None:
     # Prepare: as cmd_run in exogym/cli.py builds it, with every option at its default
     task = get_task("mnist")
     strategy = strategies.make(strategy_id, **{"optim.lr": str(task.lr)})
     torch.manual_seed(0)
     model = task.build_model()
-    train, test = task.load_data(SHARED_DATA, True)
+    train, test = task.load_data(mnist_data, True)
 
     # Execute
     result = Trainer(model, train, test).fit(

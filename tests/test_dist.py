@@ -435,18 +435,14 @@ def test_workers_keep_freed_memory_on_linux() -> None:
 
 
 def test_a_process_run_from_the_command_line_shows_workers_warnings_in_one_line(
-        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capfd: pytest.CaptureFixture[str], mnist_data: Path) -> None:
     """The workers print warnings as the command line does (they printed Python's FILE:LINE:
     UserWarning form with the source line)."""
-    import os
-
     from exogym.cli import main
 
-    data = os.environ.get("EXOGYM_DATA_DIR") or str(Path(__file__).resolve().parents[2]
-                                                    / "shared" / "data")
     assert main(["run", "--task", "mnist", "--strategy", "diloco", "--set", "H=50", "--nodes",
                  "2", "--steps", "2", "--engine", "process", "--allow-unsynced",
-                 "--eval-samples", "100", "--no-progress", "--data-dir", data,
+                 "--eval-samples", "100", "--no-progress", "--data-dir", str(mnist_data),
                  "--out", str(tmp_path / "run")]) == 0
     err = capfd.readouterr().err
     assert "exogym: warning: diloco: 2 steps is not a multiple of H=50" in err

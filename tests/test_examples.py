@@ -4,7 +4,6 @@ every example runs on a tiny budget."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import runpy
 import sys
@@ -22,7 +21,6 @@ from exogym.utils.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
-SHARED_DATA = Path(os.environ.get("EXOGYM_DATA_DIR") or ROOT.parent / "shared" / "data")
 SPEC = f"{EXAMPLES}/custom_strategy.py:GrowingLocalSGD"
 
 
@@ -61,21 +59,22 @@ def test_hyperparameters_are_validated():
         make(SPEC, H_max="4")
 
 
-def test_the_custom_strategy_script_trains_against_fedavg(capsys, monkeypatch):
-    _run_script("custom_strategy.py", ["--steps", "20"], monkeypatch)
+def test_the_custom_strategy_script_trains_against_fedavg(capsys, monkeypatch, mnist_data):
+    _run_script("custom_strategy.py", ["--steps", "20"], monkeypatch, mnist_data)
     out = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0].strip() for line in out] == ["fedavg", "growing_local_sgd"]
     assert all("accuracy" in line for line in out)
 
 
-def _run_script(name: str, args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sys, "argv", [name, *args, "--data-dir", str(SHARED_DATA),
+def _run_script(name: str, args: list[str], monkeypatch: pytest.MonkeyPatch,
+                data: Path) -> None:
+    monkeypatch.setattr(sys, "argv", [name, *args, "--data-dir", str(data),
                                       "--eval-samples", "64"])
     runpy.run_path(str(EXAMPLES / name), run_name="__main__")
 
 
-def test_the_mnist_example_trains_the_five_strategies(capsys, monkeypatch):
-    _run_script("mnist.py", ["--steps", "10", "--nodes", "2"], monkeypatch)
+def test_the_mnist_example_trains_the_five_strategies(capsys, monkeypatch, mnist_data):
+    _run_script("mnist.py", ["--steps", "10", "--nodes", "2"], monkeypatch, mnist_data)
     out = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0].strip() for line in out] == [
         "ddp", "sparta", "diloco", "fedavg", "demo"]
@@ -84,24 +83,24 @@ def test_the_mnist_example_trains_the_five_strategies(capsys, monkeypatch):
     assert all(re.search(r"home-100mbps: [0-9.]+ (ms|s)$", line) for line in out), out
 
 
-def test_the_cifar_example_trains_one_node_against_two(capsys, monkeypatch):
-    _run_script("cifar.py", ["--steps", "6", "--H", "3"], monkeypatch)
+def test_the_cifar_example_trains_one_node_against_two(capsys, monkeypatch, cifar10_data):
+    _run_script("cifar.py", ["--steps", "6", "--H", "3"], monkeypatch, cifar10_data)
     out = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0].strip() for line in out] == ["1 node, AdamW",
                                                             "2 nodes, DiLoCo H=3"]
 
 
-def test_the_nanogpt_example_trains_and_samples(capsys, monkeypatch, tmp_path):
+def test_the_nanogpt_example_trains_and_samples(capsys, monkeypatch, tmp_path, shakespeare_data):
     _run_script("nanogpt.py", ["--steps", "4", "--H", "2", "--nodes", "2", "--out",
-                               str(tmp_path / "runs")], monkeypatch)
+                               str(tmp_path / "runs")], monkeypatch, shakespeare_data)
     out = capsys.readouterr().out
     assert "adamw, 1 node: val loss" in out and "diloco H=2, 2 nodes: val loss" in out
     assert "ROMEO:" in out
     assert (tmp_path / "runs" / "run1" / "model.pt").is_file()
 
 
-def test_the_per_node_example_equals_the_node_stacked_methods(capsys, monkeypatch):
-    _run_script("per_node.py", ["--steps", "10", "--nodes", "2"], monkeypatch)
+def test_the_per_node_example_equals_the_node_stacked_methods(capsys, monkeypatch, mnist_data):
+    _run_script("per_node.py", ["--steps", "10", "--nodes", "2"], monkeypatch, mnist_data)
     out = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0].strip() for line in out] == [
         "ddp", "PerNodeDDP", "diloco", "PerNodeDiLoCo"]
@@ -114,17 +113,17 @@ def test_the_per_node_example_equals_the_node_stacked_methods(capsys, monkeypatc
 TOPK = f"{EXAMPLES}/my_method.py:TopKDiLoCo"
 
 
-def _cli(*args: str) -> int:
+def _cli(data: Path, *args: str) -> int:
     from exogym.cli import main
 
-    return main([*args, "--data-dir", str(SHARED_DATA), "--no-download", "--no-progress",
+    return main([*args, "--data-dir", str(data), "--no-download", "--no-progress",
                  "--eval-samples", "64"])
 
 
-def test_my_method_runs_through_the_cli_and_sends_top_k(tmp_path):
+def test_my_method_runs_through_the_cli_and_sends_top_k(tmp_path, mnist_data):
     out = tmp_path / "run"
-    assert _cli("run", "--task", "mnist", "--strategy", TOPK, "--set", "H=2", "--nodes", "2",
-                "--steps", "4", "--batch-size", "8", "--eval-interval", "4",
+    assert _cli(mnist_data, "run", "--task", "mnist", "--strategy", TOPK, "--set", "H=2",
+                "--nodes", "2", "--steps", "4", "--batch-size", "8", "--eval-interval", "4",
                 "--out", str(out)) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["strategy"] == "TopKDiLoCo"
@@ -136,9 +135,9 @@ def test_my_method_runs_through_the_cli_and_sends_top_k(tmp_path):
     assert summary["bytes_sent_per_node"] == [2 * 17_264] * 2
 
 
-def test_my_method_is_labelled_by_its_class_in_compare(tmp_path):
+def test_my_method_is_labelled_by_its_class_in_compare(tmp_path, mnist_data):
     out = tmp_path / "cmp"
-    assert _cli("compare", "--task", "mnist", "--strategies", f"{TOPK},{TOPK}-h2",
+    assert _cli(mnist_data, "compare", "--task", "mnist", "--strategies", f"{TOPK},{TOPK}-h2",
                 "--set", "TopKDiLoCo-h2.H=2", "--set", "TopKDiLoCo.H=4", "--nodes", "2",
                 "--steps", "4", "--batch-size", "8", "--out", str(out)) == 0
     runs = {json.loads(p.read_text())["hyperparameters"]["H"]: p.parent.name

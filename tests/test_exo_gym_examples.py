@@ -37,7 +37,6 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = ROOT / "tests" / "exo_gym_examples"
-SHARED_DATA = Path(os.environ.get("EXOGYM_DATA_DIR") or ROOT.parent / "shared" / "data")
 
 # EXO Gym's files at commit 9fa323c: their git blob ids (`git ls-tree -r 9fa323c example/`)
 BLOBS = {
@@ -109,20 +108,23 @@ def test_the_examples_are_exo_gym_s_files() -> None:
             assert old in text, f"{name} no longer contains {old!r}: update EXAMPLES"
 
 
-def _shakespeare_cache(folder: Path, block_size: int, start_pc: float, end_pc: float) -> None:
+def _shakespeare_cache(data: Path, folder: Path, block_size: int, start_pc: float,
+                       end_pc: float) -> None:
     """The file EXO Gym's ``build_dataset_small("shakespeare", block_size, start_pc, end_pc)``
     reads before it would download: that fraction of Tiny Shakespeare as EXO Gym's character
     ids (its records ended with <EOS>; this text is one record)."""
-    text = (SHARED_DATA / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")
+    text = (data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")
     part = text[int(len(text) * start_pc):int(len(text) * end_pc)]
     ids = np.array([VOCAB.index(c) for c in part], dtype=np.int64)
     folder.mkdir(parents=True, exist_ok=True)
     np.save(folder / f"data_block{block_size}_{start_pc}_{end_pc}.npy", ids)
 
 
-def _run(tmp_path: Path, script: str, example: Example) -> subprocess.CompletedProcess[str]:
+def _run(tmp_path: Path, script: str, example: Example,
+         data: Path) -> subprocess.CompletedProcess[str]:
     """``python example/SCRIPT ARGS`` in ``tmp_path`` (EXO Gym's ``example/`` copied there, the
-    script with ``example.subs``), with the stand-ins first on ``PYTHONPATH``."""
+    script with ``example.subs``), with the stand-ins first on ``PYTHONPATH`` and the data
+    folder ``data``."""
     shutil.copytree(HERE / "example", tmp_path / "example")
     path = tmp_path / "example" / script
     text = path.read_text(encoding="utf-8")
@@ -130,9 +132,9 @@ def _run(tmp_path: Path, script: str, example: Example) -> subprocess.CompletedP
         text = text.replace(old, new)
     path.write_text(text, encoding="utf-8")
     for block, start, end in example.caches:
-        _shakespeare_cache(tmp_path / "data" / "shakespeare_char", block, start, end)
+        _shakespeare_cache(data, tmp_path / "data" / "shakespeare_char", block, start, end)
     env = {**os.environ, "PYTHONPATH": str(HERE / "stubs"), "MPLBACKEND": "Agg",
-           "EXOGYM_DATA_DIR": str(SHARED_DATA), "EXOGYM_STUB_MNIST_LIMIT": "64",
+           "EXOGYM_DATA_DIR": str(data), "EXOGYM_STUB_MNIST_LIMIT": "64",
            "EXOGYM_STUB_WANDB_LOG": str(tmp_path / "wandb.jsonl")}
     done = subprocess.run([sys.executable, str(path), *example.args], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
@@ -151,8 +153,8 @@ def _warned(stderr: str) -> list[tuple[str, str]]:
     return re.findall(r"ExoGymWarning: (\w+): (\w+)=.* is not an argument", stderr)
 
 
-def test_mnist(tmp_path: Path) -> None:
-    done = _run(tmp_path, "mnist.py", EXAMPLES["mnist.py"])
+def test_mnist(tmp_path: Path, mnist_data: Path) -> None:
+    done = _run(tmp_path, "mnist.py", EXAMPLES["mnist.py"], mnist_data)
     # each strategy's CSV logs, read back by the script's own plot function: evaluations before
     # step 1 and after step 2 (64 test images: losses near ln 10 = 2.30 after 2 steps); its
     # summary ranks the three
@@ -182,8 +184,8 @@ def _trained_gpt(stderr: str) -> None:
     assert all(uniform - 1.0 < float(x) < uniform + 0.2 for x in ends[-1])
 
 
-def test_playground(tmp_path: Path) -> None:
-    done = _run(tmp_path, "playground.py", EXAMPLES["playground.py"])
+def test_playground(tmp_path: Path, shakespeare_data: Path) -> None:
+    done = _run(tmp_path, "playground.py", EXAMPLES["playground.py"], shakespeare_data)
     for _, start, end in EXAMPLES["playground.py"].caches:  # read from the cache written here
         assert f"Loading cached dataset from data/shakespeare_char/data_block32_{start}_{end}.npy" \
             in done.stdout
@@ -191,8 +193,8 @@ def test_playground(tmp_path: Path) -> None:
     assert not (tmp_path / "logs").exists()  # no run_name: no CSV logs (EXO Gym's crashed)
 
 
-def test_diloco_scaling(tmp_path: Path) -> None:
-    _run(tmp_path, "diloco_scaling.py", EXAMPLES["diloco_scaling.py"])
+def test_diloco_scaling(tmp_path: Path, shakespeare_data: Path) -> None:
+    _run(tmp_path, "diloco_scaling.py", EXAMPLES["diloco_scaling.py"], shakespeare_data)
     records = _wandb(tmp_path)
     runs = [r for r in records if "init" in r]
     # K = 0: SimpleReduceStrategy (exogym's ddp) on 1 node; K = 1, 2, 4, 8: DiLoCo on K nodes,
@@ -213,10 +215,10 @@ def test_diloco_scaling(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("strategy", ["base", "fedavg", "sparta", "diloco", "demo",
                                       "diloco_sparta"])
-def test_nanogpt_train(strategy: str, tmp_path: Path) -> None:
+def test_nanogpt_train(strategy: str, tmp_path: Path, shakespeare_data: Path) -> None:
     example = Example(args=(*NANOGPT_ARGS, "--strategy", strategy),
                       caches=((32, 0.0, 0.9), (32, 0.9999, 1.0)))
-    done = _run(tmp_path, "nanogpt_train.py", example)
+    done = _run(tmp_path, "nanogpt_train.py", example, shakespeare_data)
     _trained_gpt(done.stderr)
     # its CSV logs (run_name from its arguments) and the model it saves from fit's return value
     (folder,) = (tmp_path / "logs").iterdir()

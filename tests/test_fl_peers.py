@@ -24,8 +24,6 @@ from exogym.tasks import get_task
 from exogym.tasks.data.mnist import load_mnist
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-DATA = Path(os.environ.get("EXOGYM_DATA_DIR")
-            or Path(__file__).resolve().parents[2] / "shared" / "data")
 
 
 def _load(name: str, path: Path) -> ModuleType:
@@ -42,14 +40,12 @@ common = _load("bench_fl_peers_common", BENCH / "fl_peers" / "peer_common.py")
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory: pytest.TempPathFactory):
+def exported(tmp_path_factory: pytest.TempPathFactory, mnist_data: Path):
     """A 3-round workload file of the default spec (1,000 clients, 10 a round), read back as a
     peer reads it; with exogym's MNIST."""
-    if not (DATA / "mnist").is_dir():
-        pytest.skip(f"MNIST is not in {DATA} (set EXOGYM_DATA_DIR)")
     spec = driver.WorkloadSpec(rounds=3)
-    path = driver.export(spec, str(DATA), tmp_path_factory.mktemp("wl") / "w.npz")
-    train, test = load_mnist(DATA, download=False)
+    path = driver.export(spec, str(mnist_data), tmp_path_factory.mktemp("wl") / "w.npz")
+    train, test = load_mnist(mnist_data, download=False)
     with np.load(path) as f:
         raw = {k: f[k] for k in ("shard_ids", "shard_offsets")}
     return spec, common.load_workload(path), raw, train, test

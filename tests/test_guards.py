@@ -29,9 +29,6 @@ from exogym.sim.sharding import FixedSubset, iterate_batches
 from exogym.strategy import DDP, DiLoCo, FedAvg
 from exogym.strategy.optim import OptimSpec
 
-SHARED_DATA = Path(os.environ.get("EXOGYM_DATA_DIR") or
-                   Path(__file__).resolve().parents[2] / "shared" / "data")
-
 
 def _data(n: int = 128, poison: bool = False) -> TensorDataset:
     g = torch.Generator().manual_seed(0)
@@ -106,7 +103,7 @@ def test_a_nan_eval_loss_stops_the_run() -> None:
 
 
 def test_cli_refuses_infinite_numbers_and_reports_divergence(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], mnist_data: Path) -> None:
     with pytest.raises(SystemExit) as exit_:
         main(["run", "--lr", "inf", "--steps", "30"])
     assert exit_.value.code == 2
@@ -118,7 +115,7 @@ def test_cli_refuses_infinite_numbers_and_reports_divergence(
     out = tmp_path / "diverged"
     rc = main(["run", "--strategy", "ddp", "--nodes", "2", "--steps", "20", "--lr", "1e30",
                "--set", "optim.name=sgd", "--batch-size", "16", "--log-interval", "5",
-               "--data-dir", str(SHARED_DATA), "--no-download", "--no-progress",
+               "--data-dir", str(mnist_data), "--no-download", "--no-progress",
                "--out", str(out)])
     assert rc == 1  # it ran and failed: not a usage error
     err = capsys.readouterr().err
@@ -218,7 +215,8 @@ def test_a_run_shorter_than_H_is_an_error_unless_allowed() -> None:
         _fit(FedAvg(H=4))
 
 
-def test_compare_refuses_short_runs_and_repeats_warnings_per_strategy(tmp_path: Path) -> None:
+def test_compare_refuses_short_runs_and_repeats_warnings_per_strategy(tmp_path: Path,
+                                                                      mnist_data: Path) -> None:
     with pytest.raises(ValueError, match=r"diloco: 10 steps but H=100"):
         compare("mnist", ["ddp", "diloco"], num_nodes=2, max_steps=10, out_dir=tmp_path / "a")
     assert not (tmp_path / "a").exists()
@@ -227,7 +225,7 @@ def test_compare_refuses_short_runs_and_repeats_warnings_per_strategy(tmp_path: 
         c = compare("mnist", ["diloco", "fedavg", "diloco-2"], num_nodes=2, max_steps=10,
                     batch_size=8, eval_interval=5, eval_samples=200, step_time=0.01,
                     overrides={"diloco.H": 4, "fedavg.H": 4, "diloco-2.H": 4},
-                    out_dir=tmp_path / "b", data_dir=SHARED_DATA, download=False)
+                    out_dir=tmp_path / "b", data_dir=mnist_data, download=False)
     said = [str(w.message) for w in caught if "not a multiple" in str(w.message)]
     assert said == [f"{label} (seed 0): {sid}: 10 steps is not a multiple of H=4: the last 2 "
                     "local steps never reach the global model"
@@ -237,11 +235,12 @@ def test_compare_refuses_short_runs_and_repeats_warnings_per_strategy(tmp_path: 
     assert "## Warnings" in md and "- `diloco-2`: diloco: 10 steps is not a multiple" in md
 
 
-def test_a_strategy_that_never_improves_is_not_called_a_success(tmp_path: Path) -> None:
+def test_a_strategy_that_never_improves_is_not_called_a_success(tmp_path: Path,
+                                                                mnist_data: Path) -> None:
     c = compare("mnist", ["ddp", "diloco"], num_nodes=2, max_steps=10, batch_size=16,
                 eval_interval=5, eval_samples=500, step_time=0.01, allow_unsynced=True,
                 overrides={"diloco.H": 1000, "ddp.optim.lr": 3e-3},  # diloco never syncs
-                out_dir=tmp_path / "c", data_dir=SHARED_DATA, download=False)
+                out_dir=tmp_path / "c", data_dir=mnist_data, download=False)
     ddp, diloco = c.row("ddp"), c.row("diloco")
     assert ddp.runs[0].improved and not diloco.runs[0].improved
     # the default target is ddp's last evaluation: diloco's unchanged global model never gets
@@ -323,9 +322,9 @@ def _children(pid: int) -> list[int]:
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to find the workers")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_second_signal_to_the_parent_of_a_process_run_stops_every_worker_at_once(
-        tmp_path: Path, sig: signal.Signals) -> None:
+        tmp_path: Path, sig: signal.Signals, mnist_data: Path) -> None:
     out = tmp_path / "run"
-    env = {**os.environ, "EXOGYM_DATA_DIR": str(SHARED_DATA)}
+    env = {**os.environ, "EXOGYM_DATA_DIR": str(mnist_data)}
     parent = subprocess.Popen(
         [sys.executable, "-m", "exogym", "run", "--engine", "process", "--strategy", "ddp",
          "--nodes", "2", "--steps", "100000", "--batch-size", "8", "--no-progress",

@@ -140,15 +140,11 @@ def test_methods_without_a_global_model_refuse_participation_by_name() -> None:
         fit(make("fedavg", H=2), participation=7)
 
 
-def test_the_command_line_takes_participation(tmp_path: Path) -> None:
-    import os
-
-    shared = os.environ.get("EXOGYM_DATA_DIR") or str(Path(__file__).resolve().parents[2]
-                                                      / "shared" / "data")
+def test_the_command_line_takes_participation(tmp_path: Path, mnist_data: Path) -> None:
     assert main(["run", "--task", "mnist", "--strategy", "fedavg", "--set", "H=2", "--nodes",
                  "8", "--participation", "0.25", "--client-state", "keep", "--steps", "4",
                  "--batch-size", "8", "--eval-samples", "100", "--no-progress",
-                 "--data-dir", shared, "--out", str(tmp_path / "run")]) == 0
+                 "--data-dir", str(mnist_data), "--out", str(tmp_path / "run")]) == 0
     import json
 
     config = json.loads((tmp_path / "run" / "config.json").read_text())

@@ -1,13 +1,12 @@
 """Non-IID partitions: parsing, Dirichlet label skew, contiguous shards, NodeBatches over them.
 
-The real MNIST and Tiny Shakespeare files are read from ``$EXOGYM_DATA_DIR`` if set, else from
-``shared/data`` beside the checkout.
+The real MNIST and Tiny Shakespeare files are read from the tests' data folder (the ``*_data``
+fixtures of ``conftest.py``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,21 +29,9 @@ from exogym.sim.partition import (
 )
 from exogym.sim.sharding import NodeBatches
 from exogym.strategy import make
-from exogym.tasks.data.paths import ENV_VAR
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 CLASSES, PER_CLASS = 10, 600
 LABELS = torch.arange(CLASSES * PER_CLASS) % CLASSES  # 6,000 samples, 600 of each class
-
-
-@pytest.fixture(scope="module")
-def data_root() -> Path:
-    env = os.environ.get(ENV_VAR)
-    root = Path(env).expanduser() if env else SHARED
-    for rel in ("mnist/train-labels-idx1-ubyte.gz", "tinyshakespeare/input.txt"):
-        if not (root / rel).is_file():
-            pytest.fail(f"{root / rel} not found; set {ENV_VAR} to the shared data folder")
-    return root
 
 
 class Labelled(Dataset):
@@ -229,12 +216,12 @@ def test_contiguous_shards_hand_computed() -> None:
 
 
 def test_contiguous_shards_of_shakespeare_are_contiguous_spans_of_the_text(
-    data_root: Path,
+    shakespeare_data: Path,
 ) -> None:
     from exogym.tasks.data.shakespeare import load_shakespeare
 
     t = 16
-    train, _ = load_shakespeare(data_root, block_size=t, train_stride=t, download=False)
+    train, _ = load_shakespeare(shakespeare_data, block_size=t, train_stride=t, download=False)
     n, b = 4, 8
     batches = NodeBatches(train, n, b, seed=0, partition="contiguous")
     per = len(train) // n
@@ -328,10 +315,10 @@ def test_process_rows_equal_the_simulator_rows() -> None:
     assert proc.epoch == sim.epoch
 
 
-def test_mnist_dirichlet_skew(data_root: Path) -> None:
+def test_mnist_dirichlet_skew(mnist_data: Path) -> None:
     from exogym.tasks.data.mnist import MNIST
 
-    train = MNIST(data_root, train=True, download=False)
+    train = MNIST(mnist_data, train=True, download=False)
     skewed = NodeBatches(train, 4, 64, seed=0, partition="dirichlet:0.1")
     iid = NodeBatches(train, 4, 64, seed=0)
     assert skewed.steps_per_epoch == iid.steps_per_epoch == 60000 // 256

@@ -10,7 +10,6 @@ earlier one (``trainer.fit(..., sinks=...)``): it is only compiled.
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,8 @@ import pytest
 from exogym.cli import main
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-SHARED_DATA = Path(os.environ.get("EXOGYM_DATA_DIR") or
-                   Path(__file__).resolve().parents[2] / "shared" / "data")
+# a block naming a dataset reads it (from $EXOGYM_DATA_DIR, set to the tests' data folder)
+DATASETS = {"mnist": "mnist_data", "cifar": "cifar10_data", "shakespeare": "shakespeare_data"}
 
 # README text -> what runs here (budgets only; the code is otherwise the README's own).
 TINY = {
@@ -53,28 +52,33 @@ def test_every_substitution_still_matches_the_readme() -> None:
 @pytest.mark.parametrize(("line", "code", "fragment"), _blocks(),
                          ids=[f"README.md:{line}" for line, _, _ in _blocks()])
 def test_readme_python_block_runs(line: int, code: str, fragment: bool, tmp_path: Path,
-                                  monkeypatch: pytest.MonkeyPatch) -> None:
+                                  monkeypatch: pytest.MonkeyPatch, data_dir: Path,
+                                  request: pytest.FixtureRequest) -> None:
     compiled = compile(code, f"README.md:{line}", "exec")
     if fragment:
         return  # continues an earlier block: compiling it is the check
+    for name, fixture in DATASETS.items():
+        if name in code.lower():
+            request.getfixturevalue(fixture)
     for old, new in TINY.items():
         code = code.replace(old, new)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("EXOGYM_DATA_DIR", str(SHARED_DATA))
+    monkeypatch.setenv("EXOGYM_DATA_DIR", str(data_dir))
     namespace: dict[str, Any] = {"__name__": "__readme__"}
     exec(compile(code, f"README.md:{line}", "exec"), namespace)
     assert compiled is not None
 
 
 def test_the_python_example_gives_the_cli_numbers(tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  mnist_data: Path) -> None:
     """The "From Python" example (seed, then the model) equals `exogym run` with that seed."""
     line, code, _ = _blocks()[0]
     assert "Trainer(" in code and "torch.manual_seed(0)" in code
     for old, new in TINY.items():
         code = code.replace(old, new)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("EXOGYM_DATA_DIR", str(SHARED_DATA))
+    monkeypatch.setenv("EXOGYM_DATA_DIR", str(mnist_data))
     namespace: dict[str, Any] = {}
     exec(compile(code, f"README.md:{line}", "exec"), namespace)
     python_final = namespace["result"].final

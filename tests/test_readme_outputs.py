@@ -6,7 +6,6 @@ collectives), the final accuracy and loss within what another CPU's float round-
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from pathlib import Path
@@ -18,8 +17,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 import readme_outputs  # noqa: E402
 
 from exogym.cli import main  # noqa: E402
-
-SHARED_DATA = Path(os.environ.get("EXOGYM_DATA_DIR") or ROOT.parent / "shared" / "data")
 
 
 def test_every_recorded_command_parses_and_the_machine_is_stated() -> None:
@@ -60,12 +57,13 @@ def _numbers(lines: list[str]) -> dict[str, float]:
 
 @pytest.mark.slow
 def test_the_main_job_gives_the_recorded_numbers(tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+                                                 capsys: pytest.CaptureFixture[str],
+                                                 mnist_data: Path) -> None:
     text = readme_outputs.README.read_text(encoding="utf-8")
     block = readme_outputs.blocks(text)[0]
     cmd, shown = block.commands[0]
     assert cmd == "exogym run --task mnist --strategy diloco --nodes 4 --steps 500"
-    argv = [*cmd.split()[1:], "--out", str(tmp_path / "run"), "--data-dir", str(SHARED_DATA),
+    argv = [*cmd.split()[1:], "--out", str(tmp_path / "run"), "--data-dir", str(mnist_data),
             "--no-progress"]
     assert main(argv) == 0
     got, want = _numbers(capsys.readouterr().out.splitlines()), _numbers(shown)

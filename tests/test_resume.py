@@ -27,7 +27,6 @@ from exogym.run.state import RunInterrupted
 from exogym.strategy import make
 
 HERE = Path(__file__).resolve().parent
-SHARED_DATA = Path(os.environ.get("EXOGYM_DATA_DIR") or HERE.parents[1] / "shared" / "data")
 WALL = {"wall_s", "train_time_s", "wall_time_s", "samples_per_s", "out_dir", "resumed_from"}
 
 
@@ -310,8 +309,8 @@ RUN = ["--task", "mnist", "--strategy", "diloco", "--nodes", "2", "--set", "H=4"
        "--eval-samples", "200", "--step-time", "10ms", "--checkpoint-every", "8"]
 
 
-def _exogym(*args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "EXOGYM_DATA_DIR": str(SHARED_DATA)}
+def _exogym(data: Path, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "EXOGYM_DATA_DIR": str(data)}
     return subprocess.Popen([sys.executable, "-m", "exogym", "run", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -324,16 +323,17 @@ def _wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 120) -> 
         time.sleep(0.05)
 
 
-def test_a_killed_cli_run_resumes_to_the_uninterrupted_summary(tmp_path: Path) -> None:
+def test_a_killed_cli_run_resumes_to_the_uninterrupted_summary(tmp_path: Path,
+                                                               mnist_data: Path) -> None:
     full, killed = tmp_path / "full", tmp_path / "killed"
-    done = _exogym(*RUN, "--steps", "24", "--out", str(full))
+    done = _exogym(mnist_data, *RUN, "--steps", "24", "--out", str(full))
     assert done.wait(timeout=300) == 0, done.communicate()[1]
-    proc = _exogym(*RUN, "--steps", "24", "--out", str(killed))
+    proc = _exogym(mnist_data, *RUN, "--steps", "24", "--out", str(killed))
     _wait_for(killed / "checkpoints" / "step-00000016", proc)
     proc.send_signal(signal.SIGKILL)  # no chance to clean up: power loss
     proc.wait(timeout=60)
     assert not (killed / "summary.json").exists()
-    resumed = _exogym("--resume", str(killed), "--no-progress")
+    resumed = _exogym(mnist_data, "--resume", str(killed), "--no-progress")
     _, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err
     assert _summary(killed) == _summary(full)
@@ -341,9 +341,9 @@ def test_a_killed_cli_run_resumes_to_the_uninterrupted_summary(tmp_path: Path) -
 
 
 def test_sigint_to_a_cli_run_prints_no_traceback_and_leaves_a_resumable_folder(
-        tmp_path: Path) -> None:
+        tmp_path: Path, mnist_data: Path) -> None:
     run = tmp_path / "run"
-    proc = _exogym(*RUN, "--steps", "4000", "--out", str(run))
+    proc = _exogym(mnist_data, *RUN, "--steps", "4000", "--out", str(run))
     _wait_for(run / "metrics.jsonl", proc)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
@@ -351,21 +351,22 @@ def test_sigint_to_a_cli_run_prints_no_traceback_and_leaves_a_resumable_folder(
     assert "Traceback" not in err and "exogym: SIGINT: stopping after this step" in err
     assert f"continue with: exogym run --resume {run}" in err
     (step,) = checkpoint_steps(run)
-    more = _exogym("--resume", str(run), "--steps", str(step + 4), "--no-progress")
+    more = _exogym(mnist_data, "--resume", str(run), "--steps", str(step + 4), "--no-progress")
     assert more.wait(timeout=300) == 0, more.communicate()[1]
     assert json.loads((run / "summary.json").read_text())["steps"] == step + 4
-    bad = _exogym("--resume", str(run), "--nodes", "3")
+    bad = _exogym(mnist_data, "--resume", str(run), "--nodes", "3")
     _, err = bad.communicate(timeout=120)
     assert bad.returncode == 2 and "drop --nodes" in err
 
 
-def test_a_process_run_stops_on_sigterm_and_resumes_as_processes(tmp_path: Path) -> None:
+def test_a_process_run_stops_on_sigterm_and_resumes_as_processes(tmp_path: Path,
+                                                                  mnist_data: Path) -> None:
     run, full = tmp_path / "run", tmp_path / "full"
     args = [*(a for a in RUN if a != "H=4" and a != "--set"), "--engine", "process", "--strategy",
             "ddp", "--steps", "24"]
-    done = _exogym(*args, "--out", str(full))
+    done = _exogym(mnist_data, *args, "--out", str(full))
     assert done.wait(timeout=300) == 0, done.communicate()[1]
-    proc = _exogym(*args, "--out", str(run))
+    proc = _exogym(mnist_data, *args, "--out", str(run))
     _wait_for(run / "metrics.jsonl", proc)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
@@ -374,7 +375,7 @@ def test_a_process_run_stops_on_sigterm_and_resumes_as_processes(tmp_path: Path)
     (step,) = checkpoint_steps(run)
     assert sorted(p.name for p in (run / "checkpoints" / f"step-{step:08d}").iterdir()) == [
         "manifest.json", "rank-0.pt", "rank-1.pt"]
-    resumed = _exogym("--resume", str(run), "--no-progress")
+    resumed = _exogym(mnist_data, "--resume", str(run), "--no-progress")
     assert resumed.wait(timeout=300) == 0, resumed.communicate()[1]
     a, b = _summary(run), _summary(full)
     assert a["bytes_sent_per_node"] == b["bytes_sent_per_node"] and a["steps"] == b["steps"]

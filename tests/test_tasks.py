@@ -1,7 +1,7 @@
 """Tests for the benchmark tasks: registry, CIFAR-10 reader, Shakespeare windows, the GPT.
 
-The real data is read from ``$EXOGYM_DATA_DIR`` if set, else ``shared/data`` beside the checkout;
-nothing is downloaded from the network (the download test serves a hand-made archive by file://).
+The real data is read from the tests' data folder (the ``*_data`` fixtures of ``conftest.py``);
+these tests download nothing (the download test serves a hand-made archive by file://).
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import io
 import math
-import os
 import shutil
 import tarfile
 from pathlib import Path
@@ -23,24 +22,10 @@ from exogym.strategy.diloco import DiLoCo
 from exogym.tasks.data import cifar10
 from exogym.tasks.data.cifar10 import CIFAR10, MEAN, STD, load_cifar10, read_cifar_batch
 from exogym.tasks.data.download import ChecksumError, DatasetNotFoundError, RemoteFile
-from exogym.tasks.data.paths import ENV_VAR
 from exogym.tasks.data.shakespeare import CharVocab, ShakespeareChar, load_shakespeare, split_text
 from exogym.tasks.gpt import GPT, GPTConfig
 from exogym.tasks.registry import ALIASES, TASKS, CifarCNN, get_task
 from exogym.utils.config import ConfigError
-
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-
-
-@pytest.fixture(scope="module")
-def data_root() -> Path:
-    env = os.environ.get(ENV_VAR)
-    root = Path(env).expanduser() if env else SHARED
-    for rel in ("cifar10/cifar-10-batches-bin/data_batch_1.bin", "tinyshakespeare/input.txt"):
-        if not (root / rel).is_file():
-            pytest.fail(f"{root / rel} not found; set {ENV_VAR} to the shared data folder")
-    return root
-
 
 # --------------------------------------------------------------------------- registry
 
@@ -91,11 +76,14 @@ def fake_checksums(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_cifar_files_are_checked_against_their_official_size_and_checksum(
-        tmp_path: Path, data_root: Path) -> None:
-    real = data_root / "cifar10" / "cifar-10-batches-bin"
+        tmp_path: Path, cifar10_data: Path) -> None:
+    real = cifar10_data / "cifar10" / "cifar-10-batches-bin"
     folder = tmp_path / "cifar10" / "cifar-10-batches-bin"
     folder.mkdir(parents=True)
-    for name in (*cifar10.TRAIN_FILES, "test_batch_first1000.bin"):
+    # the first 1,000 test records where the data folder has them, else the official test batch
+    test_name = next(n for n in (cifar10.PARTIAL_TEST_FILE, cifar10.TEST_FILE)
+                     if (real / n).is_file())
+    for name in (*cifar10.TRAIN_FILES, test_name):
         (folder / name).symlink_to(real / name)
     assert len(load_cifar10(tmp_path, download=False)[0]) == 50_000  # the official files pass
     # data_batch_1.bin cut to 100 records: an error naming it, not 40,100 training images
@@ -195,10 +183,10 @@ def test_cifar_downloads_verifies_and_extracts_the_archive(
     assert len(CIFAR10(tmp_path / "data", train=True, download=True)) == 10
 
 
-def test_real_cifar_with_the_partial_test_batch(data_root: Path) -> None:
-    train, test = load_cifar10(data_root, download=False)
+def test_real_cifar_with_the_partial_test_batch(cifar10_data: Path) -> None:
+    train, test = load_cifar10(cifar10_data, download=False)
     assert len(train) == 50_000 and train.data.shape == (50_000, 3, 32, 32)
-    official = (data_root / "cifar10" / "cifar-10-batches-bin" / "test_batch.bin").is_file()
+    official = (cifar10_data / "cifar10" / "cifar-10-batches-bin" / "test_batch.bin").is_file()
     if official:
         assert test.test_set == "test_batch.bin (10,000)"
     else:
@@ -251,8 +239,8 @@ def test_shakespeare_vocab_and_windows_by_hand() -> None:
         ShakespeareChar(train.tokens, train.vocab, 3, 0, "train")
 
 
-def test_real_shakespeare(data_root: Path) -> None:
-    train, val = load_shakespeare(data_root, block_size=64, download=False)
+def test_real_shakespeare(shakespeare_data: Path) -> None:
+    train, val = load_shakespeare(shakespeare_data, block_size=64, download=False)
     assert len(train.vocab) == 65
     # 1,115,394 chars: train int(0.9 * 1115394) = 1,003,854 tokens, val 111,540
     assert train.tokens.numel() == 1_003_854 and val.tokens.numel() == 111_540
@@ -330,7 +318,9 @@ def test_gpt_config_validation_and_generate() -> None:
 
 
 @pytest.mark.parametrize("task_id", ["mnist-cnn-v0", "cifar10-cnn-v0", "shakespeare-char-gpt-v0"])
-def test_each_task_builds_trains_and_evaluates(task_id: str, data_root: Path) -> None:
+def test_each_task_builds_trains_and_evaluates(task_id: str,
+                                               request: pytest.FixtureRequest) -> None:
+    data_root = request.getfixturevalue(f"{task_id.split('-')[0]}_data")  # mnist_data, ...
     task = get_task(task_id)
     train, test = task.load_data(data_root, False)
     torch.manual_seed(0)

@@ -28,7 +28,6 @@ from exogym.run.dist import torchrun_env
 from exogym.run.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("EXOGYM_DATA_DIR") or ROOT.parent / "shared" / "data")
 
 
 class Tiny(nn.Module):
@@ -120,11 +119,12 @@ def test_the_python_api_under_torchrun_matches_the_simulator(tmp_path: Path) -> 
         assert abs(a["train_loss"] - b["train_loss"]) <= 1e-5
 
 
-def test_exogym_run_under_torchrun_matches_the_simulator(tmp_path: Path) -> None:
+def test_exogym_run_under_torchrun_matches_the_simulator(tmp_path: Path,
+                                                         mnist_data: Path) -> None:
     args = ["--task", "mnist", "--strategy", "diloco", "--set", "H=2", "--nodes", "4",
             "--steps", "4", "--batch-size", "16", "--eval-interval", "2", "--step-time", "10ms",
             "--network", "home-1gbps", "--no-progress", "--device", "cpu", "--no-download",
-            "--data-dir", str(SHARED_DATA)]
+            "--data-dir", str(mnist_data)]
     proc = _torchrun(["-m", "exogym", "run", *args, "--out", str(tmp_path / "dist")],
                      cwd=tmp_path)
     assert proc.stdout.count("final eval") == 1  # rank 0 alone prints the summary

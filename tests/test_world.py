@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -30,9 +29,6 @@ from exogym.strategy import DDP, DiLoCo, FedAvg, get, make, registry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_conformance import small
-
-SHARED_DATA = Path(os.environ.get("EXOGYM_DATA_DIR") or
-                   Path(__file__).resolve().parents[2] / "shared" / "data")
 
 
 class Heard:
@@ -380,13 +376,13 @@ def test_traces_in_exogyms_and_fedscales_shapes(tmp_path: Path) -> None:
 
 
 def test_the_command_line_runs_a_world_and_says_what_happened(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], mnist_data: Path) -> None:
     out = tmp_path / "run"
     assert main(["run", "--task", "mnist", "--strategy", "diloco", "--nodes", "4", "--steps",
                  "12", "--set", "H=4", "--batch-size", "16", "--network", "home-100mbps",
                  "--world", "fail=2@3,rejoin=2@7,drop=0.1,seed=1", "--step-time", "30ms",
                  "--eval-samples", "200", "--no-progress", "--out", str(out),
-                 "--data-dir", str(SHARED_DATA), "--no-download"]) == 0
+                 "--data-dir", str(mnist_data), "--no-download"]) == 0
     text = capsys.readouterr().out
     assert "world       fail=2@3,rejoin=2@7,drop=0.1,seed=1: 1 failure, 1 recovery (" in text
     summary = json.loads((out / "summary.json").read_text())

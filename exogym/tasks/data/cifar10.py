@@ -2,9 +2,11 @@
 
 The files of ``cifar-10-batches-bin`` (``data_batch_1.bin`` .. ``data_batch_5.bin`` and
 ``test_batch.bin``) are looked up in ``<data_dir>/cifar10/cifar-10-batches-bin/`` (see
-:func:`exogym.tasks.data.paths.resolve_data_dir`). When training batches are missing and
-downloading is allowed, the official archive ``cifar-10-binary.tar.gz`` is downloaded into
-``<data_dir>/cifar10/``, verified by MD5 and extracted there.
+:func:`exogym.tasks.data.paths.resolve_data_dir`). When batches are missing and downloading is
+allowed, the official archive ``cifar-10-binary.tar.gz`` is downloaded into ``<data_dir>/cifar10/``,
+verified by MD5 and extracted there. A mirror of ``EXOGYM_DATA_MIRRORS``
+(:func:`exogym.tasks.data.download.mirrors_for`) is asked first for the missing batch files
+themselves (each verified by :data:`BATCH_FILES`), then for the archive.
 
 Each record of a binary batch is 3073 bytes: one label byte (0..9), then the 32x32 image as three
 1024-byte planes (red, green, blue), each plane row-major.
@@ -29,7 +31,13 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from exogym.tasks.data.download import DatasetNotFoundError, RemoteFile, ensure_files, verify_file
+from exogym.tasks.data.download import (
+    DatasetNotFoundError,
+    RemoteFile,
+    ensure_files,
+    mirrors_for,
+    verify_file,
+)
 from exogym.tasks.data.paths import resolve_data_dir
 
 __all__ = [
@@ -157,7 +165,8 @@ def _extract(archive: Path, dest: Path) -> None:
 
 
 def _batch_dir(data_dir: str | os.PathLike[str] | None, download: bool) -> Path:
-    """The batch folder, downloading and extracting the archive if batches are missing."""
+    """The batch folder, fetching what is missing: the batch files themselves from the mirrors of
+    ``EXOGYM_DATA_MIRRORS``, else the archive (from those, then :data:`MIRRORS`), extracted."""
     root = resolve_data_dir(data_dir) / _SUBDIR
     folder = root / _BATCH_DIR
     missing = [n for n in TRAIN_FILES if not (folder / n).is_file()]
@@ -174,13 +183,35 @@ def _batch_dir(data_dir: str | os.PathLike[str] | None, download: bool) -> Path:
             f"To fix: extract the official {ARCHIVE.name} into {root}, or set EXOGYM_DATA_DIR "
             f"(or pass --data-dir) to a folder containing '{_SUBDIR}/{_BATCH_DIR}/'."
         )
+    file_mirrors = mirrors_for(f"{_SUBDIR}/{_BATCH_DIR}", ())
+    tried = ""
+    if file_mirrors:  # a mirror laid out like a data directory serves the files themselves
+        try:
+            _fetch_batches(folder, missing, has_test, file_mirrors)
+            return folder
+        except DatasetNotFoundError as err:
+            tried = f"\nfetching the files themselves failed too:\n{err}"
     try:
-        (archive,) = ensure_files(root, [ARCHIVE], MIRRORS, dataset=_SUBDIR, download=True)
+        (archive,) = ensure_files(root, [ARCHIVE], mirrors_for(_SUBDIR, MIRRORS),
+                                  dataset=_SUBDIR, download=True)
     except DatasetNotFoundError as err:
         raise DatasetNotFoundError(f"CIFAR-10 files missing in {folder}: {', '.join(names)}; "
-                                   f"fetching the archive that holds them failed:\n{err}") from None
+                                   f"fetching the archive that holds them failed:\n{err}{tried}"
+                                   ) from None
     _extract(archive, root)
     return folder
+
+
+def _fetch_batches(folder: Path, missing: list[str], has_test: bool,
+                   mirrors: Sequence[str]) -> None:
+    """Download the ``missing`` training batches and, if ``not has_test``, the test batch (the
+    official one, else the first 1,000 records), each verified by :data:`BATCH_FILES`."""
+    ensure_files(folder, [BATCH_FILES[n][1] for n in missing], mirrors, dataset=_SUBDIR)
+    if not has_test:
+        try:
+            ensure_files(folder, [BATCH_FILES[TEST_FILE][1]], mirrors, dataset=_SUBDIR)
+        except DatasetNotFoundError:
+            ensure_files(folder, [BATCH_FILES[PARTIAL_TEST_FILE][1]], mirrors, dataset=_SUBDIR)
 
 
 class CIFAR10(Dataset):

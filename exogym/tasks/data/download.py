@@ -8,6 +8,13 @@ The contract of :func:`ensure_files` is conservative:
   then atomically renamed to ``<name>``; a failed or corrupt download leaves nothing behind;
 * when files cannot be obtained, :class:`DatasetNotFoundError` explains where exogym looked,
   what was tried and how to fix it.
+
+Mirrors: each dataset has its official sources; ``EXOGYM_DATA_MIRRORS`` (:data:`MIRRORS_ENV_VAR`)
+adds mirrors tried before them, for a machine that reaches a local copy but not the internet (a
+lab's file server, or ``python -m http.server`` in a data folder). Each is the base URL of a
+folder laid out like a data directory: ``<url>/mnist/train-images-idx3-ubyte.gz``,
+``<url>/tinyshakespeare/input.txt``, ``<url>/cifar10/cifar-10-batches-bin/data_batch_1.bin``.
+Whatever a mirror serves is verified against the same checksums as the official files.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import hashlib
 import logging
 import os
 import re
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,15 +33,21 @@ from pathlib import Path
 from exogym.tasks.data.paths import ENV_VAR
 
 __all__ = [
+    "MIRRORS_ENV_VAR",
     "ChecksumError",
     "DatasetNotFoundError",
     "RemoteFile",
     "ensure_files",
     "file_digest",
+    "mirrors_for",
     "verify_file",
 ]
 
 logger = logging.getLogger("exogym")
+
+MIRRORS_ENV_VAR = "EXOGYM_DATA_MIRRORS"
+"""Environment variable: base URLs of mirrors laid out like a data directory, separated by spaces,
+tried in order before each dataset's official sources (see :func:`mirrors_for`)."""
 
 TIMEOUT_S = 30.0
 """Network timeout (seconds) for each ``urlopen`` call."""
@@ -92,6 +106,34 @@ class RemoteFile:
         if self.sha256 is not None:
             out["sha256"] = self.sha256.lower()
         return out
+
+
+def mirrors_for(subdir: str, official: Sequence[str]) -> tuple[str, ...]:
+    """The base URLs to fetch the files of ``<data_dir>/<subdir>/`` from, in the order to try them.
+
+    Args:
+        subdir: the files' folder inside a data directory, e.g. ``"mnist"`` or
+            ``"cifar10/cifar-10-batches-bin"``.
+        official: the dataset's own sources, tried last.
+
+    Returns:
+        ``<url>/<subdir>/`` for each URL of ``EXOGYM_DATA_MIRRORS`` (none when it is unset or
+        blank), then ``official``.
+
+    Raises:
+        ValueError: naming the variable and the URL, if a URL is not ``http://HOST/...``,
+            ``https://HOST/...`` or ``file:///PATH``.
+    """
+    urls = os.environ.get(MIRRORS_ENV_VAR, "").split()
+    for url in urls:
+        parts = urllib.parse.urlsplit(url)
+        if not ((parts.scheme in ("http", "https") and parts.hostname)
+                or (parts.scheme == "file" and parts.path)):
+            raise ValueError(
+                f"{MIRRORS_ENV_VAR}: {url!r} is not a mirror URL; expected http://HOST/..., "
+                "https://HOST/... or file:///PATH, several separated by spaces"
+            )
+    return (*(f"{url.rstrip('/')}/{subdir.strip('/')}/" for url in urls), *official)
 
 
 def file_digest(path: str | os.PathLike[str], algo: str) -> str:

@@ -2,7 +2,8 @@
 
 The four original files (``train-images-idx3-ubyte.gz`` ...) are looked up in
 ``<data_dir>/mnist/`` (see :func:`exogym.tasks.data.paths.resolve_data_dir`), verified by MD5 and
-downloaded from public mirrors when missing (unless ``download=False``).
+downloaded from public mirrors when missing (unless ``download=False``), after any mirror of
+``EXOGYM_DATA_MIRRORS`` (:func:`exogym.tasks.data.download.mirrors_for`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from exogym.tasks.data.download import RemoteFile, ensure_files
+from exogym.tasks.data.download import RemoteFile, ensure_files, mirrors_for
 from exogym.tasks.data.paths import resolve_data_dir
 
 __all__ = ["FILES", "MEAN", "MIRRORS", "MNIST", "STD", "load_mnist", "read_idx"]
@@ -147,7 +148,8 @@ class MNIST(Dataset):
             root: data directory (resolved by :func:`resolve_data_dir`: argument, then
                 ``EXOGYM_DATA_DIR``, then the user cache); files are in ``root/"mnist"``.
             train: load the training split if ``True``, else the test split.
-            download: allow downloading missing files from :data:`MIRRORS`.
+            download: allow downloading missing files from :data:`MIRRORS` (after those of
+                ``EXOGYM_DATA_MIRRORS``, :func:`~exogym.tasks.data.download.mirrors_for`).
 
         Raises:
             DatasetNotFoundError: files missing and not downloadable.
@@ -158,7 +160,7 @@ class MNIST(Dataset):
         self.train = bool(train)
         specs = (TRAIN_IMAGES, TRAIN_LABELS) if self.train else (TEST_IMAGES, TEST_LABELS)
         img_path, lbl_path = ensure_files(
-            self.root, specs, MIRRORS, dataset=_SUBDIR, download=download
+            self.root, specs, mirrors_for(_SUBDIR, MIRRORS), dataset=_SUBDIR, download=download
         )
         raw_images = read_idx(img_path)
         raw_labels = read_idx(lbl_path)
@@ -222,5 +224,6 @@ def load_mnist(
     lists every missing file at once.
     """
     root = resolve_data_dir(data_dir)
-    ensure_files(root / _SUBDIR, FILES, MIRRORS, dataset=_SUBDIR, download=download)
+    ensure_files(root / _SUBDIR, FILES, mirrors_for(_SUBDIR, MIRRORS), dataset=_SUBDIR,
+                 download=download)
     return MNIST(root, train=True, download=download), MNIST(root, train=False, download=download)

@@ -2,7 +2,8 @@
 
 The corpus ``input.txt`` (1,115,394 characters, 65 distinct) is looked up in
 ``<data_dir>/tinyshakespeare/`` (see :func:`exogym.tasks.data.paths.resolve_data_dir`), verified by
-SHA-256 and downloaded from the char-rnn repository when missing (unless ``download=False``).
+SHA-256 and downloaded from the char-rnn repository when missing (unless ``download=False``), after
+any mirror of ``EXOGYM_DATA_MIRRORS`` (:func:`exogym.tasks.data.download.mirrors_for`).
 
 As in nanoGPT's ``shakespeare_char``: the vocabulary is the sorted set of characters of the whole
 text (token id = rank of the character), the training split is the first 90% of the encoded text
@@ -25,7 +26,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from exogym.tasks.data.download import RemoteFile, ensure_files
+from exogym.tasks.data.download import RemoteFile, ensure_files, mirrors_for
 from exogym.tasks.data.paths import resolve_data_dir
 
 __all__ = ["FILE", "MIRRORS", "CharVocab", "ShakespeareChar", "load_shakespeare", "split_text"]
@@ -169,6 +170,7 @@ def load_shakespeare(
         ChecksumError: the local ``input.txt`` is corrupted.
     """
     folder = resolve_data_dir(data_dir) / _SUBDIR
-    (path,) = ensure_files(folder, [FILE], MIRRORS, dataset=_SUBDIR, download=download)
+    (path,) = ensure_files(folder, [FILE], mirrors_for(_SUBDIR, MIRRORS), dataset=_SUBDIR,
+                           download=download)
     text = Path(path).read_text(encoding="utf-8")
     return split_text(text, block_size, train_stride, val_stride)

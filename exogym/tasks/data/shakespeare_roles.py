@@ -68,7 +68,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from exogym.tasks.data.download import ensure_files
+from exogym.tasks.data.download import ensure_files, mirrors_for
 from exogym.tasks.data.paths import resolve_data_dir
 from exogym.tasks.data.shakespeare import FILE, MIRRORS, CharVocab
 
@@ -294,6 +294,7 @@ def load_shakespeare_roles(
         ChecksumError: the local ``input.txt`` is corrupted.
     """
     folder = resolve_data_dir(data_dir) / _SUBDIR
-    (path,) = ensure_files(folder, [FILE], MIRRORS, dataset=_SUBDIR, download=download)
+    (path,) = ensure_files(folder, [FILE], mirrors_for(_SUBDIR, MIRRORS), dataset=_SUBDIR,
+                           download=download)
     text = Path(path).read_text(encoding="utf-8")
     return split_roles(text, block_size, min_windows=min_windows)
