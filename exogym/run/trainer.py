@@ -356,6 +356,10 @@ def _participation(participation: Any, concurrency: int | None, client_state: st
     """Partial participation (a synchronous strategy's ``K`` per round), or an asynchronous
     one's ``concurrency`` (its clients in flight), as one :class:`Participation`."""
     if concurrency is None:
+        if participation is not None and getattr(strategy, "asynchronous", False):
+            raise ValueError(f"{strategy.id} is asynchronous: its clients are in flight, not "
+                             f"drawn per round; give concurrency=C (the clients it keeps in "
+                             f"flight), not participation={participation!r}")
         return parse_participation(participation, client_state=client_state, seed=seed)
     if not getattr(strategy, "asynchronous", False):
         raise ValueError(f"concurrency={concurrency!r} is an asynchronous server's clients in "

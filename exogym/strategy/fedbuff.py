@@ -24,12 +24,13 @@ between a node's rounds (the paper's clients use plain SGD, whose state is empty
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from exogym.strategy.base import in_range, positive_int
+from exogym.strategy.optim import OptimSpec
 from exogym.strategy.server import ServerStrategy
 from exogym.utils.validation import check_number
 
@@ -68,6 +69,24 @@ class FedBuff(ServerStrategy):
                                           momentum=self.server_momentum)
         self.buffer = {k: torch.zeros_like(p) for k, p in self.global_params.items()}
         self.buffered = 0
+
+    @classmethod
+    def flsim_sent140(cls, **changes: Any) -> FedBuff:
+        """FedBuff as its authors' library runs it on Sent140 (FLSim, facebookresearch/FLSim
+        ``examples/configs/sent140_fedbuff_config.json``, checked at commit 7311f2d): a buffer
+        of ``K = 10`` updates, the server's SGD at lr 0.7 with momentum 0.9
+        (``fed_avg_with_lr_hybrid``), no staleness weighting (``a = 0``: the config's
+        ``async_weight`` keeps FLSim's constant staleness weight), the clients' plain SGD at lr
+        0.1. FLSim starts 100 clients per unit of time whose training lasts ``|N(0, 1)|`` units
+        (``per_user_half_normal_duration_distribution``, sd 1, min 0): about 80 in flight. In
+        exogym: ``--concurrency 80 --world speed=halfnormal:1:0``, and on the command line
+        ``--strategy fedbuff --set K=10 --set eta_g=0.7 --set server_momentum=0.9 --set a=0
+        --set optim.name=sgd --set optim.lr=0.1``. FLSim's clients train one local epoch; ``H`` stays yours to set.
+        ``changes`` override any of these fields."""
+        settings: dict[str, Any] = {"K": 10, "eta_g": 0.7, "server_momentum": 0.9, "a": 0.0,
+                                    "optim": OptimSpec(name="sgd", lr=0.1)}
+        settings.update(changes)
+        return cls(**settings)
 
     def weight(self, staleness: int) -> float:
         """``s(tau) = (1 + tau)^(-a)``."""
