@@ -87,12 +87,13 @@ def suite_cases(suite: str, steps: int | None) -> list[Case]:
     raise ValueError(f"unknown suite {suite!r}; suites: speed, memory, n8192, gpt, clients")
 
 
-def run_once(case: Case) -> dict[str, Any]:
-    """One case in a fresh process: its peak RSS and what its summary says."""
-    with tempfile.TemporaryDirectory(prefix="exogym-paging-") as tmp:
+def run_exogym(args: tuple[str, ...]) -> tuple[dict[str, Any], list[dict[str, Any]], float,
+                                               float]:
+    """``exogym run ARGS`` in a fresh process: its ``summary.json``, its metrics rows, its peak
+    RSS (GB, ``ru_maxrss`` of that child alone, from ``os.wait4``) and its wall time."""
+    with tempfile.TemporaryDirectory(prefix="exogym-bench-") as tmp:
         out = Path(tmp) / "run"
-        cmd = [sys.executable, "-m", "exogym", "run", *case.args, "--out", str(out),
-               "--no-progress"]
+        cmd = [sys.executable, "-m", "exogym", "run", *args, "--out", str(out), "--no-progress"]
         log = Path(tmp) / "output.txt"  # a file, not a pipe: a full pipe would block the run
         t0 = time.perf_counter()
         with open(log, "wb") as sink:
@@ -103,10 +104,18 @@ def run_once(case: Case) -> dict[str, Any]:
         if status != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{text[-2000:]}")
         summary = json.loads((out / "summary.json").read_text())
+        rows = [json.loads(line) for line in
+                (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return summary, rows, usage.ru_maxrss * 1024 / 1e9, wall
+
+
+def run_once(case: Case) -> dict[str, Any]:
+    """One case in a fresh process: its peak RSS and what its summary says."""
+    summary, _, rss, wall = run_exogym(case.args)
     paging = summary.get("paging") or {}
     train = summary["train_time_s"]
     return {"suite": case.suite, "case": case.name, "nodes": case.nodes,
-            "peak_rss_gb": usage.ru_maxrss * 1024 / 1e9,
+            "peak_rss_gb": rss,
             "samples_per_s": summary["samples"] / train, "train_time_s": train,
             "paging_share": paging.get("seconds", 0.0) / train,
             "paged_gb": (paging.get("bytes_read", 0) + paging.get("bytes_written", 0)) / 1e9,
