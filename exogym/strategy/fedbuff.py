@@ -81,8 +81,8 @@ class FedBuff(ServerStrategy):
         (``per_user_half_normal_duration_distribution``, sd 1, min 0): about 80 in flight. In
         exogym: ``--concurrency 80 --world speed=halfnormal:1:0``, and on the command line
         ``--strategy fedbuff --set K=10 --set eta_g=0.7 --set server_momentum=0.9 --set a=0
-        --set optim.name=sgd --set optim.lr=0.1``. FLSim's clients train one local epoch; ``H`` stays yours to set.
-        ``changes`` override any of these fields."""
+        --set optim.name=sgd --set optim.lr=0.1``. FLSim's clients train one local epoch;
+        ``H`` stays yours to set. ``changes`` override any of these fields."""
         settings: dict[str, Any] = {"K": 10, "eta_g": 0.7, "server_momentum": 0.9, "a": 0.0,
                                     "optim": OptimSpec(name="sgd", lr=0.1)}
         settings.update(changes)
