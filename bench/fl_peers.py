@@ -16,7 +16,8 @@ file and runs its own engine:
 
 - ``exogym``: the ``exogym run`` command of :func:`exogym_command`, in this interpreter;
 - ``flower``: Flower's simulation engine (``flwr[simulation]``, Ray backend, ``run_simulation``
-  with a ``ServerApp`` and a ``ClientApp``, 2 actors of 1 CPU);
+  with a ``ServerApp`` and a ``ClientApp``, 2 actors of 1 CPU); before the rounds the server
+  asks each SuperNode its client id once, to send each round's messages to the drawn clients;
 - ``pfl``, ``pfl-2``: Apple's pfl, PyTorch backend, one process, and two worker processes
   launched with ``torchrun`` as pfl's guide to distributed simulation says;
 - ``torch_loop``: plain PyTorch, the round's clients trained one after another in one process
@@ -32,11 +33,13 @@ last round's end, as each tool reports it; exogym: its ``summary.json`` ``train_
 rest of the wall time (start-up, final evaluation, exit) separately, peak memory of the tool's
 whole process tree (Ray's and torchrun's processes included: ``/proc`` read every 0.2 s, RSS
 and PSS summed over the processes, the peak of the sums), and the final accuracy. The table
-gives medians; ``--json`` keeps every run.
+gives medians; a JSON file keeps every run (``--json``, default under ``--cache``), with the
+peers' installed packages.
 
 ``--check`` runs ``--check-rounds`` rounds (default 1) of every tool and prints the largest
 absolute difference of each one's global model from ``torch_loop``'s: the same workload must give
-the same model to float tolerance.
+the same model to float tolerance. ``--draw-seed S`` draws each round's clients from another
+seed (the rest unchanged; peers only): how far the draws alone move the final accuracy.
 
 Usage::
 
@@ -473,7 +476,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "~/.cache/exogym-bench)")
     p.add_argument("--workload", type=Path, default=None,
                    help="keep the workload file here (default: a temporary folder)")
-    p.add_argument("--json", type=Path, default=None, help="write every run's record here")
+    p.add_argument("--json", type=Path, default=None,
+                   help="write every run's record here (default: "
+                        "CACHE/fl_peers-YYYYmmdd-HHMMSS.json)")
     p.add_argument("--check", action="store_true",
                    help="run --check-rounds rounds of every tool once and compare the global "
                         "models with torch_loop's")
@@ -532,12 +537,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{record['peak_rss_bytes'] / 1e9:.2f} GB RSS, "
                   f"{100 * record['accuracy']:.2f}%", flush=True)
         print(table(records))
-        if a.json:
-            a.json.write_text(json.dumps({"workload": spec_dict(w), "machine": _machine(),
-                                          "command": [sys.executable, *sys.argv],
-                                          "environments": environments, "runs": records},
-                                         indent=1))
-            print(f"written to {a.json}")
+        out = a.json or a.cache / time.strftime("fl_peers-%Y%m%d-%H%M%S.json")
+        out.write_text(json.dumps({"workload": spec_dict(w), "machine": _machine(),
+                                   "command": [sys.executable, *sys.argv],
+                                   "environments": environments, "runs": records}, indent=1))
+        print(f"every run: {out}")
         done = True
         return 0
     finally:
