@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from paging import run_exogym  # noqa: E402
+from paging import run_exogym
 
 
 @dataclass(frozen=True)

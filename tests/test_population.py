@@ -344,3 +344,23 @@ def test_concurrency_is_an_asynchronous_server_s() -> None:
         fit(make("fedavg", H=2), "auto", concurrency=3)
     with pytest.raises(RuntimeError, match="no client free to train"):
         fit_async(nodes=1000, c=5, world="online=0:0.001,seed=1")
+
+
+def test_two_processes_hold_the_seats_and_give_the_one_process_run() -> None:
+    from exogym.run.launch import fit_processes
+
+    kw: dict[str, Any] = dict(max_steps=8, batch_size=4, network="home-100mbps", step_time=0.1,
+                              progress=False, log_interval=2, eval_interval=4, participation=4,
+                              engine="loop", client_state="keep")
+    torch.manual_seed(1)
+    one = Trainer(Net(), data(), data()).fit(strategy=make("fedadam", H=2), num_nodes=40, **kw)
+    torch.manual_seed(1)
+    two = fit_processes(Net(), data(), data(), strategy=make("fedadam", H=2), num_nodes=40,
+                        nodes_per_process=2, backend="gloo", threads=1, **kw)
+    assert two.processes == 2 and two.population["per_round"] == 4  # 2 seats in each
+    assert two.rounds == one.rounds and two.comm_log == one.comm_log
+    assert two.bytes_sent == one.bytes_sent and two.events == one.events
+    # the ranks' reduction adds the seats' rows in another order: float32 round-off
+    for a, b in zip(one.history, two.history, strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
+        assert a.get("eval_loss", 0.0) == pytest.approx(b.get("eval_loss", 0.0), rel=1e-5)

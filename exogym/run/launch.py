@@ -53,7 +53,7 @@ from exogym.run.dist import (
 )
 from exogym.run.result import FitResult
 from exogym.run.state import RunInterrupted
-from exogym.run.trainer import Trainer, defer_stop_signals
+from exogym.run.trainer import Trainer, defer_stop_signals, seats_of
 from exogym.sim.comm import CommRecord
 from exogym.sim.engine import EngineName, NodeStack
 from exogym.sim.sharding import DatasetFactory, NodeBatches
@@ -433,9 +433,12 @@ def fit_processes(
         raise ValueError(f"{strategy.id} is asynchronous: its parameter server and per-node "
                          "timelines run in one process; allowed: the simulator (engine loop or "
                          "vmap, not --engine process or torchrun)")
-    if num_nodes % nodes_per_process:
-        raise ValueError(f"num_nodes must be a multiple of nodes_per_process="
-                         f"{nodes_per_process}, got {num_nodes}")
+    # a population's processes hold the round's seats, not its clients
+    rows = (seats_of(strategy, num_nodes, fit_args, train_dataset) if strategy is not None
+            else None) or num_nodes
+    if rows % nodes_per_process:
+        raise ValueError(f"num_nodes (or a population's clients per round) must be a multiple "
+                         f"of nodes_per_process={nodes_per_process}, got {rows}")
     allowed = set(inspect.signature(Trainer.fit).parameters) - {
         "self", "strategy", "num_nodes", "device", "distributed"}
     unknown = sorted(set(fit_args) - allowed)
@@ -443,9 +446,9 @@ def fit_processes(
         raise TypeError(f"fit_processes got unexpected arguments {unknown}; Trainer.fit takes "
                         f"{sorted(allowed)}")
     results = launch(
-        _fit_rank, num_nodes // nodes_per_process, model, train_dataset, val_dataset, strategy,
-        fit_args, nodes_per_process=nodes_per_process, backend=backend, timeout_s=timeout_s,
-        threads=threads, port=port)
+        _fit_rank, rows // nodes_per_process, model, train_dataset, val_dataset, strategy,
+        {**fit_args, "num_nodes": num_nodes}, nodes_per_process=nodes_per_process,
+        backend=backend, timeout_s=timeout_s, threads=threads, port=port)
     return results[0]
 
 
@@ -456,8 +459,9 @@ def _fit_rank(
     """One rank of :func:`fit_processes`; rank 0 returns the result, the others None."""
     if strategy is not None:
         fit_args = {**fit_args, "strategy": copy.deepcopy(strategy)}
+    fit_args = {"num_nodes": ctx.num_nodes, **fit_args}  # a population's: its clients
     result = Trainer(model, train_dataset, val_dataset).fit(
-        num_nodes=ctx.num_nodes, device=ctx.device, distributed=True, **fit_args)
+        device=ctx.device, distributed=True, **fit_args)
     if ctx.rank != 0:
         return None
     result.model = result.model.cpu()

@@ -119,12 +119,13 @@ class Population:
         clients = self.participation.draw_ids(step // self.period, self.num_clients, up)
         self.previous, self.seated = self.seated, clients
         self.rounds.append(list(clients))
-        nodes.row_ids = self.seated_rows()
+        nodes.row_ids = self.seated_rows(comm.node_ids)
         self.apply_speeds(clock)
-        for row, client in enumerate(clients):
-            self._own_state(strategy, row, client)
-        for row in range(len(clients), self.num_seats):
-            strategy.restart_row(row)
+        for row, seat in enumerate(comm.node_ids):
+            if seat < len(clients):
+                self._own_state(strategy, row, clients[seat])
+            else:
+                strategy.restart_row(row)
         joins = self._joins(up)
         if not joins:
             return
@@ -157,12 +158,13 @@ class Population:
             clock.set_speed(seat, float(self.speeds[client]) if seat < len(self.seated)
                             else 1.0)
 
-    def seated_rows(self) -> list[int]:
-        """Each seat's client (the threads engine seeds a seat's generator by it); an empty
-        seat repeats the first client (it does not compute)."""
-        if not self.seated:
-            return list(range(self.num_seats))
-        return self.seated + [self.seated[0]] * (self.num_seats - len(self.seated))
+    def seated_rows(self, local: Sequence[int] | None = None) -> list[int]:
+        """Each of the ``local`` seats' client (None: every seat's; the threads engine seeds a
+        seat's generator by it); an empty seat repeats the first client (it does not
+        compute)."""
+        every = (self.seated + [self.seated[0]] * (self.num_seats - len(self.seated))
+                 if self.seated else list(range(self.num_seats)))
+        return every if local is None else [every[j] for j in local]
 
     def _joins(self, up: Availability | None) -> list[tuple[int, int]]:
         """``(seat, donor's seat in the previous round)`` for each client not in the previous
@@ -184,7 +186,8 @@ class Population:
             return
         strategy.restart_row(row)
 
-    def fill(self, strategy: Strategy, nodes: NodeStack, clock: SimClock | None) -> None:
+    def fill(self, strategy: Strategy, nodes: NodeStack, clock: SimClock | None,
+             local: Sequence[int]) -> None:
         """An asynchronous server's first clients, one per seat (its concurrency): drawn among
         the available ones, each with its own state (fresh or stored)."""
         now = clock.now if clock is not None else 0.0
@@ -194,18 +197,19 @@ class Population:
             raise RuntimeError(self._too_few(len(clients), now))
         self.seated = clients
         self.rounds.append(list(clients))
-        nodes.row_ids = self.seated_rows()
-        for row, client in enumerate(clients):
-            self._own_state(strategy, row, client)
+        nodes.row_ids = self.seated_rows(local)
+        for row, seat in enumerate(local):
+            self._own_state(strategy, row, clients[seat])
         self.apply_speeds(clock)
 
     def replace(self, seat: int, strategy: Strategy, nodes: NodeStack,
-                clock: SimClock | None) -> int:
+                clock: SimClock | None, local: Sequence[int]) -> int:
         """An asynchronous server received seat ``seat``'s update: its client leaves (writing
         its state back if it keeps one) and the next client drawn among the available ones
         not in flight takes the seat, with its own state and speed; the new client."""
-        if self.store is not None:
-            self.store.save(self.seated[seat], strategy, seat)
+        row = local.index(seat) if seat in local else None
+        if self.store is not None and row is not None:
+            self.store.save(self.seated[seat], strategy, row)
         now = clock.t[seat] if clock is not None else 0.0
         up = self.availability(now) if self.availability is not None else None
         flying = np.asarray(self.seated, dtype=np.int64)
@@ -221,8 +225,9 @@ class Population:
         self.seated[seat] = client
         self.rounds.append([client])
         self.draw_seats.append(seat)
-        nodes.row_ids = self.seated_rows()
-        self._own_state(strategy, seat, client)
+        nodes.row_ids = self.seated_rows(local)
+        if row is not None:
+            self._own_state(strategy, row, client)
         if clock is not None and self.speeds is not None:
             clock.set_speed(seat, float(self.speeds[client]))
         return client
@@ -233,24 +238,25 @@ class Population:
                 f"{self.num_seats} in flight (--concurrency); lower it or make more clients "
                 "available (--world online=LOW:HIGH)")
 
-    def end_round(self, strategy: Strategy) -> None:
-        """The round is over: clients that keep state write theirs back."""
+    def end_round(self, strategy: Strategy, local: Sequence[int]) -> None:
+        """The round is over: clients that keep state write theirs back (each process its
+        ``local`` seats')."""
         if self.store is not None:
-            for row, client in enumerate(self.seated):
-                self.store.save(client, strategy, row)
+            for row, seat in enumerate(local):
+                if seat < len(self.seated):
+                    self.store.save(self.seated[seat], strategy, row)
 
-    def batch(self, active: Sequence[bool] | None = None) -> Any:
-        """The seats' next batch (``[K, B, ...]``): each computing seat's client's next samples
-        (``active``: those seats; None: every seated client); a seat that does not compute
-        repeats the first computing seat's samples, and its client's data does not move."""
+    def batch(self, active: Sequence[bool] | None = None,
+              local: Sequence[int] | None = None) -> Any:
+        """The next batch of the ``local`` seats (None: all; a process of a multi-process run
+        holds its share), ``[len(local), B, ...]``: each computing seat's client's next samples
+        (``active``: those seats; None: every seated client). Every computing client's data
+        moves on, in every process (their positions stay the same everywhere); a seat that does
+        not compute repeats the first computing seat's samples, and its client's does not."""
         seats = [j for j in range(len(self.seated)) if active is None or active[j]]
-        batch = self.batches.batch([self.seated[j] for j in seats])
-        if len(seats) == self.num_seats:
-            return batch
-        where = torch.zeros(self.num_seats, dtype=torch.long)
-        where[seats] = torch.arange(len(seats))
-        return torch.utils._pytree.tree_map(
-            lambda t: t[where] if isinstance(t, torch.Tensor) else t, batch)
+        ids = dict(zip(seats, self.batches.take([self.seated[j] for j in seats]), strict=True))
+        rows = range(self.num_seats) if local is None else local
+        return self.batches.fetch([ids.get(j, ids[seats[0]]) for j in rows])
 
     # -- accounting ----------------------------------------------------------------------------
     def on_record(self, op: str, sent: list[float], received: list[float], src: int,

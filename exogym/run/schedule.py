@@ -105,7 +105,7 @@ class Rounds:
             run.start_round(step)
         run.compute(step, population.active)
         if (step + 1) % self.period == 0 or step + 1 == run.settings.total_steps:
-            population.end_round(run.strategy)
+            population.end_round(run.strategy, run.comm.node_ids)
         return step + 1
 
     def state_dict(self) -> dict[str, Any] | None:

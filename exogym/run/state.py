@@ -248,15 +248,20 @@ class Run:
         s = self.settings
         assert s.participation is not None and isinstance(self.batches, ClientBatches)
         k = s.participation.per_round(s.num_nodes)
-        nodes = NodeStack(model, k, device=self.device, engine=s.engine,
+        ranks = self.ranks  # a process's share of the seats (the trainer sized it)
+        nodes = NodeStack(model, k if ranks is None else ranks.nodes_per_process,
+                          device=self.device, engine=s.engine,
                           micro_batch_size=s.micro_batch_size, precision=s.precision)
-        comm = InProcessCommunicator(k)
+        comm = (InProcessCommunicator(k) if ranks is None
+                else DistributedCommunicator(k, ranks.node_ids))
         comm.seats = True
         store = None
         if s.participation.client_state == "keep":
             memory, folder = parse_client_store(s.client_store)
             if folder is None and self.out_dir is not None:
                 folder = self.out_dir / "client-store"
+            if folder is not None and ranks is not None and ranks.world_size > 1:
+                folder = folder / f"rank-{ranks.rank}"  # each process stores its seats'
             store = ClientStore(memory, folder)
         self.population = Population(
             s.num_nodes, s.participation, self.strategy.sync_period or 1, self.batches,
@@ -430,13 +435,13 @@ class Run:
         """An asynchronous server's first clients take its seats (its concurrency)."""
         assert self.population is not None
         self.comm.step = self.step
-        self.population.fill(self.strategy, self.nodes, self.clock)
+        self.population.fill(self.strategy, self.nodes, self.clock, self.comm.node_ids)
         self._seat_speeds()
 
     def next_client(self, seat: int) -> None:
         """An asynchronous server received ``seat``'s update: the seat's next client."""
         assert self.population is not None
-        self.population.replace(seat, self.strategy, self.nodes, self.clock)
+        self.population.replace(seat, self.strategy, self.nodes, self.clock, self.comm.node_ids)
         self._seat_speeds()
 
     def _seat_speeds(self) -> None:
@@ -686,7 +691,7 @@ class Run:
         self.scheduler.load_state_dict(state["timelines"])
         if self.population is not None:
             self.population.load_state_dict(state["population"])
-            self.nodes.row_ids = self.population.seated_rows()
+            self.nodes.row_ids = self.population.seated_rows(self.comm.node_ids)
             self.population.apply_speeds(self.clock)
         m = state["metrics"]
         self.record.history[:] = [dict(row) for row in m["history"]]
@@ -735,7 +740,7 @@ class Run:
         """This process's rows of the next node-stacked batch (``active``: only those nodes
         consume data)."""
         if self.population is not None:
-            return self.population.batch(active)
+            return self.population.batch(active, self.comm.node_ids)
         if self.ranks is None:
             return self.batches.batch(active)
         return local_batch(self.batches, self.ranks.node_ids, active)

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import math
@@ -225,7 +226,9 @@ class Trainer:
                            resident, ranks, self.train_dataset)
             if seats:
                 assert participation is not None
-                n_here = participation.per_round(o.num_nodes)
+                ranks = _seat_ranks(ranks, participation.per_round(o.num_nodes))
+                n_here = (participation.per_round(o.num_nodes) if ranks is None
+                          else ranks.nodes_per_process)
             if resident is not None:
                 if ranks is not None:
                     raise ValueError("resident= pages nodes within one process; a "
@@ -291,6 +294,9 @@ class Trainer:
             strategy, _ = _as_strategy(strategy, "loop")
             settings = _resumed_settings(o, given, saved, strategy, num_nodes, int(
                 state["step"]), where)
+            if settings.seats:
+                assert settings.participation is not None
+                ranks = _seat_ranks(ranks, settings.participation.per_round(num_nodes))
             run_info = {k: v for k, v in saved.items() if k not in RUN_CONFIG_KEYS}
             run_info.update(dict(o.run_info or {}))
             checkpointing = checkpointing.resumed(saved.get("checkpointing") or {}, given)
@@ -387,6 +393,36 @@ def _resumed_population(o: FitOptions, given: frozenset[str],
         o.given("client_store", given, recorded.get("client_store", "512MB")))}
 
 
+def seats_of(strategy: Strategy, num_nodes: int, fit_args: Mapping[str, Any],
+             data: Any) -> int | None:
+    """How many seats a run of :meth:`Trainer.fit`'s ``fit_args`` holds (its round's clients,
+    :mod:`exogym.run.population`), or None when it holds a row per node: how many processes a
+    process run of it needs (:func:`exogym.run.launch.fit_processes`)."""
+    participation = _participation(fit_args.get("participation"), fit_args.get("concurrency"),
+                                   fit_args.get("client_state", "fresh"),
+                                   fit_args.get("seed", 0), strategy)
+    if participation is None:
+        return None
+    network = fit_args.get("network", "datacenter")
+    holds = _seats(fit_args.get("clients_in_memory", "auto"), participation,
+                   parse_world(fit_args.get("world")),
+                   parse_network(network) if network is not None else None, strategy,
+                   fit_args.get("resident"), None, data)
+    return participation.per_round(num_nodes) if holds else None
+
+
+def _seat_ranks(ranks: RankContext | None, seats: int) -> RankContext | None:
+    """A multi-process run of a population: each process holds ``seats / world_size`` of the
+    round's seats."""
+    if ranks is None:
+        return None
+    if seats % ranks.world_size:
+        raise ValueError(f"the round's {seats} clients (participation or concurrency) must be a "
+                         f"multiple of the {ranks.world_size} processes (each holds its share "
+                         "of the seats)")
+    return dataclasses.replace(ranks, nodes_per_process=seats // ranks.world_size)
+
+
 def _check_client_store(spec: str) -> str:
     parse_client_store(spec)
     return spec.strip()
@@ -420,8 +456,6 @@ def _seats(asked: str, participation: Participation | None, world: World,
                "their speeds from the world: --world speed_sigma=...)")
     elif resident is not None:
         why = "resident= pages the rows of every client"
-    elif ranks is not None:
-        why = "a multi-process run splits every client's row over its processes"
     elif not isinstance(data, Dataset):
         why = "a dataset_factory builds every node's data up front"
     if why is None:

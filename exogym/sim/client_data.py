@@ -192,19 +192,28 @@ class ClientBatches:
         self.position[client] = (where, pos + b)
         return ids
 
-    def batch(self, clients: Sequence[int]) -> Any:
-        """The next batch of each of ``clients`` (one step), stacked ``[len(clients), B, ...]``;
-        every given client's position moves on, the epoch counts as a run's does."""
-        ids = torch.stack([self.next_ids(c) for c in clients])
+    def take(self, clients: Sequence[int]) -> list[Tensor]:
+        """The next ``B`` sample ids of each of ``clients`` (one step): every given client's
+        position moves on, and the epoch counts as a run's does."""
+        ids = [self.next_ids(c) for c in clients]
         if self._ids is None and self.mode == "disjoint":
             self.epoch = self._max_epoch
         else:
             self.epoch = self._steps // self.steps_per_epoch
         self._steps += 1
-        n, b = ids.shape
-        flat = fetch(self.dataset, ids.reshape(-1))
+        return ids
+
+    def fetch(self, ids: Sequence[Tensor]) -> Any:
+        """The samples of ``ids`` (:meth:`take`'s), stacked ``[len(ids), B, ...]``."""
+        stacked = torch.stack(list(ids))
+        n, b = stacked.shape
+        flat = fetch(self.dataset, stacked.reshape(-1))
         return tree_map(lambda t: t.reshape(n, b, *t.shape[1:]) if isinstance(t, Tensor) else t,
                         flat)
+
+    def batch(self, clients: Sequence[int]) -> Any:
+        """The next batch of each of ``clients`` (one step), stacked ``[len(clients), B, ...]``."""
+        return self.fetch(self.take(clients))
 
     def peek(self, client: int = 0) -> Any:
         """``B`` samples of ``client``'s shard, collated, nothing moved (pricing a step before
