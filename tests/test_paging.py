@@ -61,7 +61,7 @@ def test_a_paged_run_gives_the_in_memory_numbers_bit_for_bit(sid: str) -> None:
 
 def test_engine_auto_pages_with_the_loop_engine_where_it_would_pick_vmap(monkeypatch) -> None:
     # on CUDA engine="auto" picks vmap, which a paged run cannot use: it pages with the loop
-    monkeypatch.setattr("exogym.run.state.auto_engine", lambda device, n: "vmap")
+    monkeypatch.setattr("exogym.run.holders.auto_engine", lambda device, n: "vmap")
     b = fit("diloco", engine="auto", resident=8)
     assert rows(b) == rows(fit("diloco", engine="loop", resident=8))
 

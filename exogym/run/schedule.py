@@ -1,11 +1,14 @@
 """Who computes next: one small object per way of running the nodes (shared/DESIGN.md section 9).
 
 A scheduler takes the run from one step to the next (:meth:`Scheduler.advance`); the run keeps
-the state and does the work it is asked for (:meth:`exogym.run.state.Run.compute`: the given
-nodes compute one step, the strategy updates and communicates):
+the state and does the work it is asked for, through the narrow protocol :class:`Stepped`
+(:class:`exogym.run.state.Run` implements it; ``compute``: the given nodes compute one step,
+the strategy updates and communicates):
 
 - :class:`Lockstep` (synchronous strategies): step ``k`` of every node that computes is step
   ``k``; in a world, the world decides before each step who is up (and who recovers first);
+- :class:`Rounds` (a population's seats, :mod:`exogym.run.population`): a round's clients are
+  seated at its first step and every seat computes its steps;
 - :class:`PerNodeTimelines` (asynchronous strategies): each node on its own simulated clock; the
   event loop below decides which nodes compute next and when a push reaches the server.
 """
@@ -13,22 +16,72 @@ nodes compute one step, the strategy updates and communicates):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from exogym.run.events import Timelines, same_or_before
 
 if TYPE_CHECKING:
     from exogym.run.dist import RankContext
-    from exogym.run.state import Run, RunSettings
+    from exogym.sim.clock import SimClock
+    from exogym.sim.network import Network
     from exogym.sim.participation import Participation
+    from exogym.sim.world import World
 
-__all__ = ["Lockstep", "PerNodeTimelines", "Rounds", "Scheduler"]
+__all__ = ["Lockstep", "PerNodeTimelines", "Rounds", "Scheduler", "Stepped"]
+
+Select = Callable[[int, list[bool]], tuple[list[bool], dict[int, int], list[int]]]
+
+
+class Stepped(Protocol):
+    """What a scheduler asks of the run (:class:`exogym.run.state.Run`)."""
+
+    step: int
+
+    @property
+    def total_steps(self) -> int: ...
+
+    @property
+    def rows(self) -> int:
+        """The nodes (a population's seats) the run computes."""
+        ...
+
+    @property
+    def clock(self) -> SimClock | None: ...
+
+    def compute(self, step: int, active: list[bool] | None) -> None:
+        """The ``active`` nodes (None: all) compute ``step``."""
+
+    def world_step(self, select: Select | None = None) -> list[bool] | None:
+        """The world's say before a step: who computes (None: all)."""
+
+    # a population's rounds
+    def start_round(self, step: int) -> None: ...
+
+    def end_round(self) -> None: ...
+
+    @property
+    def round_active(self) -> list[bool] | None: ...
+
+    @property
+    def seated(self) -> bool: ...
+
+    # an asynchronous server
+    def fill_seats(self) -> None: ...
+
+    def pushes(self) -> list[tuple[int, float]]:
+        """``(node, bytes)`` of the updates pushed at the step just computed, taken."""
+        ...
+
+    def deliver(self, node: int) -> float:
+        """A push reaches the server; the bytes of the model it sends back."""
+        ...
 
 
 class Scheduler(Protocol):
     """Takes a run one step further (its ``step`` count)."""
 
-    def advance(self, run: Run) -> int:
+    def advance(self, run: Stepped) -> int:
         """Have the run compute until its step count grows by one; the new count."""
         ...
 
@@ -50,7 +103,7 @@ class Lockstep:
         self.participation, self.period = participation, period
         self.participants: list[bool] | None = None  # this round's
 
-    def advance(self, run: Run) -> int:
+    def advance(self, run: Stepped) -> int:
         step = run.step
         run.compute(step, run.world_step(self.select if self.participation else None)
                     if self.worldly else None)
@@ -98,14 +151,13 @@ class Rounds:
     def __init__(self, period: int) -> None:
         self.period = period
 
-    def advance(self, run: Run) -> int:
-        step, population = run.step, run.population
-        assert population is not None
-        if step % self.period == 0 or not population.seated:
+    def advance(self, run: Stepped) -> int:
+        step = run.step
+        if step % self.period == 0 or not run.seated:
             run.start_round(step)
-        run.compute(step, population.active)
-        if (step + 1) % self.period == 0 or step + 1 == run.settings.total_steps:
-            population.end_round(run.strategy, run.comm.node_ids)
+        run.compute(step, run.round_active)
+        if (step + 1) % self.period == 0 or step + 1 == run.total_steps:
+            run.end_round()
         return step + 1
 
     def state_dict(self) -> dict[str, Any] | None:
@@ -127,7 +179,7 @@ class PerNodeTimelines:
         self.timelines = Timelines(num_nodes)
 
     @staticmethod
-    def check(sid: str, s: RunSettings, ranks: RankContext | None,
+    def check(sid: str, network: Network | None, w: World, ranks: RankContext | None,
               population: bool = False) -> None:
         """An asynchronous strategy runs in one process, on a simulated network, in a world
         of node speeds (no failures or losses yet); a population's availability decides whom
@@ -136,22 +188,20 @@ class PerNodeTimelines:
             raise ValueError(f"{sid} is asynchronous: its parameter server and per-node "
                              "timelines run in one process; allowed: the simulator "
                              "(engine loop or vmap, not --engine process or torchrun)")
-        if s.network is None:
+        if network is None:
             raise ValueError(f"{sid} is asynchronous: when an update reaches the server is "
                              "decided by a simulated network; give the run one (--network)")
-        w = s.world
         drawn_only = population and not (w.mtbf_s or w.events)  # availability: at the draw
         if (w.availability_varies and not drawn_only) or w.drop:
             raise ValueError(f"{sid} is asynchronous: its world may give node speeds "
                              f"(speed=..., speed_sigma=...), not failures, rejoins or message "
                              f"loss; got world {w.spec()!r}")
 
-    def advance(self, run: Run) -> int:
-        tl, clock, strategy = self.timelines, run.clock, run.strategy
+    def advance(self, run: Stepped) -> int:
+        tl, clock = self.timelines, run.clock
         assert clock is not None
-        if run.population is not None and not run.population.seated:
-            run.fill_seats()
-        n, target = run.comm.num_nodes, run.step + 1
+        run.fill_seats()  # a population's first clients in flight (once)
+        n, target = run.rows, run.step + 1
         while tl.fastest < target:
             free = [i for i in range(n) if not tl.waiting[i]]
             start = min((clock.t[i] for i in free), default=math.inf)
@@ -166,28 +216,21 @@ class PerNodeTimelines:
             run.compute(run.step, None if all(group) else group)
             for i in range(n):
                 tl.steps[i] += group[i]
-            pushed = strategy.outbox  # type: ignore[attr-defined]
-            if pushed:
-                sizes = [r.payload_bytes for r in run.comm.log[-len(pushed):]]
-                for node, size in zip(pushed, sizes, strict=True):
-                    clock.push(node, size)
-                    tl.waiting[node] = True
-                pushed.clear()
-        if target >= run.settings.total_steps:
+            for node, size in run.pushes():
+                clock.push(node, size)
+                tl.waiting[node] = True
+        if target >= run.total_steps:
             for node, at in clock.serve_pushes(math.inf, final=True):
                 tl.arrive(node, at)
             while tl.in_flight:
                 self._deliver(run, *tl.pop_arrival())
         return tl.fastest
 
-    def _deliver(self, run: Run, arrival: float, seq: int, node: int) -> None:
-        """A push reaches the server: it applies the update and replies to the node."""
+    def _deliver(self, run: Stepped, arrival: float, seq: int, node: int) -> None:
+        """A push reaches the server: it applies the update and replies to the node (a
+        population's seat: its next client)."""
         assert run.clock is not None
-        run.strategy.receive(node)  # type: ignore[attr-defined]
-        if run.population is not None:  # a population's seat takes its next client
-            run.next_client(node)
-        run.strategy.restart(node)  # type: ignore[attr-defined]
-        run.clock.reply(node, run.comm.log[-1].payload_bytes, arrival)
+        run.clock.reply(node, run.deliver(node), arrival)
         self.timelines.waiting[node] = False
 
     def state_dict(self) -> dict[str, Any]:

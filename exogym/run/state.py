@@ -47,22 +47,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.func import functional_call
-from torch.utils._pytree import tree_map
 from torch.utils.data import Dataset
 
-from exogym.run.checkpoint import Parts, read_part
-from exogym.run.client_store import ClientStore, parse_client_store
+from exogym.run.checkpoint import Parts
 from exogym.run.clocking import ClockFeed, not_recostable
-from exogym.run.dist import (
-    DistributedCommunicator,
-    RankContext,
-    gather_global_state,
-    local_batch,
-)
+from exogym.run.dist import RankContext
+from exogym.run.evaluation import Evaluation, describe_eval_set, load_state
 from exogym.run.events import Timelines
-from exogym.run.paging import Paged
-from exogym.run.population import Population
+from exogym.run.holders import Seats, hold
 from exogym.run.record import Recorder
 from exogym.run.result import FitResult, NonFiniteLossError
 from exogym.run.schedule import Lockstep, PerNodeTimelines, Rounds, Scheduler
@@ -70,13 +62,13 @@ from exogym.run.sinks import MultiSink
 from exogym.run.trace import picture_due
 from exogym.sim.client_data import ClientBatches
 from exogym.sim.clock import ClockReport, ClockTrace, SimClock
-from exogym.sim.comm import Communicator, InProcessCommunicator
-from exogym.sim.engine import EngineName, NodeStack, Precision, auto_engine, metrics_of
+from exogym.sim.comm import Communicator
+from exogym.sim.engine import EngineName, Precision
 from exogym.sim.network import Network
 from exogym.sim.participation import Participation
 from exogym.sim.partition import Partition
 from exogym.sim.presence import Presence
-from exogym.sim.sharding import DatasetFactory, FixedSubset, NodeBatches, iterate_batches
+from exogym.sim.sharding import DatasetFactory, NodeBatches
 from exogym.sim.world import PERFECT, World, speeds_of
 from exogym.strategy.base import Strategy
 from exogym.utils.plugins import source_of
@@ -174,20 +166,13 @@ class Run:
         self.batches: NodeBatches | ClientBatches = batches if batches is not None else (
             ClientBatches if s.seats else NodeBatches)(
             train_data, s.num_nodes, s.batch_size, seed=s.seed, partition=s.partition)
-        self.paged: Paged | None = None
-        self.population: Population | None = None
-        # A paged run's round computed ahead: per step (losses, (lr, epoch), price); the global
-        # model until its synchronisation; the step's (lr, epoch) for its row.
-        self._ahead: dict[int, tuple[Tensor, tuple[float, int], float | None]] = {}
-        self._view: tuple[float, int] = (0.0, 0)
-        self.nodes, self.comm = self._build_nodes(model)
-        if self.paged is None:
-            strategy.setup(self.nodes, self.comm, s.total_steps)
-        self.eval_full = self.eval_set = val_data
-        if val_data is not None and s.eval_samples is not None and s.eval_samples < len(
-                val_data):  # type: ignore[arg-type]
-            self.eval_set = FixedSubset(val_data, s.eval_samples)
-        self.eval_module = copy.deepcopy(model).to(device).eval()
+        # where the nodes live: in memory, paged groups, a population's seats
+        self.held = hold(model, strategy, s, self.batches, ranks, device, self.out_dir,
+                         self._steps_to_evaluation)
+        self.nodes, self.comm = self.held.nodes, self.held.comm
+        self.evaluation = Evaluation(model, val_data, s.eval_samples, s.eval_batch_size,
+                                     device, ranks)
+        self.eval_full, self.eval_set = self.evaluation.full, self.evaluation.during
         self.config = _config(self, run_info, dict(checkpointing or {}))
 
         # The state that changes from step to step (state_dict() saves exactly this).
@@ -207,88 +192,36 @@ class Run:
         # Whether nodes can be absent at a step (a world that is not perfect, or a deadline);
         # an asynchronous run's world gives speeds only, which its timelines follow.
         worldly = isinstance(self.scheduler, Lockstep) and self.scheduler.worldly
-        rows = self.comm.num_nodes  # N, or a population's K seats
         # a population's seats take their clients' speeds and availability each round
-        world = PERFECT if self.population is not None else s.world
-        self.feed = ClockFeed(s.network, world, rows, s.step_time_s, s.compute_source,
+        world = PERFECT if s.seats else s.world
+        self.feed = ClockFeed(s.network, world, self.rows, s.step_time_s, s.compute_source,
                               strategy.overlap_steps, comm=self.comm, ranks=ranks,
                               device=device, record_ops=worldly, trace=s.trace,
                               spans=self.lead and out_dir is not None and (s.trace or picture_due(
-                                  s.world, s.network, rows, self.timelines is not None)))
-        self.presence = Presence(world, rows, self.record.event, self.feed.ops)
+                                  s.world, s.network, self.rows, self.timelines is not None)))
+        self.presence = Presence(world, self.rows, self.record.event, self.feed.ops)
         if worldly:
             self.comm.timeline = self
         self._log_now = False
 
-    def _build_nodes(self, model: nn.Module) -> tuple[NodeStack, Communicator]:
-        """The node-stacked replicas this process computes and their communicator."""
-        s, ranks = self.settings, self.ranks
-        n_here = s.num_nodes if ranks is None else ranks.nodes_per_process
-        if s.seats:
-            return self._build_seats(model)
-        if s.resident is not None and ranks is None:
-            hub = InProcessCommunicator(s.num_nodes)
-            engine = s.engine
-            if engine == "auto":  # vmap (auto's choice on CUDA) batches what it holds: loop
-                engine = auto_engine(self.device, s.num_nodes)
-                engine = "loop" if engine == "vmap" else engine
-            self.paged = Paged(model, self.strategy, hub, resident=s.resident,
-                               offload=s.offload, device=self.device, engine=engine,
-                               micro_batch_size=s.micro_batch_size, precision=s.precision,
-                               total_steps=s.total_steps)
-            return self.paged.groups[0].nodes, hub
-        nodes = NodeStack(model, n_here, device=self.device, engine=s.engine,
-                          micro_batch_size=s.micro_batch_size, precision=s.precision)
-        if ranks is None:
-            return nodes, InProcessCommunicator(s.num_nodes)
-        return nodes, DistributedCommunicator(s.num_nodes, ranks.node_ids)
-
-    def _build_seats(self, model: nn.Module) -> tuple[NodeStack, Communicator]:
-        """A population's ``K`` seats (:mod:`exogym.run.population`) and their communicator."""
-        s = self.settings
-        assert s.participation is not None and isinstance(self.batches, ClientBatches)
-        k = s.participation.per_round(s.num_nodes)
-        ranks = self.ranks  # a process's share of the seats (the trainer sized it)
-        nodes = NodeStack(model, k if ranks is None else ranks.nodes_per_process,
-                          device=self.device, engine=s.engine,
-                          micro_batch_size=s.micro_batch_size, precision=s.precision)
-        comm = (InProcessCommunicator(k) if ranks is None
-                else DistributedCommunicator(k, ranks.node_ids))
-        comm.seats = True
-        store = None
-        if s.participation.client_state == "keep":
-            memory, folder = parse_client_store(s.client_store)
-            if folder is None and self.out_dir is not None:
-                folder = self.out_dir / "client-store"
-            if folder is not None and ranks is not None and ranks.world_size > 1:
-                folder = folder / f"rank-{ranks.rank}"  # each process stores its seats'
-            store = ClientStore(memory, folder)
-        self.population = Population(
-            s.num_nodes, s.participation, self.strategy.sync_period or 1, self.batches,
-            store=store, availability=s.world.availability,
-            speeds=s.world.client_speeds(s.num_nodes),
-            asynchronous=getattr(self.strategy, "asynchronous", False))
-        comm.on_record = self.population.on_record
-        return nodes, comm
-
     def _scheduler(self) -> Scheduler:
-        """Per-node timelines for an asynchronous strategy (checked here), else lockstep."""
+        """Per-node timelines for an asynchronous strategy (checked here); a population's
+        rounds; else lockstep."""
         s = self.settings
         asynchronous = getattr(self.strategy, "asynchronous", False)
         if s.participation is not None and not asynchronous:
             _check_participation(self.strategy, s)
-        if self.population is not None and not asynchronous:
-            return Rounds(self.population.period)
+        if s.seats and not asynchronous:
+            return Rounds(self.strategy.sync_period or 1)
         if not asynchronous:
             return Lockstep(not s.world.perfect or getattr(self.strategy, "deadline", None)
                             is not None, s.participation, self.strategy.sync_period or 1)
-        PerNodeTimelines.check(self.strategy.id, s, self.ranks, self.population is not None)
+        PerNodeTimelines.check(self.strategy.id, s.network, s.world, self.ranks, s.seats)
         assert s.network is not None
-        if self.population is not None:  # the seats' clients give their speeds when seated
-            return PerNodeTimelines(self.comm.num_nodes)
-        self.strategy.set_speeds(  # type: ignore[attr-defined]
-            speeds_of(s.world, s.network.node_speeds(s.num_nodes)))
-        return PerNodeTimelines(s.num_nodes)
+        if not s.seats:  # a population's clients give their speeds when seated
+            self.strategy.set_speeds(  # type: ignore[attr-defined]
+                speeds_of(s.world, s.network.node_speeds(s.num_nodes)))
+        return PerNodeTimelines(self.rows)
 
     # -- the loop's calls ----------------------------------------------------------------------
     @property
@@ -326,8 +259,7 @@ class Run:
         """The initial model as a row at step 0 (``eval_at_start``), where curves start."""
         if self.eval_set is None or not self.settings.eval_at_start or self.step != 0:
             return
-        row: dict[str, Any] = {"step": 0, "epoch": 0, "samples": 0,
-                               **self._most_bytes(),
+        row: dict[str, Any] = {"step": 0, "epoch": 0, "samples": 0, **self.held.most_bytes(),
                                "wall_s": time.perf_counter() - self.wall_start}
         if self.settings.network is not None:
             row["sim_time_s"] = 0.0
@@ -356,23 +288,20 @@ class Run:
         self.feed.feed()
         self.record.advanced()
 
+    # -- what the schedulers ask (exogym.run.schedule.Stepped) ---------------------------------
+    @property
+    def total_steps(self) -> int:
+        return self.settings.total_steps
+
+    @property
+    def rows(self) -> int:
+        """The nodes (a population's seats) the run computes, over every process."""
+        return self.comm.num_nodes
+
     def compute(self, step: int, active: list[bool] | None) -> None:
         """The ``active`` nodes (None: all) compute one step; the strategy updates and
-        communicates; the clock advances their time (the schedulers' call)."""
-        s, nodes = self.settings, self.nodes
-        if self.paged is not None:
-            self.comm.active = active
-            losses = self._paged_step(step, active)
-        else:
-            marks = self.feed.begin_step()
-            self.comm.active = active
-            local = None if active is None else [active[i] for i in self.comm.node_ids]
-            batch = nodes.to_batch_device(self._next_batch(active))
-            losses = nodes.forward_backward(batch, local)
-            self.feed.computed(step, active)
-            self.strategy.step(step)
-            nodes.zero_grad()
-            self.feed.end_step(marks, self.comm.n_local)
+        communicates; the clock advances their time."""
+        losses = self.held.step(step, active, self.feed)
         # the computing nodes' losses only (others' rows are 0): a run holding the round's
         # clients in seats sums the very same values in the same order
         self.loss_sum += (losses if active is None else
@@ -381,102 +310,57 @@ class Run:
         computed = self.comm.num_nodes if active is None else sum(active)
         self.loss_nodes += computed
         self.node_steps += computed
-        if not s.allow_nonfinite or self.nonfinite is None:
+        if not self.settings.allow_nonfinite or self.nonfinite is None:
             self.first_bad.masked_fill_((self.first_bad < 0) & ~torch.isfinite(losses), step)
-
-    def _paged_step(self, step: int, active: list[bool] | None) -> Tensor:
-        """A paged run's step (:mod:`exogym.run.paging`): computed now, with the steps up to
-        the next synchronisation when the strategy says none of them communicates and no world
-        can change who computes (each group then computes the round while it is in memory), or
-        computed earlier with its round (its losses, learning rate, epoch and price kept until
-        the run reaches it; the round's collectives are counted at its last step)."""
-        paged = self.paged
-        assert paged is not None
-        if step in self._ahead:
-            losses, self._view, price = self._ahead.pop(step)
-            self.feed.computed(step, active)
-            self.feed.priced(price)
-            if not self._ahead:
-                paged.flush()
-            return losses
-        # a world (or a deadline) may change who computes at any step; partial participation
-        # only at a round's first step, where a round computed ahead starts anyway
-        s = self.settings
-        worldly = not s.world.perfect or getattr(self.strategy, "deadline", None) is not None
-        n = 1 if worldly else min(paged.round_length(step, s.total_steps),
-                                  self._steps_to_evaluation(step))
-        marks, cpu = self.feed.begin_step(), paged.store.cpu_seconds
-        ids, epochs = [], []
-        for _ in range(n):
-            ids.append(self.batches.next_indices(active))
-            epochs.append(self.batches.epoch)
-        # the clock learns of the step's compute before its collectives ask who arrives (a
-        # deadline reads the clock), as in memory
-        self.feed.computed(step, active)
-        out = paged.compute(list(range(step, step + n)),
-                            lambda k, lo, hi: self.batches.rows(ids[k], lo, hi), active)
-        price = self.feed.end_step(marks, self.comm.n_local, steps=n,
-                                   exclude_cpu_s=paged.store.cpu_seconds - cpu)
-        for k in range(1, n):
-            self._ahead[step + k] = (out[k][0], (out[k][1], epochs[k]), price)
-        self._view = (out[0][1], epochs[0])
-        return out[0][0]
 
     def start_round(self, step: int) -> None:
         """A population's round starts at ``step``: its clients are drawn and seated, and those
-        not in the previous round receive the global model (:meth:`Population.start_round`)."""
-        assert self.population is not None
-        self.comm.step = step
-        self.presence.step = step
-        self.population.start_round(step, self.strategy, self.nodes, self.comm, self.clock,
-                                    self._joined, self.feed.feed)
+        not in the previous round receive the global model."""
+        self.comm.step = self.presence.step = step
+        self._seats.start_round(step, self.clock, self.feed.feed, self.record.event,
+                                self.presence.counts)
+
+    def end_round(self) -> None:
+        self._seats.end_round()
+
+    @property
+    def round_active(self) -> list[bool] | None:
+        """The seats that compute in this round (None: all)."""
+        return self._seats.active
+
+    @property
+    def seated(self) -> bool:
+        return self._seats.seated
+
+    @property
+    def _seats(self) -> Seats:
+        assert isinstance(self.held, Seats), "rounds of a population's seats"
+        return self.held
 
     def fill_seats(self) -> None:
-        """An asynchronous server's first clients take its seats (its concurrency)."""
-        assert self.population is not None
+        """Before an asynchronous server's first step: its first clients in flight."""
         self.comm.step = self.step
-        self.population.fill(self.strategy, self.nodes, self.clock, self.comm.node_ids)
-        self._seat_speeds()
+        self.held.fill(self.clock)
 
-    def next_client(self, seat: int) -> None:
-        """An asynchronous server received ``seat``'s update: the seat's next client."""
-        assert self.population is not None
-        self.population.replace(seat, self.strategy, self.nodes, self.clock, self.comm.node_ids)
-        self._seat_speeds()
+    def pushes(self) -> list[tuple[int, float]]:
+        """The updates pushed to the server at this step (``(node, bytes)``), taken."""
+        outbox = self.strategy.outbox  # type: ignore[attr-defined]
+        out = [(int(node), float(size)) for node, size in outbox]
+        outbox.clear()
+        return out
 
-    def _seat_speeds(self) -> None:
-        """An asynchronous strategy's view of its seats' speeds (DyLU sizes rounds by them)."""
-        pop = self.population
-        assert pop is not None
-        if pop.speeds is not None:
-            self.strategy.set_speeds(  # type: ignore[attr-defined]
-                [float(pop.speeds[c]) for c in pop.seated_rows()])
-
-    def _joined(self, seat: int, client: int, donor: int, received: float,
-                seconds: float) -> None:
-        """A client joined its round (the global model received from ``donor``): an event, in
-        the form a run with every client in memory writes (client ids, not seats)."""
-        counts = self.presence.counts
-        counts["recoveries"] += 1
-        counts["recovery_bytes"] += received
-        counts["recovery_time_s"] += seconds
-        self.record.event({"step": self.step, "time_s": self._time(seat), "node": client,
-                           "event": "recovery", "donor": donor, "bytes": received,
-                           "duration_s": seconds})
-
-    def _most_bytes(self) -> dict[str, float]:
-        """The bytes sent and received by the busiest node (client) so far."""
-        if self.population is not None:
-            sent, received = self.population.totals()
-            return {"bytes_sent": float(sent.max()), "bytes_received": float(received.max())}
-        return {"bytes_sent": max(self.comm.bytes_sent),
-                "bytes_received": max(self.comm.bytes_received)}
+    def deliver(self, node: int) -> float:
+        """A push reaches the server: it applies the update; the node (a population's seat:
+        its next client) receives the server's model; the bytes of that reply."""
+        self.strategy.receive(node)  # type: ignore[attr-defined]
+        self.held.next_client(node, self.clock)
+        return self.strategy.restart(node)  # type: ignore[attr-defined, no-any-return]
 
     @property
     def between_rounds(self) -> bool:
         """Whether the run's state is that of its step (a paged run mid-round has computed
         ahead: no checkpoint can be taken there)."""
-        return not self._ahead
+        return self.held.between_rounds
 
     def log(self) -> None:
         """The metrics row of the step just taken, with an evaluation when one is due. A
@@ -484,14 +368,14 @@ class Run:
         s = self.settings
         if self.ranks is not None:  # every node's losses: the mean over all N nodes
             dist.all_reduce(self.loss_sum)
-        lr, epoch = (self.strategy.lr, self.batches.epoch) if self.paged is None else self._view
+        lr, epoch = self.held.view()
         row: dict[str, Any] = {
             "step": self.step,
             "epoch": epoch,
             "train_loss": float(self.loss_sum) / max(self.loss_nodes, 1),
             "lr": lr,
             "samples": self.node_steps * s.batch_size,
-            **self._most_bytes(),
+            **self.held.most_bytes(),
             "wall_s": time.perf_counter() - self.wall_start,
         }
         if self.clock is not None:
@@ -524,7 +408,9 @@ class Run:
     def finish(self) -> FitResult:
         """The final evaluation on the whole set, the clock's report, the global model: the
         :class:`FitResult` (written to ``summary.json``; the sinks finished)."""
-        final = self._final_evaluation()
+        final = self.evaluation.final(self.history[-1] if self.history else None,
+                                      self.held.global_state, self.settings.allow_nonfinite,
+                                      self.strategy.id, self._save_model)
         report = trace = None
         if self.feed.measured:
             self.feed.catch_up(self.step, self.comm.n_local)
@@ -543,96 +429,27 @@ class Run:
                                                 self.timelines is None),
                              self.feed.real_timeline(self.strategy.id, self.settings.total_steps))
         model = copy.deepcopy(self.model).to(self.device)
-        _load_state(model, self.global_state())
+        load_state(model, self.held.global_state())
         self.record.save_model(model.state_dict())
-        result = self._result(model, final, report, trace)
+        result = _result(self, model, final, report, trace)
         self.close(result.to_dict())
         return result
-
-    def _final_evaluation(self) -> dict[str, float]:
-        """The last evaluation again, on the whole evaluation set."""
-        s = self.settings
-        final: dict[str, float] = {}
-        if self.eval_set is not None and self.history:
-            final = {k: v for k, v in self.history[-1].items() if k.startswith("eval_")}
-            if self.eval_set is not self.eval_full:
-                assert self.eval_full is not None
-                final = self.evaluate(self.eval_full)
-                if not s.allow_nonfinite and not math.isfinite(final.get("eval_loss", 0.0)):
-                    raise NonFiniteLossError(
-                        f"the global model's eval loss on the whole evaluation set is "
-                        f"{final['eval_loss']} at the end (strategy {self.strategy.id})")
-        return final
-
-    def _result(self, model: nn.Module, final: dict[str, float], report: ClockReport | None,
-                trace: ClockTrace | None) -> FitResult:
-        s, tl = self.settings, self.timelines
-        pop = self.population
-        sent, received = ((list(self.comm.bytes_sent), list(self.comm.bytes_received))
-                          if pop is None else (pop.sent.tolist(), pop.received.tolist()))
-        return FitResult(
-            model=model, history=self.history, final=final, strategy=self.strategy.id,
-            hyperparameters=self.strategy.hyperparameters(), num_nodes=s.num_nodes,
-            steps=s.total_steps, batch_size=s.batch_size,
-            samples=self.node_steps * s.batch_size,
-            train_time_s=self.train_time_s, wall_time_s=time.perf_counter() - self.wall_start,
-            bytes_sent=sent, bytes_received=received,
-            engine=self.nodes.engine, device=str(self.device), seed=s.seed,
-            out_dir=self.out_dir, comm_log=list(self.comm.log),
-            eval_set=_describe_eval_set(self.eval_full),
-            eval_during_training=(_describe_eval_set(self.eval_set)
-                                  if self.eval_set is not self.eval_full else None),
-            network=s.network, clock=report, trace=trace,
-            processes=1 if self.ranks is None else self.ranks.world_size,
-            nonfinite=self.nonfinite, resumed_from=self.resumed_from,
-            paging=None if self.paged is None else self.paged.report(),
-            world=(None if self.feed.ops is None and pop is None else
-                   {"spec": s.world.spec(), "description": s.world.describe(),
-                    **self.presence.counts, "events": len(self.events)}),
-            population=None if pop is None else pop.report(),
-            rounds=None if pop is None else pop.rounds,
-            draw_seats=None if pop is None else pop.draw_seats,
-            events=list(self.events),
-            asynchronous=(None if tl is None else
-                          {**tl.summary(self.strategy.staleness),  # type: ignore[attr-defined]
-                           "server_bytes_received": self.comm.server_bytes_received,
-                           "server_bytes_sent": self.comm.server_bytes_sent}),
-        )
 
     def close(self, summary: dict[str, Any] | None) -> None:
         """Close the metrics file (writing ``summary.json`` if given), the sinks (``None``: the
         run did not finish) and the progress bar. Safe to call twice."""
         self.record.close(summary)
-        if self.paged is not None:
-            self.paged.close()
-        if self.population is not None and self.population.store is not None:
-            self.population.store.close()
+        self.held.close()
 
     # -- evaluation ----------------------------------------------------------------------------
-    def global_state(self) -> dict[str, Tensor]:
-        """The model to evaluate; across processes a collective (every rank calls it)."""
-        if self.paged is not None:
-            # evaluations end a round (_steps_to_evaluation), the run ends between rounds
-            assert not self._ahead, "a paged run's global model read inside a round"
-            return self.paged.global_state()
-        if self.ranks is None:
-            return self.strategy.global_state()
-        assert isinstance(self.comm, DistributedCommunicator)
-        return gather_global_state(self.strategy, self.comm)
-
     def evaluate(self, dataset: Dataset) -> dict[str, float]:
         """The global model on ``dataset`` (rank 0 computes, every rank gets it); the
         checkpoint ``model.pt`` is written."""
-        state = self.global_state()
-        metrics: dict[str, float] = {}
-        if self.lead:
-            metrics = _evaluate(self.eval_module, state, dataset, self.settings.eval_batch_size,
-                                self.device)
-        metrics = _from_lead(metrics, self.ranks)
-        if self.record.writer is not None:
-            _load_state(self.eval_module, state)  # a state_dict with tied names too
-            self.record.save_model(self.eval_module.state_dict())
-        return metrics
+        return self.evaluation(self.held.global_state(), dataset, self._save_model)
+
+    @property
+    def _save_model(self) -> Any:
+        return self.record.save_model if self.record.writer is not None else None
 
     # -- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -645,7 +462,7 @@ class Run:
             "format": STATE_FORMAT,
             "config": _plain(self.config),
             "step": self.step,
-            **self._nodes_state(),
+            **self.held.state_dict(),
             "comm": self.comm.state_dict(),
             "data": self.batches.state_dict(),
             "rng": _rng_state(self.device),
@@ -659,7 +476,6 @@ class Run:
             "world": {**self.presence.state_dict(), "events": _plain(self.events),
                       "ops": _plain(self.feed.ops)},
             "timelines": self.scheduler.state_dict(),
-            "population": None if self.population is None else self.population.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any], folder: Path | None = None) -> None:
@@ -669,19 +485,12 @@ class Run:
         if state.get("format") != STATE_FORMAT:
             raise ValueError(f"checkpoint format {state.get('format')!r} is not this exogym's "
                              f"({STATE_FORMAT})")
-        if self.paged is not None:
-            if folder is None or "groups" not in state:
-                raise ValueError("a paged run resumes from a checkpoint folder of a paged run "
-                                 "(its groups are files beside the state)")
-            self.paged.load_groups(lambda name: read_part(folder, name, self.device),
-                                   _load_nodes)
-        else:
-            _load_nodes(self.nodes, state["nodes"])
-            self.strategy.load_state_dict(state["strategy"])
+        self.held.load_state_dict(state, folder)
         self.comm.load_state_dict(state["comm"])
         self.batches.load_state_dict(state["data"])
         self.step = int(state["step"])
         self.feed.load_state_dict(dict(state), self.step)
+        self.held.resumed(self.clock)
         w = state["world"]
         self.record.events[:] = [dict(e) for e in w["events"]]
         self.presence.load_state_dict(w, self.record.events)
@@ -689,10 +498,6 @@ class Run:
             assert self.feed.ops is not None
             self.feed.ops[:] = [list(op) for op in w["ops"]]
         self.scheduler.load_state_dict(state["timelines"])
-        if self.population is not None:
-            self.population.load_state_dict(state["population"])
-            self.nodes.row_ids = self.population.seated_rows(self.comm.node_ids)
-            self.population.apply_speeds(self.clock)
         m = state["metrics"]
         self.record.history[:] = [dict(row) for row in m["history"]]
         self.loss_sum.copy_(m["loss_sum"])
@@ -706,19 +511,9 @@ class Run:
         self.wall_start = time.perf_counter() - float(m.get("wall_time_s", 0.0))
         _set_rng_state(state["rng"], self.device)
 
-    def _nodes_state(self) -> dict[str, Any]:
-        """The replicas and the strategy's state; a paged run's, group by group (copied out
-        of each group while it is in memory)."""
-        if self.paged is not None:  # the groups are the checkpoint's parts
-            return {"groups": {"files": self.paged.group_files()}}
-        return {"nodes": _nodes_state(self.nodes), "strategy": self.strategy.state_dict()}
-
     def checkpoint_parts(self) -> Parts | None:
         """The files a checkpoint holds besides :meth:`state_dict`: a paged run's groups."""
-        paged = self.paged
-        if paged is None:
-            return None
-        return lambda folder, write: paged.write_groups(folder, write, _nodes_state)
+        return self.held.parts()
 
     # -- internals -----------------------------------------------------------------------------
     def _steps_to_evaluation(self, step: int) -> int:
@@ -735,15 +530,6 @@ class Run:
         s, done = self.settings, self.step
         return self.eval_set is not None and done > 0 and (
             done % s.eval_interval == 0 or done == s.total_steps)
-
-    def _next_batch(self, active: list[bool] | None) -> Any:
-        """This process's rows of the next node-stacked batch (``active``: only those nodes
-        consume data)."""
-        if self.population is not None:
-            return self.population.batch(active, self.comm.node_ids)
-        if self.ranks is None:
-            return self.batches.batch(active)
-        return local_batch(self.batches, self.ranks.node_ids, active)
 
     def _start_clock(self) -> float:
         """Create the simulated clock before the first step; the seconds it took (pricing a
@@ -767,10 +553,9 @@ class Run:
         if select is not None:
             active, joining, staying = select(self.step, active)
             if staying:
-                self._restart(staying)
-        paged = self.paged
+                self.held.call(lambda strategy: _restart(strategy, staying))
         if rejoined or joining:
-            for strategy in self._strategies:
+            for strategy in self.held.strategies:
                 strategy.request_recovery(rejoined + list(joining))
         pending = [i for i in self.strategy.pending_recovery if active[i]]
         pairs = [(n, joining.get(n, d) if joining.get(n, -1) >= 0 else d, n in joining)
@@ -788,35 +573,14 @@ class Run:
                 for n, d, j in pairs:
                     _recover(strategy, n, d, part, j)
 
-            if paged is None:
-                recover_all(self.strategy)
-            else:
-                paged.call(lambda g: recover_all(g.strategy))
+            self.held.call(recover_all)
             self.feed.feed()
             for (node, donor, _), (received, start) in zip(pairs, before, strict=True):
                 self.presence.recovered(node, donor, self.comm.bytes_received[node] - received,
                                         self._time(node) - start)
-        for strategy in self._strategies:
+        for strategy in self.held.strategies:
             strategy.pending_recovery = [i for i in strategy.pending_recovery if not active[i]]
         return None if all(active) else active
-
-    def _restart(self, nodes: list[int]) -> None:
-        """``nodes`` (global ids) start their own state afresh (a client that keeps none)."""
-        def restart(strategy: Strategy) -> None:
-            for node in nodes:
-                row = strategy._row(node)
-                if row is not None:
-                    strategy.restart_row(row)
-
-        if self.paged is None:
-            restart(self.strategy)
-        else:
-            self.paged.call(lambda g: restart(g.strategy))
-
-    @property
-    def _strategies(self) -> list[Strategy]:
-        """The run's strategy, or every group's copy of it in a paged run."""
-        return [self.strategy] if self.paged is None else self.paged.strategies
 
     def arrivals(self, active: list[bool] | None, deadline: str | None) -> list[bool] | None:
         """The :class:`~exogym.sim.comm.Timeline` the strategies ask at a synchronisation: the
@@ -845,9 +609,7 @@ class Run:
         if not bad:
             return
         first = min(bad.values())
-        nodes = [i for i, s in bad.items() if s == first]
-        if self.population is not None:
-            nodes = [self.population.client_of(i, first) for i in nodes]
+        nodes = [self.held.node_of(i, first) for i, s in bad.items() if s == first]
         self.nonfinite = {"step": first + 1, "nodes": sorted(nodes)}
         message = (f"non-finite training loss at step {first + 1} on node(s) "
                    f"{', '.join(map(str, self.nonfinite['nodes']))} of "
@@ -861,8 +623,6 @@ class Run:
         if self.lead:
             warnings.warn(f"{message}; training on (allow_nonfinite=True)", RuntimeWarning,
                           stacklevel=4)
-
-
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -888,8 +648,8 @@ def _config(run: Run, run_info: dict[str, Any], checkpointing: dict[str, Any]) -
         "allow_nonfinite": s.allow_nonfinite, "allow_unsynced": s.allow_unsynced,
         "checkpointing": checkpointing, "world": s.world.spec(),
         "participation": None if s.participation is None else s.participation.to_dict(),
-        "paging": None if run.paged is None else {"resident": s.resident,
-                                                   "offload": s.offload},
+        "paging": None if s.resident is None or s.seats or run.ranks is not None
+        else {"resident": s.resident, "offload": s.offload},
         "population": None if s.participation is None else {
             "clients_in_memory": "round" if s.seats else "all",
             **({"concurrency": s.participation.count}
@@ -969,38 +729,48 @@ def _client_recovery(strategy: Strategy, participation: Participation | None,
         strategy.recovery = before
 
 
-def _nodes_state(nodes: NodeStack) -> dict[str, Any]:
-    return {"params": {k: p.detach() for k, p in nodes.params.items()},
-            "buffers": dict(nodes.buffers), "engine": nodes.engine}
+def _result(run: Run, model: nn.Module, final: dict[str, float], report: ClockReport | None,
+            trace: ClockTrace | None) -> FitResult:
+    """The run's :class:`FitResult` (its holder adds its own fields: bytes, paging,
+    population)."""
+    s, tl, strategy, comm = run.settings, run.timelines, run.strategy, run.comm
+    return FitResult(
+        model=model, history=run.history, final=final, strategy=strategy.id,
+        hyperparameters=strategy.hyperparameters(), num_nodes=s.num_nodes,
+        steps=s.total_steps, batch_size=s.batch_size, samples=run.node_steps * s.batch_size,
+        train_time_s=run.train_time_s, wall_time_s=time.perf_counter() - run.wall_start,
+        engine=run.nodes.engine, device=str(run.device), seed=s.seed,
+        out_dir=run.out_dir, comm_log=list(comm.log),
+        eval_set=describe_eval_set(run.eval_full),
+        eval_during_training=(describe_eval_set(run.eval_set)
+                              if run.eval_set is not run.eval_full else None),
+        network=s.network, clock=report, trace=trace,
+        processes=1 if run.ranks is None else run.ranks.world_size,
+        nonfinite=run.nonfinite, resumed_from=run.resumed_from,
+        world=(None if run.feed.ops is None and not s.seats else
+               {"spec": s.world.spec(), "description": s.world.describe(),
+                **run.presence.counts, "events": len(run.events)}),
+        events=list(run.events),
+        asynchronous=(None if tl is None else
+                      {**tl.summary(strategy.staleness),  # type: ignore[attr-defined]
+                       "server_bytes_received": comm.server_bytes_received,
+                       "server_bytes_sent": comm.server_bytes_sent}),
+        **run.held.result(),
+    )
 
 
-def _load_nodes(nodes: NodeStack, saved: Mapping[str, Any]) -> None:
-    with torch.no_grad():
-        for kind in ("params", "buffers"):
-            own = getattr(nodes, kind)
-            if set(saved[kind]) != set(own):
-                raise ValueError(f"the checkpoint's model has other {kind} "
-                                 f"({sorted(set(saved[kind]) ^ set(own))}) than this model")
-            for k, t in own.items():
-                t.copy_(saved[kind][k])
-    if saved["engine"] != nodes.engine:  # vmap fell back to the loop
-        nodes.engine = saved["engine"]
-    nodes._vmap_checked = True
+def _restart(strategy: Strategy, nodes: list[int]) -> None:
+    """``nodes`` (global ids) start their own state afresh (a client that keeps none)."""
+    for node in nodes:
+        row = strategy._row(node)
+        if row is not None:
+            strategy.restart_row(row)
 
 
 def _recover(strategy: Strategy, node: int, donor: int, participation: Participation | None,
              joining: bool) -> None:
     with _client_recovery(strategy, participation, joining):
         strategy.recover(node, donor)
-
-
-def _from_lead(value: Any, ranks: RankContext | None) -> Any:
-    """Rank 0's ``value`` on every rank (a broadcast); as is in one process."""
-    if ranks is None or ranks.world_size == 1:
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def _row0(t: Any) -> Any:
@@ -1023,42 +793,3 @@ def _first_bad_steps(first_bad: Tensor, comm: Communicator,
     return {i: s for i, s in zip(ids, values, strict=True) if s >= 0}
 
 
-def _describe_eval_set(dataset: Dataset | None) -> str | None:
-    """What an evaluation set is: its ``test_set`` attribute, else its size."""
-    if dataset is None:
-        return None
-    name = getattr(dataset, "test_set", None)
-    return name if name is not None else f"{len(dataset):,} samples"  # type: ignore[arg-type]
-
-
-def _to(batch: Any, dev: torch.device) -> Any:
-    return tree_map(lambda t: t.to(dev) if isinstance(t, Tensor) else t, batch)
-
-
-@torch.no_grad()
-def _evaluate(module: nn.Module, state: dict[str, Tensor], dataset: Dataset, batch_size: int,
-              dev: torch.device) -> dict[str, float]:
-    """Sample-weighted means of the model's scalar metrics over ``dataset``, ``eval_*``."""
-    sums: dict[str, Tensor] = {}
-    count = 0
-    for batch, size in iterate_batches(dataset, batch_size):
-        batch = _to(batch, dev)
-        metrics = metrics_of(functional_call(module, state, (batch,)))
-        for k, v in metrics.items():
-            sums[k] = sums.get(k, 0) + v.detach().float().reshape(()) * size
-        count += size
-    out = {f"eval_{k}": float(v) / count for k, v in sums.items()}
-    if "eval_perplexity" in out:
-        # Perplexity does not average over batches: it is exp of the mean loss.
-        out["eval_perplexity"] = math.exp(out["eval_loss"])
-    return out
-
-
-@torch.no_grad()
-def _load_state(module: nn.Module, state: dict[str, Tensor]) -> None:
-    for name, value in state.items():
-        try:
-            target = module.get_parameter(name)
-        except AttributeError:
-            target = module.get_buffer(name)
-        target.copy_(value)

@@ -401,21 +401,22 @@ class Communicator(abc.ABC):
         out = self._broadcast(tensors, src)
         return out if isinstance(x, (list, tuple)) else out[0]
 
-    def push(self, x: Tensor | Sequence[Tensor], node: int, *, tag: str = "") -> None:
+    def push(self, x: Tensor | Sequence[Tensor], node: int, *, tag: str = "") -> float:
         """Node ``node`` sends its row of ``x`` to the parameter server (asynchronous
         strategies, in one process: the strategy reads the row itself). Bytes: ``S`` sent by
         the node, received by the server; logged as ``op="push"`` with ``src=node``. Its time
         is the run's event loop's (:meth:`exogym.sim.clock.SimClock.push`), not a
-        collective's."""
-        self._point_to_server("push", x, node, tag)
+        collective's. Returns ``S``."""
+        return self._point_to_server("push", x, node, tag)
 
-    def pull(self, x: Tensor | Sequence[Tensor], node: int, *, tag: str = "") -> None:
+    def pull(self, x: Tensor | Sequence[Tensor], node: int, *, tag: str = "") -> float:
         """The parameter server sends node ``node`` a model of the shape of a row of ``x``.
-        Bytes: ``S`` sent by the server, received by the node; ``op="pull"``, ``dst=node``."""
-        self._point_to_server("pull", x, node, tag)
+        Bytes: ``S`` sent by the server, received by the node; ``op="pull"``, ``dst=node``.
+        Returns ``S``."""
+        return self._point_to_server("pull", x, node, tag)
 
     def _point_to_server(self, op: str, x: Tensor | Sequence[Tensor], node: int,
-                         tag: str) -> None:
+                         tag: str) -> float:
         if not 0 <= node < self.num_nodes:
             raise ValueError(f"node must be a node id in [0, {self.num_nodes}), got {node}")
         tensors = self._check(x)
@@ -430,6 +431,7 @@ class Communicator(abc.ABC):
             self.server_bytes_sent += s
             self._account(op, tensors, tag, False, sent=none, received=one,
                           members=[i == node for i in range(self.num_nodes)], dst=node)
+        return s
 
     def mean_rows(self, xs: Sequence[Tensor]) -> list[Tensor]:
         """The mean of every node's row of each node-stacked ``x`` of ``xs`` (``x.shape[1:]``),

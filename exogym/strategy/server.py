@@ -84,7 +84,9 @@ class ServerStrategy(Strategy):
         self.base_version = [0] * n
         self.version = 0  # server model versions so far (updates applied, or server steps)
         self.local = [0] * n  # local steps of each node in its current round
-        self.outbox: list[int] = []  # nodes that finished a round at this step (to push)
+        # [node, bytes pushed] of the nodes that finished a round at this step (the event
+        # loop takes them: their pushes travel to the server)
+        self.outbox: list[list[float]] = []
         self.speeds: list[float] = [1.0] * n  # the nodes' relative speeds (set by the run)
         self.staleness: list[int] = []  # of every update applied, in order
 
@@ -112,10 +114,11 @@ class ServerStrategy(Strategy):
                 continue
             self.local[i] += 1
             if self.local[i] >= self.local_steps(i):
-                self.outbox.append(i)
                 # the pseudo-gradient and the float buffers the server adopts (deliver)
-                self.comm.push(list(self.nodes.params.values())
-                               + list(self.nodes.float_buffers.values()), i, tag="pseudo_grads")
+                size = self.comm.push(list(self.nodes.params.values())
+                                      + list(self.nodes.float_buffers.values()), i,
+                                      tag="pseudo_grads")
+                self.outbox.append([i, size])
 
     @torch.no_grad()
     def deliver(self, node: int) -> int:
@@ -140,16 +143,17 @@ class ServerStrategy(Strategy):
         return staleness
 
     @torch.no_grad()
-    def restart(self, node: int) -> None:
+    def restart(self, node: int) -> float:
         """Node ``node`` starts a round from the server's current model, sent to it (a
-        population's seat: the next client drawn, :mod:`exogym.run.population`)."""
+        population's seat: the next client drawn, :mod:`exogym.run.population`); the bytes
+        sent."""
         for k, p in self.nodes.params.items():
             p[node].copy_(self.global_params[k])
             self.base[k][node].copy_(self.global_params[k])
         self.base_version[node] = self.version
         self.local[node] = 0
-        self.comm.pull(list(self.nodes.params.values()) + list(self.nodes.float_buffers.values()),
-                       node, tag="model")
+        return self.comm.pull(list(self.nodes.params.values())
+                              + list(self.nodes.float_buffers.values()), node, tag="model")
 
     @abc.abstractmethod
     def apply(self, node: int, delta: dict[str, Tensor], staleness: int) -> None:

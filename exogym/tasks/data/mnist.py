@@ -117,13 +117,15 @@ def read_idx(path: str | os.PathLike[str]) -> torch.Tensor:
 
 
 class MNIST(Dataset):
-    """MNIST train or test split, fully materialised as normalised tensors.
+    """MNIST train or test split, in memory: the pixels as bytes, normalised per batch.
 
     Attributes:
         classes: number of classes (10).
         root: folder holding the four IDX files (``<data_dir>/mnist``).
         train: whether this is the 60,000-image training split (else the 10,000-image test split).
-        images: float32 ``[L, 1, 28, 28]``, equal to ``(pixel / 255 - MEAN) / STD``.
+        pixels: uint8 ``[L, 1, 28, 28]``, the files' pixels.
+        images: float32 ``[L, 1, 28, 28]``, equal to ``(pixel / 255 - MEAN) / STD`` (a
+            property: the whole split normalised on each access; batches normalise theirs).
         targets: int64 ``[L]`` with values in ``0..9``.
         test_set: the images file and size, e.g. ``"t10k-images-idx3-ubyte.gz (10,000)"``, for a
             run's records.
@@ -180,9 +182,15 @@ class MNIST(Dataset):
             raise ValueError(
                 f"{str(lbl_path)!r} has labels outside 0..{self.classes - 1}: min {lo}, max {hi}"
             )
-        images = raw_images.to(torch.float32).div_(255.0).sub_(MEAN).div_(STD)
-        self.images: torch.Tensor = images.unsqueeze(1).contiguous()
+        # kept as bytes (47 MB for the training split, not 188 MB of float32), normalised per
+        # batch: the same float32 operations in the same order, the same values
+        self.pixels: torch.Tensor = raw_images.unsqueeze(1).contiguous()
         self.test_set = f"{img_path.name} ({len(self.targets):,})"
+
+    @property
+    def images(self) -> torch.Tensor:
+        """Every image, normalised: float32 ``[L, 1, 28, 28]`` (built on each access)."""
+        return _normalise(self.pixels)
 
     def __len__(self) -> int:
         """Number of examples (60,000 for train, 10,000 for test)."""
@@ -194,7 +202,7 @@ class MNIST(Dataset):
         Raises:
             IndexError: if ``index`` is out of range.
         """
-        return self.images[index], self.targets[index]
+        return _normalise(self.pixels[index]), self.targets[index]
 
     def get_batch(
         self, indices: Sequence[int] | torch.Tensor
@@ -208,11 +216,16 @@ class MNIST(Dataset):
             IndexError: if an index is out of range.
         """
         idx = torch.as_tensor(indices, dtype=torch.long)
-        return self.images[idx], self.targets[idx]
+        return _normalise(self.pixels[idx]), self.targets[idx]
 
     def __repr__(self) -> str:
         split = "train" if self.train else "test"
         return f"MNIST(split={split!r}, size={len(self)}, root={str(self.root)!r})"
+
+
+def _normalise(pixels: torch.Tensor) -> torch.Tensor:
+    """``(pixel / 255 - MEAN) / STD`` in float32."""
+    return pixels.to(torch.float32).div_(255.0).sub_(MEAN).div_(STD)
 
 
 def load_mnist(
