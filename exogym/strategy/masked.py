@@ -9,7 +9,9 @@ steps must keep its own count: its bias correction ``1 - beta ** t`` uses its ow
 :func:`masked_step` does that for :class:`torch.optim.AdamW`, :class:`torch.optim.Adam` and
 :class:`torch.optim.SGD` (momentum and Nesterov included) with the formulas of
 ``torch/optim/adamw.py``, ``adam.py`` and ``sgd.py`` (PyTorch 2.x, their defaults: no amsgrad,
-no maximize, dampening 0), computed with foreach operations on the active rows' views only:
+no maximize, dampening 0), computed on the active rows' views only (a fused Adam/AdamW group:
+torch's fused kernel on those views, each row with its own step count; otherwise foreach
+operations):
 the optimizer's own state tensors (``exp_avg``, ``exp_avg_sq``, ``momentum_buffer``) are updated
 in place, so the two paths share one state. The per-node counts are kept by the caller (the
 strategy's ``node_steps``, ``[n_local]`` int64). An optimizer with its own masked step (exogym's
@@ -97,6 +99,16 @@ def _adam(optimizer: torch.optim.Optimizer, group: dict, params: list[Tensor], r
             sizes.append(sz[i])
             bc2.append(b2[i])
     if not ps:
+        return
+    if group.get("fused"):  # torch's own fused kernel on each row's views: a row steps exactly
+        # as that node alone would under torch's fused optimizer (and ~10x faster than the
+        # foreach formulas below, which make a pass over the rows per operation)
+        steps = [torch.tensor(float(t[i]), dtype=torch.float32, device=ps[0].device)
+                 for _ in params for i in rows]
+        fused = (torch._fused_adamw_ if isinstance(optimizer, torch.optim.AdamW)
+                 else torch._fused_adam_)
+        fused(ps, grads, ms, vs, [], steps, lr=lr, beta1=beta1, beta2=beta2,
+              weight_decay=wd, eps=eps, amsgrad=False, maximize=False)
         return
     if isinstance(optimizer, torch.optim.AdamW):
         decayed = torch._foreach_mul(ps, 1 - lr * wd)
