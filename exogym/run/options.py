@@ -1,29 +1,109 @@
-"""What :meth:`exogym.Trainer.fit` is asked to do: its arguments as one validated object.
+"""What :meth:`exogym.Trainer.fit` is asked to do: its arguments as one validated object, and
+each one's declaration as a run setting.
 
 :class:`FitOptions` holds every argument of ``fit`` under the same name, documented here, and
 checks what it can on its own (types and ranges; what depends on the model, the data or the
 strategy is checked when the run is built). ``fit`` keeps them as explicit keyword arguments, so
-that editors and ``help()`` show them.
+that editors and ``help()`` show them (tests/test_settings.py checks that the two agree).
+
+Each field is declared with :func:`setting`: its default and a :class:`Setting`, which says how
+the setting appears outside ``fit``'s call: the flag and help of ``exogym run``
+(:mod:`exogym.cli.run` builds its options from them), the key that records it in the run's
+``config.json``, and what a resumed run does with it. The resume rules
+(:mod:`exogym.run.trainer`), the keys of ``config.json`` (:mod:`exogym.run.state`) and the table
+of docs/settings.md (:func:`settings_table`) are read from the same declarations.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from exogym.run.sinks import Sink
-from exogym.sim.engine import EngineName, Precision
+from exogym.sim.engine import ENGINES, PRECISIONS, EngineName, Precision
 from exogym.sim.network import Network
 from exogym.sim.partition import Partition
 from exogym.sim.world import World
 from exogym.strategy import Strategy
 from exogym.utils.validation import check_int
 
-__all__ = ["FitOptions"]
+__all__ = ["RESUME_RULES", "FitOptions", "Setting", "changeable_records", "cli_default_of",
+           "default_of", "recorded", "setting", "settings", "settings_table"]
+
+Resume = Literal["must equal", "may change", "as given", "refused"]
+
+RESUME_RULES: dict[str, str] = {
+    "must equal": "a resumed run takes the recorded value (`out_dir`: the folder it "
+                  "continues); one given must equal it, or the resume is an error listing "
+                  "every difference",
+    "may change": "a resumed run takes the recorded value unless one is given",
+    "as given": "not recorded; a resumed run takes the value given (or the default)",
+    "refused": "not with a resume",
+}
+"""What a resumed run (``fit(resume=RUN_DIR)``, ``exogym run --resume``) does with a setting.
+``exogym run --resume`` takes the flags of the settings that ``may change`` or are ``as given``
+(and refuses the others: the run goes on as it was recorded)."""
+
+_FIT_DEFAULT: Any = object()  # Setting.cli_default: the flag's default is fit's
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One run setting (a field of :class:`FitOptions`) outside ``fit``'s call.
+
+    Attributes:
+        help: what it does, in a line (``exogym run --help``, docs/settings.md).
+        flag: ``exogym run``'s option for it (``"--nodes"``), or None where the command line
+            has no plain option for it.
+        parse: how the flag's text is read: a converter of :mod:`exogym.cli.common` by name
+            (``"positive_int"``, ``"duration"``, ``"network"``, ...); None: the text as it is.
+        metavar: the flag's value in the help.
+        choices: the values the flag takes.
+        cli_default: the flag's default where it is not ``fit``'s (``--nodes``: 4; None for
+            one the command fills in, ``--batch-size``: the task's).
+        negated: a flag without a value that gives False (``--no-progress``: progress=False).
+        group: flags of the same group are mutually exclusive (``--steps`` / ``--epochs``).
+        record: its key in ``config.json`` (``"section.key"`` in a section; a resolved value:
+            ``step_time_s`` for the compute price), or None where the run does not record it.
+        resume: what a resumed run does with it (:data:`RESUME_RULES`).
+    """
+
+    help: str
+    flag: str | None = None
+    parse: str | None = None
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+    cli_default: Any = _FIT_DEFAULT
+    negated: bool = False
+    group: str | None = None
+    record: str | None = None
+    resume: Resume = "must equal"
+
+    def __post_init__(self) -> None:
+        if self.resume not in RESUME_RULES:
+            raise ValueError(f"resume must be one of {list(RESUME_RULES)}, got {self.resume!r}")
+        if self.record is None and self.resume == "may change":
+            raise ValueError("a setting that may change on resume is recorded: give record=")
+
+    def switch(self, default: Any) -> bool:
+        """Whether the flag takes no value (``--trace``, ``--no-progress``), for a setting of
+        this ``default``."""
+        return self.negated or (isinstance(default, bool) and self.parse is None)
+
+    @property
+    def dest(self) -> str | None:
+        """The attribute of the parsed command line that holds the flag's value."""
+        return None if self.flag is None else self.flag.lstrip("-").replace("-", "_")
+
+
+def setting(default: Any, help: str, **how: Any) -> Any:
+    """A :class:`FitOptions` field: its ``default`` and its :class:`Setting` (``help``, ``how``)."""
+    return field(default=default, metadata={"setting": Setting(help=help, **how)})
 
 
 @dataclass(frozen=True)
@@ -169,48 +249,161 @@ class FitOptions:
     to the other ranks) and writes ``out_dir``.
     """
 
-    strategy: Strategy | str = "ddp"
-    num_nodes: int = 1
-    max_steps: int | None = None
-    num_epochs: float | None = None
-    batch_size: int = 64
-    partition: Partition | str = "iid"
-    eval_interval: int | None = None
-    eval_batch_size: int = 1000
-    eval_samples: int | None = 2000
-    eval_at_start: bool = False
-    log_interval: int = 10
-    engine: EngineName = "auto"
-    micro_batch_size: int | None = None
-    precision: Precision = "fp32"
-    device: str | torch.device = "auto"
-    seed: int = 0
-    out_dir: str | Path | None = None
-    progress: bool = True
-    network: Network | str | None = "datacenter"
-    world: World | str | None = None
-    participation: int | float | str | None = None
-    client_state: str = "fresh"
-    concurrency: int | None = None
-    clients_in_memory: str = "auto"
-    client_store: str = "512MB"
-    resident: int | None = None
-    offload: str = "host"
-    step_time: float | str | None = None
-    flops_per_sample: float | None = None
-    device_flops: float | None = None
-    distributed: bool | None = None
-    sinks: Sequence[Sink] = ()
-    run_info: Mapping[str, Any] | None = None
-    allow_nonfinite: bool = False
-    allow_unsynced: bool = False
-    checkpoint_every: int | None = None
-    checkpoint_interval: float | str | None = None
-    keep_checkpoints: int = 2
-    async_checkpoint: bool = True
-    resume: str | Path | None = None
-    handle_signals: bool = True
-    trace: bool = False
+    # Each field is one run setting, declared once: its default, and (``setting``) the help and
+    # flag of ``exogym run``, the key that records it in ``config.json`` and what a resumed run
+    # does with it. The command line, the resume checks and docs/settings.md derive from these;
+    # tests/test_settings.py checks that ``fit``'s signature, the CLI and the config agree.
+    strategy: Strategy | str = setting(
+        "ddp", "the strategy: a Strategy, or a registry id (exogym run: --strategy, made with "
+        "its --set and --lr)", record="strategy")
+    num_nodes: int = setting(
+        1, "simulated nodes N (default 4)", flag="--nodes", parse="positive_int", cli_default=4,
+        record="num_nodes")
+    max_steps: int | None = setting(
+        None, "training steps (default 500)", flag="--steps", parse="positive_int",
+        group="length", record="steps", resume="may change")
+    num_epochs: float | None = setting(
+        None, "passes over each node's shard", flag="--epochs", parse="positive_number",
+        group="length", resume="refused")
+    batch_size: int = setting(
+        64, "batch size per node (default: the task's)", flag="--batch-size",
+        parse="positive_int", cli_default=None, record="batch_size_per_node")
+    partition: Partition | str = setting(
+        "iid", "how the training set is split among the nodes: iid (default), dirichlet:ALPHA "
+        "label skew (0.1: few classes per node), contiguous blocks (text: each node its own "
+        "span)", flag="--partition", parse="partition", metavar="iid|dirichlet:ALPHA|contiguous",
+        record="partition")
+    eval_interval: int | None = setting(
+        None, "steps between evaluations of the global model", flag="--eval-interval",
+        parse="positive_int", record="eval_interval")
+    eval_batch_size: int = setting(1000, "batch size of evaluation", record="eval_batch_size")
+    eval_samples: int | None = setting(
+        2000, "evaluations during training use a fixed random subset of K samples of the "
+        "evaluation set, the final one the whole set (default 2000; all: the whole set every "
+        "time)", flag="--eval-samples", parse="count_or_all", metavar="K|all",
+        record="eval_samples")
+    eval_at_start: bool = setting(
+        False, "also evaluate the initial model, a first row at step 0", record="eval_at_start")
+    log_interval: int = setting(
+        10, "steps between metrics rows", flag="--log-interval", parse="positive_int",
+        record="log_interval")
+    engine: EngineName = setting(
+        "auto", "loop over nodes, vmap, threads (nodes in CPU worker threads), or auto (vmap on "
+        "CUDA; threads on a multi-core CPU; else loop); process: one local worker process per "
+        "node over torch.distributed (gloo on CPU, nccl on CUDA)", flag="--engine",
+        choices=(*ENGINES, "process"), record="engine")  # process: the command line's
+    micro_batch_size: int | None = setting(
+        None, "split each node's batch into micro-batches of M rows and accumulate their "
+        "gradients (less activation memory, the same gradient for a mean loss)",
+        flag="--micro-batch-size", parse="positive_int", metavar="M", record="micro_batch_size")
+    precision: Precision = setting(
+        "fp32", "bf16: forward passes under bfloat16 autocast (weights, gradients, optimizer "
+        "state and evaluation stay fp32)", flag="--precision", choices=PRECISIONS,
+        record="precision")
+    device: str | torch.device = setting(
+        "auto", "auto, cpu, cuda, cuda:N or mps", flag="--device", record="device")
+    seed: int = setting(
+        0, "seed (an integer >= 0)", flag="--seed", parse="non_negative_int", record="seed")
+    out_dir: str | Path | None = setting(
+        None, "run folder (default: runs/TASK-STRATEGY-nN-TIME)", flag="--out", parse="path")
+    progress: bool = setting(
+        True, "no progress bar", flag="--no-progress", negated=True, resume="as given")
+    network: Network | str | None = setting(
+        "datacenter", "simulated network: a profile (see `exogym networks`) or key=value items, "
+        "e.g. bw=1Gbps,latency=5ms (default datacenter)", flag="--network", parse="network",
+        record="network")
+    world: World | str | None = setting(
+        None, "the world the nodes train in: speed=1:1:0.5:0.25, mtbf=30min,mttr=5min, "
+        "fail=NODE@STEP|TIME, rejoin=NODE@..., drop=0.05, min_nodes=K, seed=S, "
+        "trace:FILE.json (default: perfect)", flag="--world", parse="world", metavar="SPEC",
+        record="world")
+    participation: int | float | str | None = setting(
+        None, "partial participation: K nodes (an integer) or a fraction C in (0, 1] take part "
+        "in each round (the strategy's H steps), drawn among the nodes that are up (fedavg, "
+        "fedprox, fedopt's, diloco, muloco, sparta_diloco)", flag="--participation",
+        metavar="K|C", record="participation.participation")
+    client_state: str = setting(
+        "fresh", "with --participation: a client's own state (inner optimizer state, residuals) "
+        "starts fresh each round it takes part in (default, as Flower: nothing stored per "
+        "client) or is kept (--client-store)", flag="--client-state", choices=("fresh", "keep"),
+        record="participation.client_state")
+    concurrency: int | None = setting(
+        None, "asynchronous strategies (fedbuff, async_local_sgd) over a population of --nodes "
+        "clients: at most C train at once; when the server receives an update the next client "
+        "is drawn among the available ones", flag="--concurrency", parse="positive_int",
+        metavar="C", record="population.concurrency")
+    clients_in_memory: str = setting(
+        "auto", "with --participation: hold only the round's K clients (round: time and memory "
+        "set by K, a million clients start in seconds) or a row per client (all: worlds whose "
+        "participants fail inside a round); auto: round where it applies",
+        flag="--clients-in-memory", choices=("auto", "round", "all"),
+        record="population.clients_in_memory")
+    client_store: str = setting(
+        "512MB", "with --client-state keep: host memory for the clients' own state, the rest on "
+        "disk in the run folder's client-store (or DIR); default 512MB", flag="--client-store",
+        metavar="SIZE[:DIR]", record="population.client_store")
+    resident: int | None = setting(
+        None, "at most K nodes' state in memory at once: the nodes compute a group of K at a "
+        "time, the others paged out (--offload); the numbers of the run with every node in "
+        "memory, bit for bit (synchronous strategies, loop or threads engine)",
+        flag="--resident", parse="positive_int", metavar="K", record="paging.resident")
+    offload: str = setting(
+        "host", "with --resident: where the other groups' state lives: host memory (default; "
+        "on a GPU the device holds one group) or files on disk, in a temporary folder or DIR "
+        "(on a CPU, disk is what saves memory)", flag="--offload", parse="offload",
+        metavar="host|disk[:DIR]", record="paging.offload", resume="may change")
+    step_time: float | str | None = setting(
+        None, "compute per step per node for the clock, e.g. 1.5s (default: measured from the "
+        "run's own training steps)", flag="--step-time", parse="duration", metavar="TIME",
+        group="compute", record="step_time_s")
+    flops_per_sample: float | None = setting(
+        None, "training FLOPs per sample (with --device-flops), about 6 x params x tokens for a "
+        "transformer", flag="--flops-per-sample", parse="flops", metavar="FLOPS",
+        group="compute", record="step_time_s")
+    device_flops: float | None = setting(
+        None, "FLOP/s of the simulated device, e.g. 312T", flag="--device-flops", parse="flops",
+        metavar="FLOP/S", record="step_time_s")
+    distributed: bool | None = setting(
+        None, "run as one rank of a torch.distributed job (None: when torch.distributed is "
+        "initialised or torchrun launched the process)", resume="as given")
+    sinks: Sequence[Sink] = setting(
+        (), "more places for the metrics rows (exogym run: --csv, --tensorboard, --wandb)",
+        resume="as given")
+    run_info: Mapping[str, Any] | None = setting(
+        None, "more entries for config.json (a resumed run adds them to the recorded ones)",
+        resume="as given")
+    allow_nonfinite: bool = setting(
+        False, "train on when a loss turns NaN or infinite (default: stop with an error naming "
+        "the step and the nodes)", flag="--allow-nonfinite", record="allow_nonfinite")
+    allow_unsynced: bool = setting(
+        False, "allow a run shorter than a strategy's H (its global model is then never fully "
+        "updated; default: an error)", flag="--allow-unsynced", record="allow_unsynced")
+    checkpoint_every: int | None = setting(
+        None, "write a checkpoint every K steps and at the end (RUN/checkpoints/); Ctrl-C writes "
+        "one anyway", flag="--checkpoint-every", parse="positive_int", metavar="K",
+        record="checkpointing.every", resume="may change")
+    checkpoint_interval: float | str | None = setting(
+        None, "and/or one every TIME of wall clock, e.g. 10min", flag="--checkpoint-interval",
+        parse="duration", metavar="TIME", record="checkpointing.interval_s",
+        resume="may change")
+    keep_checkpoints: int = setting(
+        2, "complete checkpoints kept, the newest (default 2)", flag="--keep-checkpoints",
+        parse="positive_int", metavar="K", record="checkpointing.keep", resume="may change")
+    async_checkpoint: bool = setting(
+        True, "write checkpoints while training waits (default: copied to memory, then written "
+        "in the background)", flag="--sync-checkpoints", negated=True,
+        record="checkpointing.asynchronous", resume="may change")
+    resume: str | Path | None = setting(
+        None, "continue RUN_DIR from its newest usable checkpoint, exactly as if it had never "
+        "stopped (--steps may extend it)", flag="--resume", parse="path", metavar="RUN_DIR",
+        resume="as given")
+    handle_signals: bool = setting(
+        True, "SIGINT and SIGTERM end the run cleanly at the next step (a checkpoint when there "
+        "is a folder); a second one aborts", resume="as given")
+    trace: bool = setting(
+        False, "also write the run's timeline as a Chrome trace, RUN_DIR/trace.json (open it in "
+        "https://ui.perfetto.dev); with --engine process also trace_real.json, the real "
+        "processes on the wall clock", flag="--trace", resume="as given")
 
     def __post_init__(self) -> None:
         for name in ("allow_nonfinite", "async_checkpoint", "allow_unsynced", "eval_at_start",
@@ -233,3 +426,79 @@ class FitOptions:
         """The argument ``name`` if the caller gave it (``names``), else ``default``."""
         return getattr(self, name) if name in names else default
 
+    def values(self) -> dict[str, Any]:
+        """Every setting by name, as given (not copied, unlike ``dataclasses.asdict``)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def resumed(self, names: frozenset[str], config: Mapping[str, Any]) -> dict[str, Any]:
+        """Every setting of a run resumed from ``config`` (its ``config.json``): the argument
+        if the caller gave it (``names``), else the recorded value (:func:`recorded`); a
+        setting the run does not record is the argument (or its default)."""
+        return {name: getattr(self, name) if name in names or s.record is None
+                else recorded(config, name) for name, s in settings().items()}
+
+
+def settings() -> dict[str, Setting]:
+    """Every run setting by name (``fit``'s keyword), in :class:`FitOptions`'s order."""
+    return {f.name: f.metadata["setting"] for f in dataclasses.fields(FitOptions)}
+
+
+def default_of(name: str) -> Any:
+    """``fit``'s default of setting ``name``."""
+    return FitOptions.__dataclass_fields__[name].default
+
+
+def cli_default_of(name: str) -> Any:
+    """``exogym run``'s default of setting ``name``'s flag (``fit``'s but where it differs)."""
+    given = settings()[name].cli_default
+    return default_of(name) if given is _FIT_DEFAULT else given
+
+
+def recorded(config: Mapping[str, Any], name: str) -> Any:
+    """The value of setting ``name`` that a run's ``config.json`` (``config``) records, or its
+    default where the config holds none (a section that is None: the run had no paging, no
+    participation; a key an earlier version did not write)."""
+    key = settings()[name].record
+    if key is None:
+        raise ValueError(f"{name} is not recorded in config.json")
+    value: Any = config
+    for part in key.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return default_of(name)
+        value = value[part]
+    return value
+
+
+def changeable_records() -> tuple[set[str], set[str]]:
+    """The ``config.json`` keys that a resumed run may change (``may change`` settings), and
+    the sections whose every recorded key may (``checkpointing``)."""
+    keys: set[str] = set()
+    sections: dict[str, bool] = {}
+    for s in settings().values():
+        if s.record is None:
+            continue
+        if s.resume == "may change":
+            keys.add(s.record)
+        if "." in s.record:
+            section = s.record.split(".")[0]
+            sections[section] = sections.get(section, True) and s.resume == "may change"
+    return keys, {k for k, every in sections.items() if every}
+
+
+def settings_table() -> str:
+    """The run settings as a markdown table, and what each rule of a resume means
+    (docs/settings.md)."""
+    rows = ["| `fit` keyword | `exogym run` | default | `config.json` | on resume | what |",
+            "|---|---|---|---|---|---|"]
+    for name, s in settings().items():
+        default = default_of(name)
+        flag = f"`{s.flag}`" if s.flag else ""
+        if s.flag and not s.switch(default):
+            value = s.metavar or ("|".join(s.choices) if s.choices else str(s.dest).upper())
+            flag = f"`{s.flag} {value}`".replace("|", "\\|")
+        shown = "`()`" if default == () else f"`{default!r}`"
+        record = f"`{s.record}`" if s.record else ""
+        text = s.help.replace("|", "\\|")
+        rows.append(f"| `{name}` | {flag} | {shown} | {record} | {s.resume} | {text} |")
+    rules = [f"- **{rule}**: {text}." for rule, text in RESUME_RULES.items()]
+    return "\n".join([*rows, "", "On resume:", "", *rules]) + "\n"

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 import random
 import time
@@ -55,6 +56,7 @@ from exogym.run.dist import RankContext
 from exogym.run.evaluation import Evaluation, describe_eval_set, load_state
 from exogym.run.events import Timelines
 from exogym.run.holders import Seats, hold
+from exogym.run.options import settings
 from exogym.run.record import Recorder
 from exogym.run.result import FitResult, NonFiniteLossError
 from exogym.run.schedule import Lockstep, PerNodeTimelines, Rounds, Scheduler
@@ -78,15 +80,22 @@ __all__ = ["RUN_CONFIG_KEYS", "STATE_FORMAT", "Run", "RunInterrupted", "RunSetti
 STATE_FORMAT = 1
 """Version of :meth:`Run.state_dict`'s layout; a checkpoint of another version is refused."""
 
-RUN_CONFIG_KEYS = (
-    "strategy", "strategy_class", "hyperparameters", "num_nodes", "steps", "batch_size_per_node",
-    "steps_per_epoch", "eval_interval", "eval_samples", "eval_at_start", "eval_batch_size",
-    "log_interval", "partition", "partition_stats", "engine", "device", "seed",
-    "micro_batch_size", "precision", "processes", "parameters", "eval_set", "network",
-    "step_time_s", "compute_source", "allow_nonfinite", "allow_unsynced", "checkpointing",
-    "world", "participation", "paging", "population",
-)
-"""The keys of ``config.json`` that are the run's own (``run_info`` may add others)."""
+_DERIVED_KEYS = ("strategy_class", "hyperparameters", "steps_per_epoch", "partition_stats",
+                 "processes", "parameters", "eval_set", "compute_source")
+# the settings' keys, and what follows from them (the strategy's class and hyperparameters, the
+# data's epochs and shards, the processes, the model's size, the evaluation set, the price's
+# source)
+
+RUN_CONFIG_KEYS = tuple(dict.fromkeys(
+    [str(s.record).split(".")[0] for s in settings().values() if s.record] + [*_DERIVED_KEYS]))
+"""The keys of ``config.json`` that are the run's own (``run_info`` may add others): every
+setting's (:mod:`exogym.run.options`) and the derived ones."""
+
+_RECORDED_AS_HELD = tuple((name, s.record) for name, s in settings().items()
+                          if s.record and "." not in s.record)
+"""The settings recorded under a key of their own; ``config.json`` holds their
+:class:`RunSettings` value but where :func:`_config` writes a resolved one (the network's
+spec)."""
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -124,6 +133,14 @@ class RunSettings:
     offload: str = "host"
     seats: bool = False  # only the round's participants in memory (exogym.run.population)
     client_store: str = "512MB"  # where clients that keep state keep it (seats)
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any], **resolved: Any) -> RunSettings:
+        """The settings of ``fit``'s arguments ``values`` (by name: :meth:`FitOptions.values`
+        or ``resumed``), every field of this class that is one of them taken as it is, and the
+        ``resolved`` ones (a parsed network, the total steps, what follows from them)."""
+        own = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{**{k: v for k, v in values.items() if k in own}, **resolved})
 
 
 class Run:
@@ -633,19 +650,14 @@ def _config(run: Run, run_info: dict[str, Any], checkpointing: dict[str, Any]) -
         "strategy": strategy.id,
         "strategy_class": source_of(type(strategy)),
         "hyperparameters": strategy.hyperparameters(),
-        "num_nodes": s.num_nodes, "steps": s.total_steps, "batch_size_per_node": s.batch_size,
-        "steps_per_epoch": run.batches.steps_per_epoch, "eval_interval": s.eval_interval,
-        "eval_samples": s.eval_samples, "eval_at_start": s.eval_at_start,
-        "eval_batch_size": s.eval_batch_size, "log_interval": s.log_interval,
+        "steps": s.total_steps, "steps_per_epoch": run.batches.steps_per_epoch,
         "partition": s.partition.spec, "partition_stats": run.batches.partition_stats(),
-        "engine": run.nodes.engine, "device": str(run.device), "seed": s.seed,
-        "micro_batch_size": s.micro_batch_size, "precision": s.precision,
+        "engine": run.nodes.engine, "device": str(run.device),
         "processes": 1 if run.ranks is None else run.ranks.world_size,
         "parameters": run.nodes.num_parameters(),
         "eval_set": getattr(run.eval_full, "test_set", None),
         "network": s.network.spec() if s.network is not None else None,
         "step_time_s": s.step_time_s, "compute_source": s.compute_source,
-        "allow_nonfinite": s.allow_nonfinite, "allow_unsynced": s.allow_unsynced,
         "checkpointing": checkpointing, "world": s.world.spec(),
         "participation": None if s.participation is None else s.participation.to_dict(),
         "paging": None if s.resident is None or s.seats or run.ranks is not None
@@ -657,7 +669,10 @@ def _config(run: Run, run_info: dict[str, Any], checkpointing: dict[str, Any]) -
             **({"client_store": s.client_store} if s.seats
                and s.participation.client_state == "keep" else {})},
     }
-    assert set(config) == set(RUN_CONFIG_KEYS)
+    for name, key in _RECORDED_AS_HELD:  # the rest of the settings, as the run holds them
+        if key not in config:
+            config[key] = getattr(s, name)
+    assert set(config) == set(RUN_CONFIG_KEYS), set(config) ^ set(RUN_CONFIG_KEYS)
     clash = sorted(set(run_info) & set(config))
     if clash:
         raise ValueError(f"run_info may not replace the run's own config keys {clash}")

@@ -30,7 +30,7 @@ from torch.utils.data import Dataset
 from exogym.run.checkpoint import Checkpointer, load_checkpoint
 from exogym.run.client_store import parse_client_store
 from exogym.run.dist import RankContext, close_group, join_torchrun, torchrun_env
-from exogym.run.options import FitOptions
+from exogym.run.options import FitOptions, changeable_records, recorded
 from exogym.run.paging import in_memory_nodes, parse_offload, resident_check
 from exogym.run.result import FitResult, check_out_dir, read_json
 from exogym.run.sinks import MultiSink, Sink
@@ -212,8 +212,7 @@ class Trainer:
         resident = _check_paging(o.resident, o.offload, o.num_nodes, strategy, engine)
         step_time_s, source = resolve_step_time(o.step_time, o.flops_per_sample,
                                                 o.device_flops, o.batch_size)
-        checkpointing = _Checkpointing(o.checkpoint_every, _interval(o.checkpoint_interval),
-                                       o.keep_checkpoints, o.async_checkpoint)
+        checkpointing = _checkpointing(o.values())
         sink = MultiSink(o.sinks)  # a non-sink is an error before anything runs
         ranks, owns_group, dev = _join(o.distributed, o.num_nodes, resolve_device(o.device))
         clean = False
@@ -240,17 +239,12 @@ class Trainer:
                 self.train_dataset, o.num_nodes, o.batch_size, seed=o.seed, partition=partition)
             total = _total_steps(o.max_steps, o.num_epochs, batches.steps_per_epoch)
             _check_sync(strategy, total, o.allow_unsynced, warn=lead, stacklevel=5)
-            settings = RunSettings(
-                num_nodes=o.num_nodes, total_steps=total, batch_size=o.batch_size,
-                partition=partition, eval_interval=o.eval_interval
-                or max(total // 10, 1), eval_samples=o.eval_samples,
-                eval_at_start=o.eval_at_start, eval_batch_size=o.eval_batch_size,
-                log_interval=o.log_interval, engine=engine, micro_batch_size=o.micro_batch_size,
-                precision=o.precision, seed=o.seed, network=net, step_time_s=step_time_s,
-                compute_source=source, allow_nonfinite=o.allow_nonfinite,
-                allow_unsynced=o.allow_unsynced, world=the_world, trace=o.trace,
-                participation=participation, resident=resident, offload=o.offload,
-                seats=seats, client_store=_check_client_store(o.client_store))
+            settings = RunSettings.of(
+                o.values(), total_steps=total, partition=partition,
+                eval_interval=o.eval_interval or max(total // 10, 1), engine=engine,
+                network=net, step_time_s=step_time_s, compute_source=source, world=the_world,
+                participation=participation, resident=resident, seats=seats,
+                client_store=_check_client_store(o.client_store))
             run = Run(self.model, self.train_dataset, self.val_dataset, strategy, settings,
                       device=dev, ranks=ranks, out_dir=o.out_dir, sink=sink,
                       progress=o.progress, run_info=dict(o.run_info or {}), batches=batches,
@@ -275,15 +269,14 @@ class Trainer:
                              f"{str(o.out_dir)!r} is another (give one of them)")
         if "num_epochs" in given:
             raise ValueError("a resumed run takes max_steps (to extend it), not num_epochs")
-        checkpointing = _Checkpointing(o.checkpoint_every, _interval(o.checkpoint_interval),
-                                       o.keep_checkpoints, o.async_checkpoint)
+        _checkpointing(o.values())  # the arguments checked before any work
         sink = MultiSink(o.sinks)
-        num_nodes = check_int("num_nodes", o.given("num_nodes", given, saved["num_nodes"]), 1)
+        resumed = o.resumed(given, saved)
+        num_nodes = check_int("num_nodes", resumed["num_nodes"], 1)
         distributed = o.distributed
         if distributed is None and saved.get("processes", 1) == 1:
             distributed = False  # a simulated run continues simulated
-        ranks, owns_group, dev = _join(distributed, num_nodes, resolve_device(
-            o.given("device", given, saved["device"])))
+        ranks, owns_group, dev = _join(distributed, num_nodes, resolve_device(resumed["device"]))
         clean = False
         try:
             state, where = load_checkpoint(
@@ -299,7 +292,7 @@ class Trainer:
                 ranks = _seat_ranks(ranks, settings.participation.per_round(num_nodes))
             run_info = {k: v for k, v in saved.items() if k not in RUN_CONFIG_KEYS}
             run_info.update(dict(o.run_info or {}))
-            checkpointing = checkpointing.resumed(saved.get("checkpointing") or {}, given)
+            checkpointing = _checkpointing(o.resumed(given, saved))  # as it did, unless told
             run = Run(self.model, self.train_dataset, self.val_dataset, strategy, settings,
                       device=dev, ranks=ranks, out_dir=run_dir, sink=sink,
                       progress=o.progress, run_info=run_info,
@@ -320,41 +313,28 @@ class Trainer:
 def _resumed_settings(o: FitOptions, given: frozenset[str], saved: dict[str, Any],
                       strategy: Strategy, num_nodes: int, step: int,
                       where: Path) -> RunSettings:
-    """A resumed run's settings: the checkpoint's config, overridden by what was ``given``."""
-    def arg(name: str, default: Any) -> Any:
-        return o.given(name, given, default)
-
-    max_steps = check_int("max_steps", arg("max_steps", None) or saved["steps"], 1)
+    """A resumed run's settings: the checkpoint's config, overridden by what was ``given``
+    (:meth:`FitOptions.resumed`), resolved as a new run's are."""
+    v = o.resumed(given, saved)
+    max_steps = check_int("max_steps", v["max_steps"] or recorded(saved, "max_steps"), 1)
     if max_steps < step:
         raise ValueError(f"max_steps={max_steps} is before the checkpoint's step {step} "
                          f"({where}); a resumed run can only be extended")
-    network = arg("network", saved["network"])
-    net = parse_network(network) if network is not None else None
+    net = parse_network(v["network"]) if v["network"] is not None else None
+    # the compute price is recorded resolved (step_time_s) from any of three arguments
     step_time_s, source = saved["step_time_s"], saved["compute_source"]
     if given & {"step_time", "flops_per_sample", "device_flops"}:
         step_time_s, source = resolve_step_time(o.step_time, o.flops_per_sample,
-                                                o.device_flops, int(saved["batch_size_per_node"]))
-    engine = arg("engine", saved["engine"])
-    the_world = _check_world(parse_world(arg("world", saved.get("world"))), num_nodes, net,
-                             strategy)
-    _check_engine(engine, arg("precision", saved["precision"]))
-    return RunSettings(
-        num_nodes=num_nodes, total_steps=max_steps,
-        batch_size=arg("batch_size", saved["batch_size_per_node"]),
-        partition=parse_partition(arg("partition", saved["partition"])),
-        eval_interval=arg("eval_interval", None) or saved["eval_interval"],
-        eval_samples=arg("eval_samples", saved["eval_samples"]),
-        eval_at_start=arg("eval_at_start", saved["eval_at_start"]),
-        eval_batch_size=arg("eval_batch_size", saved["eval_batch_size"]),
-        log_interval=arg("log_interval", saved["log_interval"]), engine=engine,
-        micro_batch_size=arg("micro_batch_size", saved["micro_batch_size"]),
-        precision=arg("precision", saved["precision"]), seed=arg("seed", saved["seed"]),
-        network=net, step_time_s=step_time_s, compute_source=source,
-        allow_nonfinite=arg("allow_nonfinite", saved["allow_nonfinite"]),
-        allow_unsynced=arg("allow_unsynced", saved["allow_unsynced"]), world=the_world,
-        trace=o.trace, participation=_resumed_participation(o, given, saved),
-        **_resumed_paging(o, given, saved, num_nodes, strategy, engine),
-        **_resumed_population(o, given, saved))
+                                                o.device_flops, int(v["batch_size"]))
+    the_world = _check_world(parse_world(v["world"]), num_nodes, net, strategy)
+    _check_engine(v["engine"], v["precision"])
+    return RunSettings.of(
+        v, num_nodes=num_nodes, total_steps=max_steps,
+        partition=parse_partition(v["partition"]),
+        eval_interval=v["eval_interval"] or recorded(saved, "eval_interval"),
+        engine=v["engine"], network=net, step_time_s=step_time_s, compute_source=source,
+        world=the_world, participation=_resumed_participation(v, given, strategy),
+        **_resumed_paging(v, num_nodes, strategy), **_resumed_population(v, given, saved))
 
 
 def _participation(participation: Any, concurrency: int | None, client_state: str, seed: int,
@@ -378,19 +358,17 @@ def _participation(participation: Any, concurrency: int | None, client_state: st
                          seed=seed)
 
 
-def _resumed_population(o: FitOptions, given: frozenset[str],
+def _resumed_population(v: dict[str, Any], given: frozenset[str],
                         saved: dict[str, Any]) -> dict[str, Any]:
     """A resumed run holds its clients as recorded (seats or a row each: its state's shape);
     the client store is the recorded one unless given (its folder must hold the records)."""
-    recorded = saved.get("population") or {}
-    seats = recorded.get("clients_in_memory") == "round"
-    asked = o.given("clients_in_memory", given, "auto")
+    seats = recorded(saved, "clients_in_memory") == "round"
+    asked = v["clients_in_memory"] if "clients_in_memory" in given else "auto"
     if asked not in ("auto", "round" if seats else "all"):
         raise ValueError(f"clients_in_memory={asked!r}: the checkpoint's run holds "
                          f"{'the round' if seats else 'all'} of its clients; a resumed run holds "
                          "them as it did")
-    return {"seats": seats, "client_store": _check_client_store(
-        o.given("client_store", given, recorded.get("client_store", "512MB")))}
+    return {"seats": seats, "client_store": _check_client_store(v["client_store"])}
 
 
 def seats_of(strategy: Strategy, num_nodes: int, fit_args: Mapping[str, Any],
@@ -466,15 +444,12 @@ def _seats(asked: str, participation: Participation | None, world: World,
     return False
 
 
-def _resumed_paging(o: FitOptions, given: frozenset[str], saved: dict[str, Any],
-                    num_nodes: int, strategy: Strategy, engine: str) -> dict[str, Any]:
+def _resumed_paging(v: dict[str, Any], num_nodes: int, strategy: Strategy) -> dict[str, Any]:
     """A resumed run pages as recorded (``resident`` must then be the checkpoint's: its
     groups); ``offload`` may change (where the pages live is not the run's state)."""
-    recorded = saved.get("paging") or {}
-    resident = o.given("resident", given, recorded.get("resident"))
-    offload = o.given("offload", given, recorded.get("offload", "host"))
-    return {"resident": _check_paging(resident, offload, num_nodes, strategy, engine),
-            "offload": offload}
+    return {"resident": _check_paging(v["resident"], v["offload"], num_nodes, strategy,
+                                      v["engine"]),
+            "offload": v["offload"]}
 
 
 def _check_paging(resident: int | None, offload: str, num_nodes: int, strategy: Strategy,
@@ -495,14 +470,15 @@ def _check_paging(resident: int | None, offload: str, num_nodes: int, strategy: 
     return resident
 
 
-def _resumed_participation(o: FitOptions, given: frozenset[str],
-                           saved: dict[str, Any]) -> Participation | None:
-    """The recorded partial participation, or the one given (which must then agree)."""
-    recorded = saved.get("participation") or {}
-    value = o.given("participation", given, recorded.get("participation"))
-    state = o.given("client_state", given, recorded.get("client_state", "fresh"))
-    return parse_participation(value, client_state=state, seed=o.given("seed", given,
-                                                                       saved["seed"]))
+def _resumed_participation(v: dict[str, Any], given: frozenset[str],
+                           strategy: Strategy) -> Participation | None:
+    """The recorded partial participation, or an asynchronous strategy's clients in flight
+    (``concurrency``), or the ones given (which must then agree)."""
+    participation = v["participation"]
+    if v["concurrency"] is not None and "participation" not in given:
+        participation = None  # an asynchronous run records its clients in flight as both
+    return _participation(participation, v["concurrency"], v["client_state"], v["seed"],
+                          strategy)
 
 
 def _check_engine(engine: str, precision: str) -> None:
@@ -592,14 +568,12 @@ class _Checkpointing:
         return {"every": self.every, "interval_s": self.interval_s, "keep": self.keep,
                 "asynchronous": self.asynchronous}
 
-    def resumed(self, saved: dict[str, Any], given: frozenset[str]) -> _Checkpointing:
-        """A resumed run writes checkpoints as it did, unless told otherwise."""
-        return _Checkpointing(
-            self.every if "checkpoint_every" in given else saved.get("every"),
-            self.interval_s if "checkpoint_interval" in given else saved.get("interval_s"),
-            self.keep if "keep_checkpoints" in given else saved.get("keep", self.keep),
-            self.asynchronous if "async_checkpoint" in given else saved.get(
-                "asynchronous", self.asynchronous))
+
+def _checkpointing(v: Mapping[str, Any]) -> _Checkpointing:
+    """How a run of the settings ``v`` (:meth:`FitOptions.values`, or ``resumed``) writes
+    checkpoints."""
+    return _Checkpointing(v["checkpoint_every"], _interval(v["checkpoint_interval"]),
+                          v["keep_checkpoints"], v["async_checkpoint"])
 
 
 def _interval(value: float | str | None) -> float | None:
@@ -723,8 +697,9 @@ def _strategy_from_config(config: dict[str, Any]) -> Strategy:
 
 def _check_same_run(saved: dict[str, Any], now: dict[str, Any], where: Path) -> None:
     """The continued run must be the checkpointed one: every recorded setting equal, but for
-    ``steps`` (a resumed run may be extended), how it writes checkpoints and where a paged run
-    keeps its pages. Raises ValueError listing every difference."""
+    those that may change (:func:`exogym.run.options.changeable_records`: ``steps``, a resumed
+    run may be extended; how it writes checkpoints; where a paged run keeps its pages). Raises
+    ValueError listing every difference."""
     def flat(config: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, value in json.loads(json.dumps(config, default=str)).items():
@@ -735,8 +710,9 @@ def _check_same_run(saved: dict[str, Any], now: dict[str, Any], where: Path) -> 
         return out
 
     a, b = flat(saved), flat(now)
+    changeable, sections = changeable_records()
     keys = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
-            and k not in ("steps", "paging.offload") and not k.startswith("checkpointing")]
+            and k not in changeable and k.split(".")[0] not in sections]
     derived = {"partition_stats", "steps_per_epoch"}  # follow from N, batch size, partition
     if any(k not in derived for k in keys):
         keys = [k for k in keys if k not in derived]
