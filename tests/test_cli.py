@@ -228,12 +228,13 @@ def test_warnings_are_one_line_in_the_cli_only(
 _SIGNALLED = """
 import os, signal, sys
 import exogym.cli as cli
+import exogym.cli.run as run_command
 
-real = cli.make_sink
+real = run_command.make_sink
 def make_sink(spec):  # the first sink is made before the data loads: set-up, not training
     os.kill(os.getpid(), signal.SIGTERM)
     return real(spec)
-cli.make_sink = make_sink
+run_command.make_sink = make_sink
 sys.exit(cli.main(sys.argv[1:]))
 """
 

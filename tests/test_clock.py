@@ -454,7 +454,7 @@ def test_run_command_reports_the_simulated_time(
 ) -> None:
     tiny = Task(id="tiny", description="test", build_model=lambda: Classifier(Tiny()),
                 load_data=lambda data_dir, download: (TRAIN, VAL), batch_size=8)
-    monkeypatch.setattr("exogym.cli.get_task", lambda task_id: tiny)
+    monkeypatch.setattr("exogym.cli.run.get_task", lambda task_id: tiny)
     out = tmp_path / "run"
     assert main(["run", "--no-progress", "--strategy", "ddp", "--nodes", "4", "--steps", "2",
                  "--network", "home-100mbps", "--step-time", "1s", "--out", str(out)]) == 0

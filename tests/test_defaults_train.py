@@ -28,7 +28,7 @@ MIN_ACCURACY = 0.95
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy_id", registry())
 def test_defaults_train_the_default_task(strategy_id: str, mnist_data: Path) -> None:
-    # Prepare: as cmd_run in exogym/cli.py builds it, with every option at its default
+    # Prepare: as `exogym run` (exogym/cli/run.py) builds it, with every option at its default
     task = get_task("mnist")
     strategy = strategies.make(strategy_id, **{"optim.lr": str(task.lr)})
     torch.manual_seed(0)
