@@ -145,6 +145,17 @@ class ClientStore:
         return len(set(self.host) | set(self.index))
 
     # -- disk ------------------------------------------------------------------------------
+    def _new_segment(self) -> Any:
+        """A segment file of this store's own, created exclusively: a number no other writer
+        holds (two runs given one folder never share a file, so neither reads the other's
+        records)."""
+        while True:
+            self._segment = max(self._segment, self._next_segment())
+            try:
+                return open(self._path(self._segment), "xb")
+            except FileExistsError:
+                self._segment += 1
+
     def _next_segment(self) -> int:
         if not self.folder.is_dir():
             return 0
@@ -159,10 +170,9 @@ class ClientStore:
         if self._file is None or self._file.tell() + record.numel() > _SEGMENT_BYTES:
             if self._file is not None:
                 self._file.close()
-                self._segment += 1
             self.folder.mkdir(parents=True, exist_ok=True)  # when first needed: a run
             # folder must be empty when the run starts
-            self._file = open(self._path(self._segment), "ab")  # noqa: SIM115 (kept open)
+            self._file = self._new_segment()
         offset = self._file.tell()
         self._file.write(record.numpy().tobytes())
         self.index[client] = (self._segment, offset, record.numel())

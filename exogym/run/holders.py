@@ -148,9 +148,9 @@ class InMemory:
         """Before an asynchronous server's first step: its first clients in flight (a
         population's seats; nodes that are always there need none)."""
 
-    def next_client(self, seat: int, clock: SimClock | None) -> None:
-        """An asynchronous server received ``seat``'s update (a population's seat takes its
-        next client; a node that is always there goes on)."""
+    def next_client(self, seat: int, clock: SimClock | None, step: int, at: float) -> None:
+        """An asynchronous server received ``seat``'s update at ``at`` (a population's seat
+        takes its next client; a node that is always there goes on)."""
 
     def close(self) -> None:
         pass
@@ -198,7 +198,8 @@ class Seats(InMemory):
         population = Population(
             s.num_nodes, s.participation, strategy.sync_period or 1, batches, store=store,
             availability=s.world.availability, speeds=s.world.client_speeds(s.num_nodes),
-            asynchronous=getattr(strategy, "asynchronous", False))
+            asynchronous=getattr(strategy, "asynchronous", False),
+            next_change=s.world.next_availability_change)
         return cls(population, nodes, comm, strategy, batches, ranks, s.total_steps)
 
     # -- rounds (exogym.run.schedule.Rounds) and an asynchronous server's clients -------------
@@ -235,8 +236,9 @@ class Seats(InMemory):
             self.population.fill(self.strategy, self.nodes, clock, self.comm.node_ids)
             self._speeds()
 
-    def next_client(self, seat: int, clock: SimClock | None) -> None:
-        self.population.replace(seat, self.strategy, self.nodes, clock, self.comm.node_ids)
+    def next_client(self, seat: int, clock: SimClock | None, step: int, at: float) -> None:
+        self.population.replace(seat, self.strategy, self.nodes, clock, self.comm.node_ids,
+                                step, at)
         self._speeds()
 
     def _speeds(self) -> None:

@@ -51,7 +51,7 @@ from exogym.run.dist import (
     keep_freed_memory,
     local_batch,
 )
-from exogym.run.result import FitResult
+from exogym.run.result import FitResult, read_json
 from exogym.run.state import RunInterrupted
 from exogym.run.trainer import Trainer, defer_stop_signals, seats_of
 from exogym.sim.comm import CommRecord
@@ -445,8 +445,12 @@ def fit_processes(
     if unknown:
         raise TypeError(f"fit_processes got unexpected arguments {unknown}; Trainer.fit takes "
                         f"{sorted(allowed)}")
+    processes = rows // nodes_per_process
+    if fit_args.get("resume") is not None:  # a resumed run has the processes it was written by
+        processes = int(read_json(Path(fit_args["resume"]) / "config.json", "resume takes a run "
+                                  "folder that exogym wrote").get("processes", processes))
     results = launch(
-        _fit_rank, rows // nodes_per_process, model, train_dataset, val_dataset, strategy,
+        _fit_rank, processes, model, train_dataset, val_dataset, strategy,
         {**fit_args, "num_nodes": num_nodes}, nodes_per_process=nodes_per_process,
         backend=backend, timeout_s=timeout_s, threads=threads, port=port)
     return results[0]

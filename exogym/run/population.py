@@ -76,23 +76,32 @@ class Population:
         asynchronous: the seats are an asynchronous server's clients in flight (filled at
             the start, a seat's next client drawn when the server receives its update:
             :meth:`fill`, :meth:`replace`), not rounds.
+        next_change: the next simulated time after a given one at which the world's
+            availability may change (a round with no client up waits for it), or None.
     """
 
     def __init__(self, num_clients: int, participation: Participation, period: int,
                  batches: ClientBatches, *, store: ClientStore | None = None,
                  availability: Callable[[float], Availability | None] | None = None,
-                 speeds: np.ndarray | None = None, asynchronous: bool = False) -> None:
+                 speeds: np.ndarray | None = None, asynchronous: bool = False,
+                 next_change: Callable[[float], float | None] | None = None) -> None:
         if participation.client_state == "keep" and store is None:
             raise ValueError("client_state='keep' needs a client store")
+        if asynchronous and (participation.count or 0) >= num_clients:
+            raise ValueError(f"concurrency={participation.count} must be below the "
+                             f"population's {num_clients} clients: a client whose update "
+                             "arrives is replaced by one not in flight")
         self.num_clients, self.participation, self.period = num_clients, participation, period
         self.num_seats = participation.per_round(num_clients)
         self.batches, self.store, self.availability = batches, store, availability
-        self.speeds, self.asynchronous = speeds, asynchronous
+        self.speeds, self.asynchronous, self.next_change = speeds, asynchronous, next_change
         self.seated: list[int] = []  # this round's clients, sorted (seat j: the j-th)
         self.previous: list[int] = []  # the previous round's
         self.rounds: list[list[int]] = []  # every round's clients (a round: K ints)
-        # an asynchronous server's draws after the first: the seat each new client took
+        # an asynchronous server's draws after the first: the seat each new client took, and
+        # the step it took it at
         self.draw_seats: list[int] = []
+        self.draw_steps: list[int] = []
         self.sent = np.zeros(num_clients)  # per client (module docstring)
         self.received = np.zeros(num_clients)
         self._joining = False  # sends are joins: from the seat's previous occupant
@@ -112,23 +121,68 @@ class Population:
                     recovered: Callable[[int, int, int, float, float], None],
                     feed: Callable[[], None]) -> None:
         """Draw, seat and prepare the round starting at ``step`` (the module docstring);
-        ``recovered(client, donor, bytes, seconds)`` is told of each join once ``feed`` has
-        given the clock its transfer (``recovered(seat, client, donor, bytes, seconds)``)."""
-        now = clock.now if clock is not None else 0.0
-        up = self.availability(now) if self.availability is not None else None
-        clients = self.participation.draw_ids(step // self.period, self.num_clients, up)
+        ``recovered(seat, client, donor, bytes, seconds)`` is told of each join once ``feed``
+        has given the clock its transfer."""
+        clients, up = self._draw(step, clock)
         self.previous, self.seated = self.seated, clients
         self.rounds.append(list(clients))
+        self.batches.forget([c for c in self.previous if c not in set(clients)])
         nodes.row_ids = self.seated_rows(comm.node_ids)
         self.apply_speeds(clock)
+        self._carry_staying(nodes, comm)
         for row, seat in enumerate(comm.node_ids):
             if seat < len(clients):
                 self._own_state(strategy, row, clients[seat])
             else:
                 strategy.restart_row(row)
         joins = self._joins(up)
-        if not joins:
+        if joins:
+            self._receive(joins, strategy, clock, recovered, feed)
+
+    def _draw(self, step: int, clock: SimClock | None) -> tuple[list[int], Availability | None]:
+        """The round's clients, drawn among those up when it starts; if none is, the seats
+        wait for the next moment the world's availability changes (as the rows path waits for
+        a quorum of one), then draw again."""
+        now = clock.now if clock is not None else 0.0
+        for _ in range(100_000):
+            up = self.availability(now) if self.availability is not None else None
+            clients = self.participation.draw_ids(step // self.period, self.num_clients, up)
+            later = self.next_change(now) if not clients and self.next_change else None
+            if clients or later is None:
+                break
+            if clock is not None:
+                for seat in range(self.num_seats):
+                    clock.wait(seat, later)
+            now = later
+        if not clients:
+            raise RuntimeError(f"no client of the {self.num_clients:,} is available for the "
+                               f"round at step {step} (simulated time {now:.1f} s), and the "
+                               "world's availability never changes after it")
+        return clients, up
+
+    def _carry_staying(self, nodes: NodeStack, comm: Communicator) -> None:
+        """A client staying from the previous round keeps its own model (parameters and
+        buffers, as its row does in a run with a row per client): copied from the seat it held
+        to the seat it takes (not traffic: it is the client's own). Only the seats whose
+        client changes are touched."""
+        before = {c: seat for seat, c in enumerate(self.previous)}
+        moves = [(seat, before[c]) for seat, c in enumerate(self.seated)
+                 if c in before and before[c] != seat]
+        if not moves:
             return
+        local = list(comm.node_ids)
+        with torch.no_grad():
+            for t in [*nodes.params.values(), *nodes.buffers.values()]:
+                rows = [comm.fetch_row(t, src) for _, src in moves]  # all read before written
+                for (seat, _), row in zip(moves, rows, strict=True):
+                    if seat in local:
+                        t[local.index(seat)].copy_(row)
+
+    def _receive(self, joins: list[tuple[int, int]], strategy: Strategy,
+                 clock: SimClock | None, recovered: Callable[[int, int, int, float, float], None],
+                 feed: Callable[[], None]) -> None:
+        """The joining clients receive the global model, each from its donor."""
+        clients = self.seated
         self._joining = True
         links = _SeatLinks(clock)
         done = []
@@ -203,14 +257,15 @@ class Population:
         self.apply_speeds(clock)
 
     def replace(self, seat: int, strategy: Strategy, nodes: NodeStack,
-                clock: SimClock | None, local: Sequence[int]) -> int:
+                clock: SimClock | None, local: Sequence[int], step: int, at: float) -> int:
         """An asynchronous server received seat ``seat``'s update: its client leaves (writing
         its state back if it keeps one) and the next client drawn among the available ones
-        not in flight takes the seat, with its own state and speed; the new client."""
+        not in flight takes the seat, with its own state and speed; the new client. ``at``:
+        when the update arrived (who is available then is drawn from); ``step``: the run's."""
         row = local.index(seat) if seat in local else None
         if self.store is not None and row is not None:
             self.store.save(self.seated[seat], strategy, row)
-        now = clock.t[seat] if clock is not None else 0.0
+        now = at
         up = self.availability(now) if self.availability is not None else None
         flying = np.asarray(self.seated, dtype=np.int64)
 
@@ -225,6 +280,8 @@ class Population:
         self.seated[seat] = client
         self.rounds.append([client])
         self.draw_seats.append(seat)
+        self.draw_steps.append(step)
+        self.batches.forget([flying[seat]])
         nodes.row_ids = self.seated_rows(local)
         if row is not None:
             self._own_state(strategy, row, client)
@@ -274,7 +331,14 @@ class Population:
 
     def client_of(self, seat: int, step: int) -> int:
         """Who sat in ``seat`` at ``step``."""
-        return self.rounds[min(step // self.period, len(self.rounds) - 1)][seat]
+        if not self.asynchronous:
+            return self.rounds[min(step // self.period, len(self.rounds) - 1)][seat]
+        client = self.rounds[0][seat]
+        for (drawn,), s, when in zip(self.rounds[1:], self.draw_seats, self.draw_steps,
+                                     strict=True):
+            if s == seat and when <= step:
+                client = drawn
+        return client
 
     def totals(self) -> tuple[np.ndarray, np.ndarray]:
         """Every client's bytes sent and received so far."""
@@ -298,6 +362,7 @@ class Population:
                                        dtype=torch.int64),
                 "round_sizes": [len(r) for r in self.rounds], "seated": list(self.seated),
                 "previous": list(self.previous), "draw_seats": list(self.draw_seats),
+                "draw_steps": list(self.draw_steps),
                 "touched": torch.from_numpy(touched),
                 "sent": torch.from_numpy(self.sent[touched]),
                 "received": torch.from_numpy(self.received[touched]),
@@ -312,6 +377,7 @@ class Population:
         self.seated = [int(c) for c in state["seated"]]
         self.previous = [int(c) for c in state["previous"]]
         self.draw_seats = [int(s) for s in state["draw_seats"]]
+        self.draw_steps = [int(s) for s in state["draw_steps"]]
         touched = state["touched"].numpy()
         self.sent[:], self.received[:] = 0.0, 0.0
         self.sent[touched] = state["sent"].numpy()

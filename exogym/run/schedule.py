@@ -73,8 +73,9 @@ class Stepped(Protocol):
         """``(node, bytes)`` of the updates pushed at the step just computed, taken."""
         ...
 
-    def deliver(self, node: int) -> float:
-        """A push reaches the server; the bytes of the model it sends back."""
+    def deliver(self, node: int, at: float, final: bool) -> float:
+        """A push reaches the server at ``at``; the bytes of the model it sends back
+        (``final``: the run's end, no other round follows)."""
         ...
 
 
@@ -223,14 +224,15 @@ class PerNodeTimelines:
             for node, at in clock.serve_pushes(math.inf, final=True):
                 tl.arrive(node, at)
             while tl.in_flight:
-                self._deliver(run, *tl.pop_arrival())
+                self._deliver(run, *tl.pop_arrival(), final=True)
         return tl.fastest
 
-    def _deliver(self, run: Stepped, arrival: float, seq: int, node: int) -> None:
+    def _deliver(self, run: Stepped, arrival: float, seq: int, node: int,
+                 final: bool = False) -> None:
         """A push reaches the server: it applies the update and replies to the node (a
-        population's seat: its next client)."""
+        population's seat: its next client, drawn among those available at the arrival)."""
         assert run.clock is not None
-        run.clock.reply(node, run.deliver(node), arrival)
+        run.clock.reply(node, run.deliver(node, arrival, final), arrival)
         self.timelines.waiting[node] = False
 
     def state_dict(self) -> dict[str, Any]:

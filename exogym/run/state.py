@@ -366,11 +366,13 @@ class Run:
         outbox.clear()
         return out
 
-    def deliver(self, node: int) -> float:
-        """A push reaches the server: it applies the update; the node (a population's seat:
-        its next client) receives the server's model; the bytes of that reply."""
+    def deliver(self, node: int, at: float, final: bool = False) -> float:
+        """A push reaches the server at ``at``: it applies the update; the node (a
+        population's seat: its next client, unless the run is ending) receives the server's
+        model; the bytes of that reply."""
         self.strategy.receive(node)  # type: ignore[attr-defined]
-        self.held.next_client(node, self.clock)
+        if not final:
+            self.held.next_client(node, self.clock, self.step, at)
         return self.strategy.restart(node)  # type: ignore[attr-defined, no-any-return]
 
     @property

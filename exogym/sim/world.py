@@ -342,15 +342,46 @@ class World:
             return None
         trace, online = self.trace, self.online
 
+        known: dict[int, bool] = {}  # trace node -> up at t (each tested once per draw)
+        every: list[np.ndarray] = []  # all T trace nodes' states, once a draw asks for many
+
+        def traced(nodes: np.ndarray) -> np.ndarray:
+            assert trace is not None
+            if every:
+                return every[0][nodes]
+            if len(nodes) > len(trace.up) // 4:  # most of the trace: test every node once
+                every.append(np.array([trace.is_up(j, t) for j in range(len(trace.up))]))
+                return every[0][nodes]
+            for j in set(nodes.tolist()) - set(known):
+                known[j] = trace.is_up(j, t)
+            return np.array([known[j] for j in nodes.tolist()], dtype=bool)
+
         def up(ids: np.ndarray) -> np.ndarray:
             ids = np.asarray(ids, dtype=np.int64)
             ok = online.up(ids, t) if online is not None else np.ones(len(ids), dtype=bool)
-            if trace is not None:
-                for j in np.flatnonzero(ok):
-                    ok[j] = trace.is_up(int(ids[j]), t)
+            if trace is not None and ok.any():
+                ok[ok] = traced(ids[ok] % len(trace.up))
             return ok
 
         return up
+
+    def next_availability_change(self, t: float) -> float | None:
+        """The first time after ``t`` at which the availability of some node may change: the
+        next ``online`` session, the next start or end of a trace interval (None: it never
+        changes again)."""
+        times = []
+        if self.online is not None:
+            times.append((math.floor(t / self.online.session_s) + 1) * self.online.session_s)
+        if self.trace is not None:
+            for intervals, period in zip(self.trace.up, self.trace.period_s, strict=True):
+                base, local = (0.0, t) if period is None else (t - math.fmod(t, period),
+                                                              math.fmod(t, period))
+                edges = [e for a, b in intervals for e in (a, b) if e > local and e != math.inf]
+                if edges:
+                    times.append(base + min(edges))
+                elif period is not None and intervals:
+                    times.append(base + period + intervals[0][0])
+        return min(times) if times else None
 
     def is_up(self, node: int, t: float, step: int) -> bool:
         """Whether ``node`` is up when its clock reads ``t`` before step ``step`` (0-based)."""
@@ -631,7 +662,7 @@ def _number(text: str) -> float:
 def speeds_of(world: World, network_speeds: Sequence[float]) -> tuple[float, ...]:
     """The compute speeds of a run: the world's, or the network's ``node_speed`` (kept for
     compatibility) when the world sets none; both set is an error."""
-    mine = world.speed is not None or world.speed_sigma
+    mine = world.speed is not None or world.speed_sigma or world.speed_halfnormal is not None
     theirs = any(s != 1.0 for s in network_speeds)
     if mine and theirs:
         raise ValueError("node speeds are given twice (the world's speed and the network's "

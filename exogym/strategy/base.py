@@ -315,8 +315,9 @@ class Strategy(metaclass=_Recognising):
         the donor's parameters and buffers, its inner optimizer state (``recovery="copy"``) and
         the strategy's own per-node state (:meth:`node_state`); ``recovery="restart"`` gives
         the node a fresh optimizer state instead. What the node had not sent (error-feedback
-        residuals) is lost. Methods with a global model override it (DiLoCo: the global model
-        and the outer optimizer's momentum)."""
+        residuals) is lost, unless it keeps its own state (``recovery="keep"``: a client of a
+        population that returns with its stored residuals). Methods with a global model
+        override it (DiLoCo: the global model and the outer optimizer's momentum)."""
         tensors = list(self.nodes.params.values()) + list(self.nodes.buffers.values())
         tensors += list(self.node_state().values())
         if self.recovery == "copy":
@@ -343,9 +344,9 @@ class Strategy(metaclass=_Recognising):
             elif self.recovery == "copy":
                 self.node_steps[row] = steps
         residuals = getattr(self.transport_codec, "residuals", None)
-        if residuals and row is not None:
-            for e in residuals.values():
-                e[row].zero_()
+        if residuals and row is not None and self.recovery != "keep":
+            for e in residuals.values():  # what the node had not sent is lost; a client
+                e[row].zero_()              # that keeps its state keeps them
 
     def client_state(self) -> list[Tensor]:
         """The node-stacked tensors that are a node's own state besides its model: the inner
