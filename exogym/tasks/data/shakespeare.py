@@ -29,7 +29,8 @@ from torch.utils.data import Dataset
 from exogym.tasks.data.download import RemoteFile, ensure_files, mirrors_for
 from exogym.tasks.data.paths import resolve_data_dir
 
-__all__ = ["FILE", "MIRRORS", "CharVocab", "ShakespeareChar", "load_shakespeare", "split_text"]
+__all__ = ["FILE", "MIRRORS", "CharVocab", "ShakespeareChar", "load_shakespeare", "read_text",
+           "split_text"]
 
 MIRRORS: tuple[str, ...] = (
     "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/",
@@ -169,8 +170,15 @@ def load_shakespeare(
         DatasetNotFoundError: ``input.txt`` missing and not downloadable.
         ChecksumError: the local ``input.txt`` is corrupted.
     """
+    return split_text(read_text(data_dir, download=download), block_size, train_stride,
+                      val_stride)
+
+
+def read_text(data_dir: str | os.PathLike[str] | None = None, *,
+              download: bool = True) -> str:
+    """The text of ``input.txt``, found in ``<data_dir>/tinyshakespeare`` (downloaded when
+    missing and allowed) and verified by its SHA-256."""
     folder = resolve_data_dir(data_dir) / _SUBDIR
     (path,) = ensure_files(folder, [FILE], mirrors_for(_SUBDIR, MIRRORS), dataset=_SUBDIR,
                            download=download)
-    text = Path(path).read_text(encoding="utf-8")
-    return split_text(text, block_size, train_stride, val_stride)
+    return Path(path).read_text(encoding="utf-8")

@@ -63,14 +63,11 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
 
-from exogym.tasks.data.download import ensure_files, mirrors_for
-from exogym.tasks.data.paths import resolve_data_dir
-from exogym.tasks.data.shakespeare import FILE, MIRRORS, CharVocab
+from exogym.tasks.data.shakespeare import CharVocab, read_text
 
 __all__ = [
     "NAME_PATTERN",
@@ -86,7 +83,6 @@ NAME_PATTERN = r"[A-Z](?:[A-Za-z ,&-]*[A-Za-z])?"
 """A speaker's name as written (the line is the name and a colon)."""
 
 _SPEAKER = re.compile(f"({NAME_PATTERN}):")
-_SUBDIR = "tinyshakespeare"
 
 
 @dataclass(frozen=True)
@@ -293,8 +289,5 @@ def load_shakespeare_roles(
         DatasetNotFoundError: ``input.txt`` missing and not downloadable.
         ChecksumError: the local ``input.txt`` is corrupted.
     """
-    folder = resolve_data_dir(data_dir) / _SUBDIR
-    (path,) = ensure_files(folder, [FILE], mirrors_for(_SUBDIR, MIRRORS), dataset=_SUBDIR,
-                           download=download)
-    text = Path(path).read_text(encoding="utf-8")
-    return split_roles(text, block_size, min_windows=min_windows)
+    return split_roles(read_text(data_dir, download=download), block_size,
+                       min_windows=min_windows)
