@@ -1,0 +1,302 @@
+"""One torchft replica's training loop (a process of a ``--ft`` run; :mod:`exogym.run.ft`).
+
+:func:`run_replica` builds the replica's nodes, data order and strategy exactly as a process of
+``--engine process`` does (the run's :class:`NodeBatches` over all ``N`` nodes with the run's
+seed, only this replica's rows fetched), joins the quorum through a :class:`torchft.Manager`
+and trains:
+
+- a step that certainly makes no collective runs on its own;
+- any other step is a transaction: the replica keeps its state (:func:`replica_state`, also
+  what it serves to a healing peer), asks for a quorum (which heals it if it is behind),
+  computes, and commits only if torchft says every collective of the step succeeded; otherwise
+  it restores the kept state and does the step again with the next quorum.
+
+A replica started after a death (``generation > 0``) asks for a quorum before its first step:
+it is behind (the others committed their first quorum when the run started), so torchft heals
+it from a live peer, and it trains on from the peer's step in that quorum.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from exogym.run.dist import keep_freed_memory, local_batch, local_node_ids
+from exogym.run.ft import (
+    FTCommunicator,
+    KillPoint,
+    ReplicaLog,
+    die,
+    load_replica_state,
+    replica_state,
+    require_torchft,
+    state_bytes,
+)
+from exogym.sim.engine import EngineName, NodeStack
+from exogym.sim.sharding import DatasetFactory, NodeBatches
+from exogym.strategy.base import Strategy
+
+__all__ = ["ReplicaSpec", "checkpoint_path", "newest_checkpoint", "run_replica"]
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """What one replica process is told (picklable; :func:`exogym.run.ft_launch.fit_ft`).
+
+    Attributes:
+        replica: its index; replicas: how many the run has; nodes_per_replica: ``n_local``.
+        generation: 0 for the run's first processes, ``g`` for the ``g``-th restart.
+        kills: where this process SIGKILLs itself (the chaos harness's plan for this life).
+        lighthouse: the Lighthouse's address (``http://HOST:PORT``); hostname: the address
+            this replica's manager advertises to its peers (they fetch its state from it).
+        timeout_s: torchft's collective and heal timeout; quorum_timeout_s: how long a
+            replica waits for a quorum.
+        checkpoint_every: write ``ckpt/replica{r}.pt`` after every this many steps (None: no
+            checkpoints); resume: start from the newest checkpoint in ``out_dir/ckpt``.
+    """
+
+    replica: int
+    replicas: int
+    nodes_per_replica: int
+    max_steps: int
+    batch_size: int
+    seed: int
+    out_dir: str
+    lighthouse: str
+    t0: float
+    generation: int = 0
+    kills: tuple[KillPoint, ...] = ()
+    hostname: str = "127.0.0.1"
+    timeout_s: float = 10.0
+    quorum_timeout_s: float = 60.0
+    checkpoint_every: int | None = None
+    resume: bool = False
+    engine: EngineName = "loop"
+    threads: int = 1
+
+    @property
+    def num_nodes(self) -> int:
+        return self.replicas * self.nodes_per_replica
+
+
+def checkpoint_path(out_dir: str | Path, replica: int) -> Path:
+    return Path(out_dir) / "ckpt" / f"replica{replica}.pt"
+
+
+def newest_checkpoint(out_dir: str | Path, replica: int) -> tuple[dict[str, Any], bool] | None:
+    """The state to resume ``replica`` from: the newest step among the replicas' checkpoints;
+    its own file when that is at the newest step (exact), else a peer's (healed from it).
+    None when there is none."""
+    found = []
+    for path in sorted((Path(out_dir) / "ckpt").glob("replica*.pt")):
+        state = torch.load(path, weights_only=False)
+        found.append((int(state["step"]), int(state["replica"]) == replica, state))
+    if not found:
+        return None
+    step, own, state = max(found, key=lambda f: (f[0], f[1]))
+    return state, own
+
+
+class _Replica:
+    """The loop's state: the step, committed synchronisations, the kept state."""
+
+    def __init__(self, spec: ReplicaSpec, model: nn.Module, data: Dataset | DatasetFactory,
+                 strategy: Strategy) -> None:
+        self.spec = spec
+        self.log = ReplicaLog(Path(spec.out_dir), spec.replica, spec.t0, spec.generation)
+        self.log.event("started", 0)
+        self.batches = NodeBatches(data, spec.num_nodes, spec.batch_size, seed=spec.seed)
+        self.nodes = NodeStack(model, spec.nodes_per_replica, device="cpu", engine=spec.engine)
+        self.node_ids = local_node_ids(spec.replica, spec.nodes_per_replica)
+        self.manager = self._manager()
+        self.comm = FTCommunicator(self.manager, spec.num_nodes, self.node_ids,
+                                   before_collective=lambda: self._kill("collective"))
+        self.strategy = copy.deepcopy(strategy)
+        self.strategy.setup(self.nodes, self.comm, spec.max_steps)
+        self.step = self.syncs = self.trained = 0
+        self.kept: dict[str, Any] | None = None
+        self.healed: dict[str, Any] | None = None
+        self.heals = 0
+        self.quorum_id: Any = None
+
+    def _manager(self) -> Any:
+        require_torchft()
+        from torch.distributed import TCPStore
+        from torchft import Manager, ProcessGroupGloo
+
+        spec = self.spec
+        # the replica group's store (a group of one process: this one hosts it)
+        self.store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        timeout = timedelta(seconds=spec.timeout_s)
+        return Manager(
+            pg=ProcessGroupGloo(timeout=timeout), load_state_dict=self._load,
+            state_dict=self._serve, min_replica_size=1, use_async_quorum=False,
+            timeout=timeout, quorum_timeout=timedelta(seconds=spec.quorum_timeout_s),
+            connect_timeout=timeout, rank=0, world_size=1, store_addr="127.0.0.1",
+            store_port=self.store.port, lighthouse_addr=spec.lighthouse,
+            replica_id=f"replica{spec.replica}", hostname=spec.hostname,
+            init_sync=False)  # every replica builds the same seeded model: no heal at step 0
+
+    # -- torchft's callbacks -------------------------------------------------------------------
+    def _serve(self) -> dict[str, Any]:
+        """The state a healing peer receives: this replica's at the start of the step its quorum
+        is for."""
+        self._kill("serve")
+        assert self.kept is not None, "a state is served only during a quorum"
+        return self.kept
+
+    def _load(self, state: dict[str, Any]) -> None:
+        self._kill("heal")
+        start = time.perf_counter()
+        load_replica_state(state, self.strategy, self.nodes, self.batches, own=False)
+        self.step, self.syncs = int(state["step"]), int(state["syncs"])
+        self.healed = {"donor_replica": int(state["replica"]), "bytes": state_bytes(state),
+                       "load_s": time.perf_counter() - start}
+
+    # -- the loop ------------------------------------------------------------------------------
+    def _kill(self, at: str) -> None:
+        if any(k.due(self.step, at) for k in self.spec.kills):
+            die()
+
+    def _keep(self) -> None:
+        self.kept = replica_state(self.strategy, self.nodes, self.batches, self.step,
+                                  self.syncs, self.spec.replica)
+
+    def _quorum(self) -> None:
+        """Keep the state, ask for a quorum (a heal loads a peer's state), note changes."""
+        self._keep()
+        asked = time.perf_counter()
+        self.manager.start_quorum()
+        if self.healed is not None:  # a peer's state: keep it for a discarded step
+            self._keep()
+            self.log.event("recovery", self.step, duration_s=time.perf_counter() - asked,
+                           **self.healed)
+            self.healed = None
+            self.heals += 1
+        quorum = self.manager._quorum_id  # torchft keeps no public accessor for it
+        if quorum != self.quorum_id:
+            self.quorum_id = quorum
+            self.log.event("quorum", self.step, replicas=self.manager.num_participants(),
+                           quorum_id=quorum)
+
+    def _compute(self) -> float:
+        self.comm.step = self.step
+        batch = self.nodes.to_batch_device(local_batch(self.batches, self.node_ids))
+        losses = self.nodes.forward_backward(batch)
+        self.strategy.step(self.step)
+        self.nodes.zero_grad()
+        return float(losses.mean())
+
+    def _joined(self) -> bool:
+        """Commit the first quorum after an all-reduce of one number (a barrier: a peer that
+        heals in it has fetched its state before any replica commits, which ends serving)."""
+        from torch.distributed import ReduceOp
+
+        self.manager.allreduce(torch.zeros(1), reduce_op=ReduceOp.SUM).wait()
+        return bool(self.manager.should_commit())
+
+    def _sync_step(self, asked: bool) -> None:
+        if not asked:
+            self._quorum()
+        made = len(self.comm.log)
+        counted = (list(self.comm.bytes_sent), list(self.comm.bytes_received))
+        loss = float("nan")
+        if self.manager.errored() is None:
+            try:
+                loss = self._compute()
+            except Exception:
+                if self.manager.errored() is None:
+                    raise  # not a failed collective: a bug, not a failure to survive
+        if self.manager.should_commit():
+            self.syncs += len(self.comm.log) > made
+            self._committed(loss)
+            return
+        assert self.kept is not None
+        self.log.event("discarded", self.step, error=str(self.manager.errored() or ""))
+        load_replica_state(self.kept, self.strategy, self.nodes, self.batches, own=True)
+        del self.comm.log[made:]
+        self.comm.bytes_sent, self.comm.bytes_received = counted
+
+    def _local_step(self) -> None:
+        made = len(self.comm.log)
+        loss = self._compute()
+        if len(self.comm.log) != made:
+            raise RuntimeError(f"{self.strategy.id} said step {self.step} makes no collective "
+                               "(communicates() is False) but made one")
+        self._committed(loss)
+
+    def _committed(self, loss: float) -> None:
+        self.log.row(self.step, loss, self.manager.num_participants())
+        self.step += 1
+        self.trained += 1
+        every = self.spec.checkpoint_every
+        if every and self.step % every == 0:
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        path = checkpoint_path(self.spec.out_dir, self.spec.replica)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save(replica_state(self.strategy, self.nodes, self.batches, self.step,
+                                 self.syncs, self.spec.replica), tmp)
+        self._kill("checkpoint")  # written, not yet in place: the previous one stays whole
+        os.replace(tmp, path)
+
+    def run(self) -> dict[str, Any] | None:
+        """Train to the last step; the result, or None for a restarted replica that found no
+        live peer to heal from (the others had finished, or were all dead)."""
+        spec = self.spec
+        if spec.resume and (found := newest_checkpoint(spec.out_dir, spec.replica)):
+            state, own = found
+            load_replica_state(state, self.strategy, self.nodes, self.batches, own=own)
+            self.step, self.syncs = int(state["step"]), int(state["syncs"])
+            self.log.event("resumed", self.step, own=own, donor_replica=int(state["replica"]))
+        self._quorum()
+        if spec.generation == 0:  # the run's first quorum: committed by every first process
+            while not self._joined():
+                self._quorum()
+            pending = False
+        elif self.heals == 0:  # every first process committed a quorum: no one is ahead of it
+            self.log.event("no_peer", self.step)
+            return None
+        else:  # healed in that quorum: its step is this replica's next
+            pending = True
+        while self.step < spec.max_steps:
+            self._kill("step")
+            if pending or self.strategy.communicates(self.step) is not False:
+                self._sync_step(asked=pending)
+                pending = False
+            else:
+                self._local_step()
+        return {"replica": spec.replica, "generation": spec.generation, "step": self.step,
+                "syncs": self.syncs, "trained": self.trained,
+                "global_state": {k: v.detach().cpu().clone()
+                                 for k, v in self.strategy.global_state().items()}}
+
+
+def run_replica(spec: ReplicaSpec, model: nn.Module, data: Dataset | DatasetFactory,
+                strategy: Strategy) -> None:
+    """A replica process's body: train, then write ``replica{r}.result.pt`` (renamed into
+    place: a death while writing leaves none) and leave the quorum."""
+    keep_freed_memory()
+    os.environ.setdefault("RUST_LOG", "warn")  # torchft's Rust side logs every quorum at info
+    torch.set_num_threads(spec.threads)
+    torch.manual_seed(spec.seed)
+    replica = _Replica(spec, model, data, strategy)
+    result = replica.run()
+    if result is not None:
+        out = Path(spec.out_dir)
+        tmp = out / f".replica{spec.replica}.result.tmp"
+        torch.save(result, tmp)
+        os.replace(tmp, out / f"replica{spec.replica}.result.pt")
+    replica.log.close()
+    replica.manager.shutdown(wait=False)
