@@ -51,7 +51,7 @@ class FTError(RuntimeError):
 class Kill:
     """One death of the chaos harness: ``replica`` SIGKILLs itself at ``step`` (at ``at``, a
     :class:`KillPoint` point) and is started again ``restart_after_s`` seconds later (None:
-    never). A replica's kills apply to its lives in step order: the first to the first
+    never). A replica's kills apply to its lives in the order given: the first to its first
     process, the second to the process that replaced it, and so on."""
 
     replica: int
@@ -110,8 +110,7 @@ class _Supervisor:
     def __init__(self, spec: ReplicaSpec, model: nn.Module, data: Dataset | DatasetFactory,
                  strategy: Strategy, kills: Sequence[Kill], max_restarts: int) -> None:
         self.spec, self.model, self.data, self.strategy = spec, model, data, strategy
-        self.kills = {r: sorted((k for k in kills if k.replica == r), key=lambda k: k.step)
-                      for r in range(spec.replicas)}
+        self.kills = {r: [k for k in kills if k.replica == r] for r in range(spec.replicas)}
         self.max_restarts = max_restarts
         self.lives = [_Life() for _ in range(spec.replicas)]
         self.events: list[dict[str, Any]] = []

@@ -102,7 +102,7 @@ def newest_checkpoint(out_dir: str | Path, replica: int) -> tuple[dict[str, Any]
         found.append((int(state["step"]), int(state["replica"]) == replica, state))
     if not found:
         return None
-    step, own, state = max(found, key=lambda f: (f[0], f[1]))
+    _, own, state = max(found, key=lambda f: (f[0], f[1]))
     return state, own
 
 

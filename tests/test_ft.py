@@ -1,0 +1,233 @@
+"""--ft (exogym/run/ft.py, ft_replica.py, ft_launch.py): the communicator's arithmetic on small
+tensors by hand, the refusals, and real runs of torchft replicas on this machine: without a
+failure they give the simulator's numbers; with replicas SIGKILLed at chosen points they end
+normally, every live replica with the same global model, every synchronisation applied once."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.data import TensorDataset
+
+from exogym import Trainer
+from exogym.run.ft import (
+    FTCommunicator,
+    FTUnavailable,
+    KillPoint,
+    check_ft_strategy,
+    require_torchft,
+)
+from exogym.sim.comm import all_reduce_bytes
+from exogym.strategy import make
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+class TinyBN(nn.Module):
+    """Linear -> BatchNorm -> tanh -> Linear: parameters, float and integer buffers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.fc1 = nn.Linear(6, 8, bias=False)
+        self.bn = nn.BatchNorm1d(8)
+        self.fc2 = nn.Linear(8, 3)
+
+    def forward(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        x, y = batch
+        return F.cross_entropy(self.fc2(torch.tanh(self.bn(self.fc1(x)))), y)
+
+
+def dataset() -> TensorDataset:
+    g = torch.Generator().manual_seed(3)
+    return TensorDataset(torch.randn(192, 6, generator=g),
+                         torch.randint(0, 3, (192,), generator=g))
+
+
+class FakeManager:
+    """A torchft Manager's face for the communicator: the quorum has ``participants``
+    replicas; the others' contribution to every sum is ``other`` (flat, per call)."""
+
+    def __init__(self, participants: int, rank: int, others: list[Tensor]) -> None:
+        self.participants, self.rank, self.others = participants, rank, list(others)
+
+    def num_participants(self) -> int:
+        return self.participants
+
+    def participating_rank(self) -> int:
+        return self.rank
+
+    def allreduce(self, t: Tensor, reduce_op: Any) -> Any:
+        t.add_(self.others.pop(0))
+        return type("Work", (), {"wait": lambda self: None})()
+
+
+# -- the arithmetic, by hand -----------------------------------------------------------------
+def test_mean_divides_by_the_quorum_nodes_and_bytes_are_a_ring_over_them() -> None:
+    # replica 1 of a run of 3 replicas x 2 nodes; the quorum has 2 replicas (one is dead)
+    comm = FTCommunicator(FakeManager(2, 1, [torch.tensor([10.0, 20.0])]), 6, [2, 3])
+    rows = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    out = comm.all_reduce(rows, "mean")
+    # local sum [4, 6]; + the other replica's [10, 20] = [14, 26]; / (2 replicas x 2 nodes)
+    assert torch.equal(out, torch.tensor([3.5, 6.5]))
+    each = all_reduce_bytes(8, 4)  # 8 bytes among 4 nodes: 2 * 3/4 * 8 = 12
+    assert each == 12.0
+    assert comm.bytes_sent == [0.0, 0.0, each, each, 0.0, 0.0]
+    assert comm.bytes_received == comm.bytes_sent
+
+
+def test_sum_and_integer_mean() -> None:
+    comm = FTCommunicator(FakeManager(3, 0, [torch.tensor([5.0]), torch.tensor([7])]), 3, [0])
+    assert torch.equal(comm.all_reduce(torch.tensor([[2.0]]), "sum"), torch.tensor([7.0]))
+    # integer mean truncates toward zero, as in one process: (1 + 7) // 3 = 2
+    assert torch.equal(comm.all_reduce(torch.tensor([[1]]), "mean"), torch.tensor([2]))
+
+
+def test_broadcast_sends_the_quorums_first_replica() -> None:
+    first = FTCommunicator(FakeManager(2, 0, [torch.zeros(2)]), 4, [0, 1])
+    assert torch.equal(first.broadcast(torch.tensor([[1.0, 2.0], [3.0, 4.0]]), 0),
+                       torch.tensor([1.0, 2.0]))
+    other = FTCommunicator(FakeManager(2, 1, [torch.tensor([1.0, 2.0])]), 4, [2, 3])
+    # a replica that is not the first contributes zeros: it receives the first one's row
+    assert torch.equal(other.broadcast(torch.tensor([[9.0, 9.0], [9.0, 9.0]]), 0),
+                       torch.tensor([1.0, 2.0]))
+
+
+def test_all_gather_is_refused() -> None:
+    comm = FTCommunicator(FakeManager(1, 0, []), 1, [0])
+    with pytest.raises(RuntimeError, match="all-gather under --ft"):
+        comm.all_gather(torch.zeros(1, 2))
+
+
+# -- refusals -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(("sid", "why"), [
+    ("sparta", "never hold one model"), ("demo", "all-gather"), ("noloco", "point-to-point"),
+    ("diloco_eager", "one round late"), ("fedbuff", "asynchronous"),
+])
+def test_strategies_without_ft_are_refused_by_name(sid: str, why: str) -> None:
+    with pytest.raises(ValueError, match=f"--ft does not take {sid}: .*{why}"):
+        check_ft_strategy(make(sid))
+
+
+def test_ft_strategies_are_taken() -> None:
+    for sid in ("ddp", "fedavg", "diloco", "streaming_diloco", "fedadam"):
+        check_ft_strategy(make(sid))
+
+
+def test_missing_torchft_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torchft", None)
+    with pytest.raises(FTUnavailable, match=r"pip install 'exogym\[ft\]'.*Linux x86-64"):
+        require_torchft()
+
+
+def test_kill_points_are_checked() -> None:
+    with pytest.raises(ValueError, match="one of step, collective, heal, serve, checkpoint"):
+        KillPoint(3, "lunch")
+    with pytest.raises(ValueError, match="integer >= 0"):
+        KillPoint(-1)
+
+
+# -- real replicas ----------------------------------------------------------------------------
+torchft = pytest.importorskip("torchft", reason="--ft needs torchft (pip install 'exogym[ft]')")
+
+from exogym.run.ft_launch import FTResult, Kill, fit_ft  # noqa: E402
+
+STEPS, BATCH, REPLICAS = 12, 4, 3
+
+
+def ft_run(strategy: Any, out: Path, **kw: Any) -> FTResult:
+    args = {"replicas": REPLICAS, "max_steps": STEPS, "batch_size": BATCH, "seed": 0,
+            "deadline_s": 120.0, **kw}
+    return fit_ft(TinyBN(), dataset(), copy.deepcopy(strategy), out_dir=out, **args)
+
+
+def assert_survived(result: FTResult, syncs: int, first: int = 0) -> None:
+    """The run ended with every live replica holding the same global model, every
+    synchronisation applied once, one metrics row per step."""
+    states = list(result.global_states.values())
+    assert states, "no replica finished"
+    for s in states[1:]:
+        for k in states[0]:
+            assert torch.equal(states[0][k], s[k]), k
+    assert set(result.syncs.values()) == {syncs}
+    assert [r["step"] for r in result.rows] == list(range(first, STEPS))
+    for r in range(REPLICAS):
+        path = result.out_dir / f"replica{r}.rows.jsonl"
+        steps = [json.loads(line)["step"] for line in path.read_text().splitlines()]
+        assert len(steps) == len(set(steps)), f"replica {r} wrote a step twice"
+
+
+@pytest.mark.parametrize("sid", ["ddp", "diloco"])
+def test_without_failures_ft_gives_the_simulators_numbers(sid: str, tmp_path: Path) -> None:
+    strategy = make(sid, **({"H": 4} if sid == "diloco" else {}), **{"optim.lr": 0.05})
+    result = ft_run(strategy, tmp_path)
+    assert_survived(result, STEPS if sid == "ddp" else STEPS // 4)
+    sim = Trainer(TinyBN(), dataset()).fit(
+        strategy=copy.deepcopy(strategy), num_nodes=REPLICAS, max_steps=STEPS,
+        batch_size=BATCH, engine="loop", device="cpu", seed=0, progress=False, network=None)
+    want = sim.model.state_dict()
+    got = result.global_states[0]
+    for k, v in want.items():  # the sums' order differs: float round-off only
+        assert torch.allclose(got[k].to(v.dtype), v, atol=1e-5, rtol=0), k
+    assert result.trained == {r: STEPS for r in range(REPLICAS)}
+
+
+def test_ddp_survives_a_kill_inside_a_collective(tmp_path: Path) -> None:
+    result = ft_run(make("ddp", **{"optim.lr": 0.05}), tmp_path,
+                    kills=[Kill(1, 5, at="collective", restart_after_s=0.0)])
+    assert_survived(result, STEPS)
+    assert sorted(result.global_states) == [0, 1, 2]
+    fails = [e for e in result.events if e["event"] == "fail"]
+    assert [(e["node"], e["step"]) for e in fails] == [(1, 5)]
+    heals = [e for e in result.events if e["event"] == "recovery"]
+    assert len(heals) == 1 and heals[0]["node"] == 1 and heals[0]["donor"] in (0, 2)
+    assert heals[0]["bytes"] > 0 and heals[0]["step"] >= 5
+    assert result.restarts[0]["back_s"] is not None
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["trained"]["1"] == STEPS - (heals[0]["step"] - 5)
+
+
+def test_diloco_survives_a_death_during_a_heal_and_a_restart_that_never_comes(
+        tmp_path: Path) -> None:
+    # replica 1 dies at step 2; its second process dies while loading a peer's state (at its
+    # own step 0, before the load); its third heals. Replica 2 dies at step 6 for good.
+    kills = [Kill(1, 2), Kill(1, 0, at="heal"), Kill(2, 6, restart_after_s=None)]
+    result = ft_run(make("diloco", H=4, **{"optim.lr": 0.05}), tmp_path, kills=kills)
+    assert_survived(result, STEPS // 4)
+    assert 0 in result.global_states and 2 not in result.global_states
+    fails = sorted((e["node"], e["step"]) for e in result.events if e["event"] == "fail")
+    assert fails[0] == (1, 2) and (2, 6) in fails
+
+
+def test_a_checkpoint_resumes_exactly(tmp_path: Path) -> None:
+    strategy = make("diloco", H=4, **{"optim.lr": 0.05})
+    whole = ft_run(strategy, tmp_path / "whole", checkpoint_every=8)
+    ckpt = tmp_path / "whole" / "ckpt"
+    assert sorted(p.name for p in ckpt.glob("*.pt")) == [f"replica{r}.pt" for r in range(3)]
+    # a run that resumes from the step-8 checkpoints ends where the whole run ended
+    resumed_dir = tmp_path / "resumed"
+    shutil.copytree(ckpt, resumed_dir / "ckpt")
+    resumed = ft_run(strategy, resumed_dir, resume=True)
+    assert_survived(resumed, STEPS // 4, first=8)
+    for k, v in whole.global_states[0].items():
+        assert torch.equal(resumed.global_states[0][k], v), k
+
+
+def test_a_kill_while_writing_a_checkpoint_leaves_the_others_whole(tmp_path: Path) -> None:
+    result = ft_run(make("ddp", **{"optim.lr": 0.05}), tmp_path, checkpoint_every=4,
+                    kills=[Kill(2, 8, at="checkpoint", restart_after_s=0.0)])
+    assert_survived(result, STEPS)
+    # replica 2 died with its step-8 file written and not renamed: its step-4 one is whole
+    states = {p.name: torch.load(p, weights_only=False)["step"]
+              for p in (tmp_path / "ckpt").glob("*.pt")}
+    assert states["replica0.pt"] == states["replica1.pt"] == STEPS
+    assert states["replica2.pt"] in (4, STEPS)  # STEPS if it healed before step 12
