@@ -13,6 +13,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from exogym.cli import ft
 from exogym.cli.common import (
     add_data_options,
     add_settings,
@@ -60,6 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default=[], metavar="KEY=VALUE",
                    help="a strategy hyperparameter, e.g. --set H=50 (see `exogym strategies`)")
     add_settings(p, [name for name, s in settings().items() if s.flag])
+    ft.add_arguments(p)
     add_data_options(p)
     p.add_argument("--csv", action="store_true", help="also write metrics.csv in the run folder")
     p.add_argument("--tensorboard", action="store_true",
@@ -87,6 +89,7 @@ def command(args: argparse.Namespace) -> int:
 
     if args.resume is not None:
         return _resume_run(args)
+    ft.check_ft_args(args)
     task = get_task(args.task)
     sink_specs = _sink_specs(args)
     sinks = [make_sink(spec) for spec in sink_specs]  # fails before the data loads
@@ -96,6 +99,8 @@ def command(args: argparse.Namespace) -> int:
     ranks = torchrun_env()
     if ranks is None or ranks.rank == 0:
         check_out_dir(out)
+    if args.ft:
+        return ft.run_ft(args, task, strategy, out)
     args.network.check_nodes(args.nodes)
     if args.world is not None:
         args.world.check_nodes(args.nodes)

@@ -19,8 +19,10 @@ it from a live peer, and it trains on from the peer's step in that quorum.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -289,6 +291,9 @@ def run_replica(spec: ReplicaSpec, model: nn.Module, data: Dataset | DatasetFact
     place: a death while writing leaves none) and leave the quorum."""
     keep_freed_memory()
     os.environ.setdefault("RUST_LOG", "warn")  # torchft's Rust side logs every quorum at info
+    logging.getLogger("torchft").setLevel(logging.ERROR)  # a warning per quorum (NCCL's recorder)
+    # torchft's checkpoint transport reads a state from a read-only buffer it does not write
+    warnings.filterwarnings("ignore", message="The given buffer is not writable")
     torch.set_num_threads(spec.threads)
     torch.manual_seed(spec.seed)
     replica = _Replica(spec, model, data, strategy)

@@ -1,0 +1,106 @@
+"""``exogym run --engine process --ft``: a real run that survives real failures
+(:mod:`exogym.run.ft_launch`): one torchft replica per node, a Lighthouse in this process, dead
+workers restarted and healed from a live peer; ``--kill`` plans SIGKILLs (the chaos harness)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import Any
+
+from exogym.utils.config import ConfigError
+
+# the settings --ft takes: the rest are the simulator's (a network, a world, participation...)
+# or not yet wired into the replicas' loop (evaluation during training, sinks)
+_TAKEN = {"num_nodes", "max_steps", "batch_size", "seed", "out_dir", "checkpoint_every",
+          "engine", "progress"}
+_KILL = re.compile(r"^(\d+)@(\d+)(?::([a-z]+))?(?:\+(never|\d+(?:\.\d+)?)s?)?$")
+
+
+def parse_kill(text: str) -> Any:
+    """``REPLICA@STEP[:POINT][+DELAY|+never]``, e.g. ``1@40``, ``2@90:collective+5``,
+    ``0@30+never``: a :class:`exogym.run.ft_launch.Kill`."""
+    from exogym.run.ft_launch import Kill
+
+    m = _KILL.match(text.strip())
+    if m is None:
+        raise argparse.ArgumentTypeError(
+            f"expected REPLICA@STEP[:POINT][+SECONDS|+never] (e.g. 1@40, 2@90:collective+5, "
+            f"0@30+never), got {text!r}")
+    replica, step, at, delay = m.groups()
+    restart = None if delay == "never" else float(delay or 0.0)
+    try:
+        kill = Kill(int(replica), int(step), at or "step", restart)
+        kill.point()
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return kill
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ft", action="store_true",
+                   help="with --engine process: each process a torchft replica; a dead one is "
+                        "restarted and heals from a live peer (pip install 'exogym[ft]')")
+    p.add_argument("--kill", type=parse_kill, action="append", default=[],
+                   metavar="REPLICA@STEP[:POINT][+SECONDS|+never]",
+                   help="with --ft: SIGKILL a replica at a step (POINT: step, collective, heal, "
+                        "serve, checkpoint) and restart it after SECONDS (default 0) or never")
+
+
+def check_ft_args(args: argparse.Namespace) -> None:
+    """``--ft`` needs ``--engine process`` and none of the settings it does not take."""
+    from exogym.cli import run
+    from exogym.cli.common import setting_values
+    from exogym.run.options import settings
+
+    if args.kill and not args.ft:
+        raise ConfigError("--kill plans deaths of torchft replicas: it needs --ft")
+    if not args.ft:
+        return
+    if args.engine != "process":
+        raise ConfigError(f"--ft runs one torchft replica per process: it needs --engine "
+                          f"process, got --engine {args.engine}")
+    names = [n for n, s in settings().items() if s.flag]
+    plain = argparse.ArgumentParser()
+    run.add_arguments(plain)
+    defaults = setting_values(plain.parse_args([]), names)
+    given = setting_values(args, names)
+    other = sorted(settings()[n].flag or n for n, v in given.items()
+                   if n not in _TAKEN and v != defaults[n])
+    if other:
+        raise ConfigError(f"--ft does not take {', '.join(other)}: it takes --nodes, --steps, "
+                          "--batch-size, --seed, --out, --checkpoint-every and --kill (a real "
+                          "run has no simulated network or world)")
+
+
+def run_ft(args: argparse.Namespace, task: Any, strategy: Any, out: Path) -> int:
+    """Train with ``--ft`` and print what survived: steps each replica took part in, restarts
+    (and the seconds each took to be back in training), the final model's evaluation."""
+    import torch
+
+    from exogym.run.evaluation import evaluate_model
+    from exogym.run.ft import check_ft_strategy
+    from exogym.run.ft_launch import fit_ft
+
+    check_ft_strategy(strategy)
+    torch.manual_seed(args.seed)
+    model = task.build_model()
+    train, test = task.load_data(args.data_dir, not args.no_download)
+    result = fit_ft(model, train, strategy, replicas=args.nodes, max_steps=args.steps,
+                    batch_size=args.batch_size or task.batch_size, out_dir=out, seed=args.seed,
+                    kills=args.kill,
+                    checkpoint_every=args.checkpoint_every, threads=1)
+    if not result.global_states:
+        raise ConfigError(f"no replica finished: see {out}/events.jsonl")
+    state = next(iter(result.global_states.values()))
+    metrics = evaluate_model(model, state, test, 1000, torch.device("cpu"))
+    print(f"{strategy.id} --ft on {args.nodes} replicas, {args.steps} steps, "
+          f"{result.wall_s:.1f} s: {out}")
+    print("  steps taken part in: " + ", ".join(
+        f"replica {r}: {n}" for r, n in sorted(result.trained.items())))
+    for r in result.restarts:
+        back = "never healed" if r.get("back_s") is None else f"back in {r['back_s']:.2f} s"
+        print(f"  replica {r['replica']} died at step {r['died_at_step']}, restarted: {back}")
+    print("  " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    return 0
