@@ -136,6 +136,34 @@ def test_kill_points_are_checked() -> None:
         KillPoint(-1)
 
 
+# -- the command line --------------------------------------------------------------------------
+def test_kill_specs_parse() -> None:
+    from exogym.cli.ft import parse_kill
+    from exogym.run.ft_launch import Kill
+
+    assert parse_kill("1@40") == Kill(1, 40, "step", 0.0)
+    assert parse_kill("2@90:collective+5") == Kill(2, 90, "collective", 5.0)
+    assert parse_kill("0@30+never") == Kill(0, 30, "step", None)
+    for bad in ("1@x", "1@40:lunch", "@3", "1@4+soon"):
+        with pytest.raises(Exception, match=r"expected REPLICA@STEP|one of step"):
+            parse_kill(bad)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--ft"], "needs --engine process, got --engine auto"),
+    (["--ft", "--engine", "process", "--world", "fail=1@3"], "--ft does not take --world"),
+    (["--ft", "--engine", "process", "--network", "home-1gbps"], "--ft does not take --network"),
+    (["--kill", "1@3"], "--kill plans deaths of torchft replicas: it needs --ft"),
+    (["--ft", "--engine", "process", "--strategy", "sparta"], "--ft does not take sparta"),
+])
+def test_cli_refuses_what_ft_does_not_take(argv: list[str], message: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from exogym.cli import main
+
+    assert main(["run", "--task", "mnist-cnn-v0", *argv]) != 0
+    assert message in capsys.readouterr().err
+
+
 # -- real replicas ----------------------------------------------------------------------------
 torchft = pytest.importorskip("torchft", reason="--ft needs torchft (pip install 'exogym[ft]')")
 

@@ -48,9 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "serve, checkpoint) and restart it after SECONDS (default 0) or never")
 
 
-def check_ft_args(args: argparse.Namespace) -> None:
-    """``--ft`` needs ``--engine process`` and none of the settings it does not take."""
-    from exogym.cli import run
+def check_ft_args(args: argparse.Namespace, plain: argparse.Namespace) -> None:
+    """``--ft`` needs ``--engine process`` and none of the settings it does not take (those
+    whose value differs from ``plain``'s, the command line given no option)."""
     from exogym.cli.common import setting_values
     from exogym.run.options import settings
 
@@ -62,9 +62,7 @@ def check_ft_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--ft runs one torchft replica per process: it needs --engine "
                           f"process, got --engine {args.engine}")
     names = [n for n, s in settings().items() if s.flag]
-    plain = argparse.ArgumentParser()
-    run.add_arguments(plain)
-    defaults = setting_values(plain.parse_args([]), names)
+    defaults = setting_values(plain, names)
     given = setting_values(args, names)
     other = sorted(settings()[n].flag or n for n, v in given.items()
                    if n not in _TAKEN and v != defaults[n])

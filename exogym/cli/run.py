@@ -89,7 +89,10 @@ def command(args: argparse.Namespace) -> int:
 
     if args.resume is not None:
         return _resume_run(args)
-    ft.check_ft_args(args)
+    if args.ft or args.kill:
+        plain = argparse.ArgumentParser()
+        add_arguments(plain)
+        ft.check_ft_args(args, plain.parse_args([]))
     task = get_task(args.task)
     sink_specs = _sink_specs(args)
     sinks = [make_sink(spec) for spec in sink_specs]  # fails before the data loads
