@@ -206,6 +206,7 @@ def fit_ft(
     replicas: int, max_steps: int, batch_size: int, out_dir: str | Path,
     nodes_per_replica: int = 1, seed: int = 0, kills: Sequence[Kill] = (),
     max_restarts: int = 3, checkpoint_every: int | None = None, resume: bool = False,
+    min_replicas: int = 1,
     engine: EngineName = "loop", threads: int = 1, timeout_s: float = 10.0,
     quorum_timeout_s: float = 60.0, heartbeat_timeout_s: float = 2.0,
     deadline_s: float = 600.0,
@@ -218,6 +219,9 @@ def fit_ft(
             restarted at once, up to ``max_restarts`` times each.
         checkpoint_every / resume: replicas write ``ckpt/replica{r}.pt`` every this many steps;
             a run with ``resume=True`` starts from the newest of them.
+        min_replicas: a step commits only with at least this many replicas in its quorum
+            (torchft's ``min_replica_size``; fewer: the step is discarded and tried again,
+            so the run waits for restarts instead of going on smaller).
         timeout_s: torchft's collective timeout; heartbeat_timeout_s: how long the Lighthouse
             waits for a silent replica before a quorum forms without it.
         deadline_s: the whole run's bound; past it every replica is killed and
@@ -233,6 +237,10 @@ def fit_ft(
 
     check_ft_strategy(strategy)
     _check(replicas, nodes_per_replica, max_steps, kills)
+    if isinstance(min_replicas, bool) or not isinstance(min_replicas, int) or not (
+            1 <= min_replicas <= replicas):
+        raise ValueError(f"min_replicas must be an integer in [1, replicas={replicas}], got "
+                         f"{min_replicas!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if not resume:
@@ -248,7 +256,8 @@ def fit_ft(
         replica=0, replicas=replicas, nodes_per_replica=nodes_per_replica, max_steps=max_steps,
         batch_size=batch_size, seed=seed, out_dir=str(out), lighthouse=f"http://127.0.0.1:{port}",
         t0=t0, timeout_s=timeout_s, quorum_timeout_s=quorum_timeout_s,
-        checkpoint_every=checkpoint_every, resume=resume, engine=engine, threads=threads)
+        checkpoint_every=checkpoint_every, resume=resume, min_replicas=min_replicas,
+        engine=engine, threads=threads)
     sup = _Supervisor(spec, model, train_dataset, strategy, kills, max_restarts)
     try:
         for r in range(replicas):

@@ -64,6 +64,8 @@ class ReplicaSpec:
             replica waits for a quorum.
         checkpoint_every: write ``ckpt/replica{r}.pt`` after every this many steps (None: no
             checkpoints); resume: start from the newest checkpoint in ``out_dir/ckpt``.
+        min_replicas: torchft's ``min_replica_size``: a step commits only with at least this
+            many replicas in its quorum (fewer: it is discarded and tried again).
     """
 
     replica: int
@@ -82,6 +84,7 @@ class ReplicaSpec:
     quorum_timeout_s: float = 60.0
     checkpoint_every: int | None = None
     resume: bool = False
+    min_replicas: int = 1
     engine: EngineName = "loop"
     threads: int = 1
 
@@ -141,7 +144,7 @@ class _Replica:
         timeout = timedelta(seconds=spec.timeout_s)
         return Manager(
             pg=ProcessGroupGloo(timeout=timeout), load_state_dict=self._load,
-            state_dict=self._serve, min_replica_size=1, use_async_quorum=False,
+            state_dict=self._serve, min_replica_size=spec.min_replicas, use_async_quorum=False,
             timeout=timeout, quorum_timeout=timedelta(seconds=spec.quorum_timeout_s),
             connect_timeout=timeout, rank=0, world_size=1, store_addr="127.0.0.1",
             store_port=self.store.port, lighthouse_addr=spec.lighthouse,
@@ -267,11 +270,14 @@ class _Replica:
             while not self._joined():
                 self._quorum()
             pending = False
-        elif self.heals == 0:  # every first process committed a quorum: no one is ahead of it
-            self.log.event("no_peer", self.step)
-            return None
-        else:  # healed in that quorum: its step is this replica's next
-            pending = True
+        else:
+            while self.heals == 0 and self.manager.errored() is not None:
+                self.manager.should_commit()  # a failed heal (its donor died serving): again
+                self._quorum()
+            if self.heals == 0:  # every first process committed a quorum: none is ahead of it
+                self.log.event("no_peer", self.step)
+                return None
+            pending = True  # healed in that quorum: its step is this replica's next
         while self.step < spec.max_steps:
             self._kill("step")
             if pending or self.strategy.communicates(self.step) is not False:
