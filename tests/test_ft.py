@@ -173,8 +173,9 @@ STEPS, BATCH, REPLICAS = 12, 4, 3
 
 
 def ft_run(strategy: Any, out: Path, **kw: Any) -> FTResult:
+    # a warm spare only where a replica is restarted (it is one more process on the cores)
     args = {"replicas": REPLICAS, "max_steps": STEPS, "batch_size": BATCH, "seed": 0,
-            "deadline_s": 120.0, **kw}
+            "deadline_s": 120.0, "spares": 1 if kw.get("kills") else 0, **kw}
     return fit_ft(TinyBN(), dataset(), copy.deepcopy(strategy), out_dir=out, **args)
 
 
