@@ -341,6 +341,7 @@ def _collect(out: Path, sup: _Supervisor, t0: float, n_local: int,
     summary = {"strategy": strategy.id, "replicas": sup.spec.replicas, "nodes": sup.spec.num_nodes,
                "steps": sup.spec.max_steps, "trained": trained, "restarts": sup.restarts,
                "syncs": {r: v["syncs"] for r, v in results.items()}, "ft": True,
+               "seconds": {r: v["seconds"] for r, v in results.items()},
                "wall_s": time.time() - t0}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return FTResult(out, {r: v["global_state"] for r, v in results.items()},

@@ -132,6 +132,8 @@ class _Replica:
         self.healed: dict[str, Any] | None = None
         self.heals = 0
         self.quorum_id: Any = None
+        # wall seconds in each part of a step: what --ft costs (the run's summary reports them)
+        self.seconds = {"compute": 0.0, "keep": 0.0, "quorum": 0.0, "commit": 0.0}
 
     def _manager(self) -> Any:
         require_torchft()
@@ -173,14 +175,17 @@ class _Replica:
             die()
 
     def _keep(self) -> None:
+        start = time.perf_counter()
         self.kept = replica_state(self.strategy, self.nodes, self.batches, self.step,
                                   self.syncs, self.spec.replica)
+        self.seconds["keep"] += time.perf_counter() - start
 
     def _quorum(self) -> None:
         """Keep the state, ask for a quorum (a heal loads a peer's state), note changes."""
         self._keep()
         asked = time.perf_counter()
         self.manager.start_quorum()
+        self.seconds["quorum"] += time.perf_counter() - asked
         if self.healed is not None:  # a peer's state: keep it for a discarded step
             self._keep()
             self.log.event("recovery", self.step, duration_s=time.perf_counter() - asked,
@@ -194,6 +199,13 @@ class _Replica:
                            quorum_id=quorum)
 
     def _compute(self) -> float:
+        start = time.perf_counter()
+        try:
+            return self._train_step()
+        finally:
+            self.seconds["compute"] += time.perf_counter() - start
+
+    def _train_step(self) -> float:
         self.comm.step = self.step
         batch = self.nodes.to_batch_device(local_batch(self.batches, self.node_ids))
         losses = self.nodes.forward_backward(batch)
@@ -221,7 +233,10 @@ class _Replica:
             except Exception:
                 if self.manager.errored() is None:
                     raise  # not a failed collective: a bug, not a failure to survive
-        if self.manager.should_commit():
+        start = time.perf_counter()
+        committed = self.manager.should_commit()
+        self.seconds["commit"] += time.perf_counter() - start
+        if committed:
             self.syncs += len(self.comm.log) > made
             self._committed(loss)
             return
@@ -286,7 +301,7 @@ class _Replica:
             else:
                 self._local_step()
         return {"replica": spec.replica, "generation": spec.generation, "step": self.step,
-                "syncs": self.syncs, "trained": self.trained,
+                "syncs": self.syncs, "trained": self.trained, "seconds": dict(self.seconds),
                 "global_state": {k: v.detach().cpu().clone()
                                  for k, v in self.strategy.global_state().items()}}
 
