@@ -275,3 +275,45 @@ def test_a_kill_while_writing_a_checkpoint_leaves_the_others_whole(tmp_path: Pat
               for p in (tmp_path / "ckpt").glob("*.pt")}
     assert states["replica0.pt"] == states["replica1.pt"] == STEPS
     assert states["replica2.pt"] in (4, STEPS)  # STEPS if it healed before step 12
+
+
+# -- the same world, real and simulated ------------------------------------------------------
+def _write_events(folder: Path, events: list[dict[str, Any]]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    return folder
+
+
+def test_a_real_runs_outages_become_a_world(tmp_path: Path) -> None:
+    from exogym.run.ft_replay import outages, world_of
+
+    events = [
+        {"event": "fail", "node": 1, "step": 5}, {"event": "fail", "node": 2, "step": 7},
+        {"event": "recovery", "node": 1, "step": 8, "donor": 0},
+        # a death that cost no step: healed at the step it died in
+        {"event": "fail", "node": 0, "step": 9},
+        {"event": "recovery", "node": 0, "step": 9, "donor": 1},
+        {"event": "quorum", "replica": 0, "step": 3},
+    ]
+    folder = _write_events(tmp_path / "real", events)
+    assert outages(events) == {"fail": [(1, 5), (2, 7)], "recovery": [(1, 8, 0)]}
+    assert world_of(folder) == "fail=1@5,rejoin=1@8,fail=2@7"
+    assert world_of(_write_events(tmp_path / "none", [])) is None
+
+
+def test_a_replayed_run_has_the_real_runs_outages_and_its_losses(tmp_path: Path) -> None:
+    from exogym.run.ft_replay import compare, world_of
+
+    strategy = make("diloco", H=4, **{"optim.lr": 0.05})
+    ft_run(strategy, tmp_path / "real", kills=[Kill(2, 5, restart_after_s=None)])
+    world = world_of(tmp_path / "real")
+    assert world == "fail=2@5"
+    Trainer(TinyBN(), dataset()).fit(
+        strategy=copy.deepcopy(strategy), num_nodes=REPLICAS, max_steps=STEPS,
+        batch_size=BATCH, engine="loop", device="cpu", seed=0, progress=False, network=None,
+        world=world, out_dir=tmp_path / "sim", log_interval=1)
+    result = compare(tmp_path / "real", tmp_path / "sim")
+    assert result["fail_equal"] and result["rejoin_equal"] and result["donor_equal"]
+    assert result["steps"] == STEPS
+    # the live nodes draw the same batches in both: the losses agree to float round-off
+    assert result["loss_max_abs"] < 1e-5
