@@ -317,3 +317,54 @@ def test_a_replayed_run_has_the_real_runs_outages_and_its_losses(tmp_path: Path)
     assert result["steps"] == STEPS
     # the live nodes draw the same batches in both: the losses agree to float round-off
     assert result["loss_max_abs"] < 1e-5
+
+
+# -- under torchrun: two groups standing for two machines, with a Lighthouse ------------------
+def test_two_torchrun_groups_survive_a_killed_worker(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    from torchft.coordination import LighthouseServer
+    from toy_task import toy_task_source
+
+    from exogym.run.launch import free_port
+
+    (tmp_path / "toy.py").write_text(toy_task_source("toy-ft"))
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=10000,
+                                  heartbeat_timeout_ms=1000)
+    port = lighthouse.address().rsplit(":", 1)[1]
+    try:
+        procs = []
+        for group in (0, 1):
+            env = {k: v for k, v in os.environ.items() if k not in (
+                "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+            env.update(REPLICA_GROUP_ID=str(group), OMP_NUM_THREADS="1", RUST_LOG="warn",
+                       TORCHFT_LIGHTHOUSE=f"http://127.0.0.1:{port}")
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc-per-node", "1", "--max-restarts", "2", "--rdzv-endpoint",
+                   f"localhost:{free_port()}", "-m", "exogym", "run", "--task",
+                   "toy.py:make_task", "--strategy", "ddp", "--nodes", "2", "--steps", "40",
+                   "--ft", "--min-replicas", "2", "--kill", "1@20", "--out", "run",
+                   "--no-download"]
+            procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=env, text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        outs = [p.communicate(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        lighthouse.shutdown()
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out[-2000:] + err[-4000:]
+    assert "replica 1 died at step 20, restarted: back in" in outs[0][0]
+    run = tmp_path / "run"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["trained"] == {"0": 40, "1": 40} and summary["syncs"] == {"0": 40, "1": 40}
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    assert [(e["node"], e["step"]) for e in events if e["event"] == "fail"] == [(1, 20)]
+    assert [(e["node"], e["step"], e["donor"]) for e in events
+            if e["event"] == "recovery"] == [(1, 20, 0)]
+    states = [torch.load(run / f"replica{r}.result.pt", weights_only=False)["global_state"]
+              for r in (0, 1)]
+    for k in states[0]:
+        assert torch.equal(states[0][k], states[1][k]), k

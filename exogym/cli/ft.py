@@ -5,6 +5,7 @@ workers restarted and healed from a live peer; ``--kill`` plans SIGKILLs (the ch
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ft", action="store_true",
                    help="with --engine process: each process a torchft replica; a dead one is "
                         "restarted and heals from a live peer (pip install 'exogym[ft]')")
+    p.add_argument("--min-replicas", type=int, default=1, metavar="K",
+                   help="with --ft: a step commits only with at least K replicas in its quorum "
+                        "(fewer: it waits for restarts; default 1)")
     p.add_argument("--kill", type=parse_kill, action="append", default=[],
                    metavar="REPLICA@STEP[:POINT][+SECONDS|+never]",
                    help="with --ft: SIGKILL a replica at a step (POINT: step, collective, heal, "
@@ -56,11 +60,22 @@ def check_ft_args(args: argparse.Namespace, plain: argparse.Namespace) -> None:
 
     if args.kill and not args.ft:
         raise ConfigError("--kill plans deaths of torchft replicas: it needs --ft")
+    if args.min_replicas != 1 and not args.ft:
+        raise ConfigError("--min-replicas is torchft's quorum size: it needs --ft")
+    if not 1 <= args.min_replicas <= args.nodes:
+        raise ConfigError(f"--min-replicas must be in [1, --nodes={args.nodes}], got "
+                          f"{args.min_replicas}")
     if not args.ft:
         return
-    if args.engine != "process":
+    from exogym.run.dist import torchrun_env
+
+    if torchrun_env() is not None:
+        if args.engine == "process":
+            raise ConfigError("under torchrun, --ft makes each torchrun process a replica: "
+                              "leave out --engine process (torchrun already made them)")
+    elif args.engine != "process":
         raise ConfigError(f"--ft runs one torchft replica per process: it needs --engine "
-                          f"process, got --engine {args.engine}")
+                          f"process (or a torchrun launch), got --engine {args.engine}")
     names = [n for n, s in settings().items() if s.flag]
     defaults = setting_values(plain, names)
     given = setting_values(args, names)
@@ -77,18 +92,27 @@ def run_ft(args: argparse.Namespace, task: Any, strategy: Any, out: Path) -> int
     (and the seconds each took to be back in training), the final model's evaluation."""
     import torch
 
+    from exogym.run.dist import torchrun_env
     from exogym.run.evaluation import evaluate_model
     from exogym.run.ft import check_ft_strategy
-    from exogym.run.ft_launch import fit_ft
+    from exogym.run.ft_launch import fit_ft, fit_ft_torchrun
 
     check_ft_strategy(strategy)
     torch.manual_seed(args.seed)
     model = task.build_model()
     train, test = task.load_data(args.data_dir, not args.no_download)
-    result = fit_ft(model, train, strategy, replicas=args.nodes, max_steps=args.steps,
-                    batch_size=args.batch_size or task.batch_size, out_dir=out, seed=args.seed,
-                    kills=args.kill,
-                    checkpoint_every=args.checkpoint_every, threads=1)
+    common = {"replicas": args.nodes, "max_steps": args.steps, "out_dir": out,
+              "batch_size": args.batch_size or task.batch_size, "seed": args.seed,
+              "kills": args.kill, "checkpoint_every": args.checkpoint_every,
+              "min_replicas": args.min_replicas}
+    if torchrun_env() is None:
+        result = fit_ft(model, train, strategy, threads=1, **common)
+    else:  # this process is one replica; the one that is replica 0 reports
+        found = fit_ft_torchrun(model, train, strategy, **common)
+        first = os.environ.get("REPLICA_GROUP_ID", "0") == "0" and torchrun_env().rank == 0
+        if found is None or not first:
+            return 0
+        result = found
     if not result.global_states:
         raise ConfigError(f"no replica finished: see {out}/events.jsonl")
     state = next(iter(result.global_states.values()))

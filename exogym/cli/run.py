@@ -89,7 +89,7 @@ def command(args: argparse.Namespace) -> int:
 
     if args.resume is not None:
         return _resume_run(args)
-    if args.ft or args.kill:
+    if args.ft or args.kill or args.min_replicas != 1:
         plain = argparse.ArgumentParser()
         add_arguments(plain)
         ft.check_ft_args(args, plain.parse_args([]))
@@ -100,10 +100,12 @@ def command(args: argparse.Namespace) -> int:
     out = args.out if args.out is not None else default_out(
         f"{args.task}-{args.strategy}-n{args.nodes}")
     ranks = torchrun_env()
+    if args.ft:  # under torchrun the groups and their restarts share the folder
+        if ranks is None:
+            check_out_dir(out)
+        return ft.run_ft(args, task, strategy, out)
     if ranks is None or ranks.rank == 0:
         check_out_dir(out)
-    if args.ft:
-        return ft.run_ft(args, task, strategy, out)
     args.network.check_nodes(args.nodes)
     if args.world is not None:
         args.world.check_nodes(args.nodes)

@@ -20,27 +20,28 @@ the replicas' next quorum fails after ``quorum_timeout_s`` and the run ends with
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import os
+import socket
 import time
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 from torch.utils.data import Dataset
 
-from exogym.run.ft import KillPoint, check_ft_strategy, require_torchft
+from exogym.run.ft import KillPoint, ReplicaLog, check_ft_strategy, require_torchft
+from exogym.run.ft_record import FTResult, collect, last_step, read_jsonl
 from exogym.run.ft_replica import ReplicaSpec, run_replica
 from exogym.sim.engine import EngineName
 from exogym.sim.sharding import DatasetFactory
 from exogym.strategy.base import Strategy
 
-__all__ = ["FTError", "FTResult", "Kill", "fit_ft"]
+__all__ = ["FTError", "FTResult", "Kill", "fit_ft", "fit_ft_torchrun"]
 
 
 class FTError(RuntimeError):
@@ -61,29 +62,6 @@ class Kill:
 
     def point(self) -> KillPoint:
         return KillPoint(self.step, self.at)
-
-
-@dataclass
-class FTResult:
-    """What a ``--ft`` run ended with.
-
-    Attributes:
-        global_states: the global model of every replica alive at the end, by replica.
-        syncs: synchronisations each of those committed (the same for all: none lost or doubled).
-        trained: steps each replica took part in, over all its processes.
-        restarts: per restart, the replica, the step it died at and the seconds from its new
-            process's start to its heal (``back_s``; None if it never healed).
-        rows: ``metrics.jsonl``'s rows; events: ``events.jsonl``'s.
-    """
-
-    out_dir: Path
-    global_states: dict[int, dict[str, Tensor]]
-    syncs: dict[int, int]
-    trained: dict[int, int]
-    restarts: list[dict[str, Any]] = field(default_factory=list)
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
-    wall_s: float = 0.0
 
 
 def _entry(spec: ReplicaSpec, model: nn.Module, data: Dataset | DatasetFactory,
@@ -174,7 +152,7 @@ class _Supervisor:
         error = Path(self.spec.out_dir, f"replica{r}.error")
         if error.exists():
             raise FTError(f"replica {r} failed (exit code {code}):\n{error.read_text()}")
-        step = _last_step(Path(self.spec.out_dir), r) + 1
+        step = last_step(Path(self.spec.out_dir), r) + 1
         self.events.append({"step": step, "time_s": time.time() - self.spec.t0,
                             "event": "fail", "replica": r, "exit_code": code})
         plan = self.kills[r][life.generation:life.generation + 1]
@@ -220,15 +198,6 @@ class _Supervisor:
             if life.process is not None and life.process.is_alive():
                 life.process.kill()
                 life.process.join()
-
-
-def _last_step(out: Path, r: int) -> int:
-    """The last step replica ``r`` committed (-1: none), from its rows."""
-    path = out / f"replica{r}.rows.jsonl"
-    if not path.exists():
-        return -1
-    steps = [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
-    return max(steps, default=-1)
 
 
 def _check(replicas: int, nodes_per_replica: int, max_steps: int, kills: Sequence[Kill]) -> None:
@@ -319,88 +288,89 @@ def fit_ft(
     finally:
         sup.stop()
         lighthouse.shutdown()
-    return _collect(out, sup, t0, nodes_per_replica, strategy)
+    return collect(spec, strategy.id, sup.events, sup.restarts)
 
 
-def _collect(out: Path, sup: _Supervisor, t0: float, n_local: int,
-             strategy: Strategy) -> FTResult:
-    """Read every replica's results, rows and events; write the run's files."""
-    results = {r: torch.load(path, weights_only=False) for r in range(sup.spec.replicas)
-               if (path := out / f"replica{r}.result.pt").exists()}
-    replica_events = [e for r in range(sup.spec.replicas)
-                      for e in _read_jsonl(out / f"replica{r}.events.jsonl")]
-    events = _node_events(sup.events + replica_events, n_local)
-    rows_by_replica = {r: _read_jsonl(out / f"replica{r}.rows.jsonl")
-                       for r in range(sup.spec.replicas)}
-    rows = _merge_rows(rows_by_replica)
-    trained = {r: len(rs) for r, rs in rows_by_replica.items()}
-    for restart in sup.restarts:
-        _time_restart(restart, replica_events)
-    _write_jsonl(out / "metrics.jsonl", rows)
-    _write_jsonl(out / "events.jsonl", events)
-    summary = {"strategy": strategy.id, "replicas": sup.spec.replicas, "nodes": sup.spec.num_nodes,
-               "steps": sup.spec.max_steps, "trained": trained, "restarts": sup.restarts,
-               "syncs": {r: v["syncs"] for r, v in results.items()}, "ft": True,
-               "seconds": {r: v["seconds"] for r, v in results.items()},
-               "wall_s": time.time() - t0}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return FTResult(out, {r: v["global_state"] for r, v in results.items()},
-                    {r: v["syncs"] for r, v in results.items()}, trained, sup.restarts, rows,
-                    events, summary["wall_s"])
 
 
-def _time_restart(restart: dict[str, Any], events: Sequence[dict[str, Any]]) -> None:
-    """A restart's times (seconds): ``up_s`` from its process's start to its loop's start
-    (spawn, imports, nodes and data order built), ``back_s`` to its heal (a live peer's state
-    loaded: back in training; None if it never healed)."""
-    mine = [e for e in events if e["replica"] == restart["replica"]
-            and e["generation"] == restart["generation"]]
-    started = [e["time_s"] for e in mine if e["event"] == "started"]
-    healed = [e["time_s"] for e in mine if e["event"] == "recovery"]
-    start = restart.get("start_s")
-    restart["up_s"] = started[0] - start if started and start is not None else None
-    restart["back_s"] = healed[0] - start if healed and start is not None else None
+def _shared_t0(out: Path) -> float:
+    """The run's start, shared by replicas started separately (torchrun groups): the first to
+    come writes it (``.t0``, created exclusively), the others read it."""
+    path = out / ".t0"
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        for _ in range(100):  # written right after it is created
+            text = path.read_text()
+            if text:
+                return float(text)
+            time.sleep(0.01)
+        raise FTError(f"{path} stays empty: remove it (a run that died as it started)") from None
+    now = time.time()
+    with os.fdopen(fd, "w") as f:
+        f.write(repr(now))
+    return now
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _write_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, path)
-
-
-def _merge_rows(by_replica: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """One row per step: the mean loss of the replicas that committed it."""
-    steps: dict[int, list[dict[str, Any]]] = {}
-    for rows in by_replica.values():
-        for row in rows:
-            steps.setdefault(int(row["step"]), []).append(row)
-    return [{"step": s, "train_loss": sum(r["loss"] for r in rs) / len(rs),
-             "replicas": sorted(r["replica"] for r in rs),
-             "quorum": max(r["quorum"] for r in rs)}
-            for s, rs in sorted(steps.items())]
-
-
-def _node_events(events: list[dict[str, Any]], n_local: int) -> list[dict[str, Any]]:
-    """Replica events as the simulated world's: one per node (``node``; a heal's ``donor`` the
-    donor replica's node in the same row), in time order; ``started``/``resumed`` kept once."""
-    out = []
-    for e in sorted(events, key=lambda e: e["time_s"]):
-        r = e["replica"]
-        if e["event"] in ("started", "quorum", "resumed", "not_restarted", "discarded",
-                          "no_peer"):
-            out.append(e)
-            continue
-        for i in range(n_local):
-            node = {**e, "node": r * n_local + i}
-            if e["event"] == "recovery":
-                node["donor"] = e["donor_replica"] * n_local + i
-                out.append({**node, "event": "rejoin"})
-            out.append(node)
-    return out
-
+def fit_ft_torchrun(
+    model: nn.Module, train_dataset: Dataset | DatasetFactory, strategy: Strategy, *,
+    replicas: int, max_steps: int, batch_size: int, out_dir: str | Path, seed: int = 0,
+    kills: Sequence[Kill] = (), checkpoint_every: int | None = None, resume: bool = False,
+    min_replicas: int = 1, timeout_s: float = 10.0, quorum_timeout_s: float = 60.0,
+    environ: dict[str, str] | None = None,
+) -> FTResult | None:
+    """This process as one torchft replica of a run launched by ``torchrun`` groups (one group
+    standing for one machine; torchrun's ``--max-restarts`` restarts a group's workers, which
+    heal from a live peer). The environment gives: ``TORCHFT_LIGHTHOUSE`` (the Lighthouse's
+    address, e.g. ``http://HOST:29510``; start one with ``torchft_lighthouse --min_replicas 1``),
+    ``REPLICA_GROUP_ID`` (this group's index, default 0), torchrun's ``RANK`` and ``WORLD_SIZE``
+    (this process in its group: replica ``group * WORLD_SIZE + RANK`` of ``replicas``) and
+    ``TORCHELASTIC_RESTART_COUNT`` (its group's restarts: this process's generation, whose
+    entry of ``kills`` applies). Every replica writes its files in ``out_dir`` (one folder
+    seen by all, as on one machine) and merges the run's when it finishes; returns the run's
+    result, or None for a restarted replica that found no peer to heal from.
+    """
+    env = os.environ if environ is None else environ
+    require_torchft()
+    check_ft_strategy(strategy)
+    _check(replicas, 1, max_steps, kills)
+    lighthouse = env.get("TORCHFT_LIGHTHOUSE")
+    if not lighthouse:
+        raise ValueError("--ft under torchrun needs a Lighthouse: start one (torchft_lighthouse "
+                         "--min_replicas 1 --bind HOST:29510) and set TORCHFT_LIGHTHOUSE="
+                         "http://HOST:29510 for every torchrun group")
+    try:
+        group, rank = int(env.get("REPLICA_GROUP_ID", "0")), int(env["RANK"])
+        size, generation = int(env["WORLD_SIZE"]), int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    except (KeyError, ValueError) as err:
+        raise ValueError(f"--ft under torchrun reads REPLICA_GROUP_ID, RANK, WORLD_SIZE and "
+                         f"TORCHELASTIC_RESTART_COUNT as integers: {err}") from None
+    replica = group * size + rank
+    if replicas % size or not 0 <= replica < replicas:
+        raise ValueError(f"--nodes {replicas} replicas in torchrun groups of WORLD_SIZE={size}: "
+                         f"REPLICA_GROUP_ID={group} gives replica {replica}, outside 0.."
+                         f"{replicas - 1} (groups 0..{replicas // size - 1})")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plan = [k for k in kills if k.replica == replica][generation:generation + 1]
+    spec = ReplicaSpec(
+        replica=replica, replicas=replicas, nodes_per_replica=1, max_steps=max_steps,
+        batch_size=batch_size, seed=seed, out_dir=str(out), lighthouse=lighthouse,
+        t0=_shared_t0(out), generation=generation, kills=tuple(k.point() for k in plan),
+        hostname=env.get("EXOGYM_FT_HOSTNAME", socket.gethostname()), timeout_s=timeout_s,
+        quorum_timeout_s=quorum_timeout_s, checkpoint_every=checkpoint_every,
+        resume=resume and generation == 0, min_replicas=min_replicas,
+        threads=torch.get_num_threads())
+    if generation > 0:  # torchrun restarted this group: its previous process died
+        log = ReplicaLog(out, replica, spec.t0, generation - 1)
+        log.event("fail", last_step(out, replica) + 1)
+        log.close()
+    run_replica(spec, model, train_dataset, strategy)
+    restarts = [{"replica": e["replica"], "generation": e["generation"], "start_s": e["time_s"],
+                 "died_at_step": e["step"]}
+                for r in range(replicas) for e in read_jsonl(out / f"replica{r}.events.jsonl")
+                if e["event"] == "fail"]
+    for r in restarts:
+        r["generation"] += 1  # the life that replaced the one that died
+    result = collect(spec, strategy.id, [], restarts)
+    return result if replica in result.global_states else None

@@ -1,0 +1,144 @@
+"""A ``--ft`` run's record: every replica's own files merged into the run's.
+
+Each replica appends its rows and events to ``replica{r}.rows.jsonl`` /
+``replica{r}.events.jsonl`` line by line (it can die at any moment) and writes
+``replica{r}.result.pt`` when it finishes; :func:`collect` merges them into what a simulated
+run's folder has: ``metrics.jsonl`` (one row per step), ``events.jsonl`` (per node, in time
+order) and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from exogym.run.ft_replica import ReplicaSpec
+
+__all__ = ["FTResult", "collect", "last_step", "read_jsonl"]
+
+
+@dataclass
+class FTResult:
+    """What a ``--ft`` run ended with.
+
+    Attributes:
+        global_states: the global model of every replica alive at the end, by replica.
+        syncs: synchronisations each of those committed (the same for all: none lost or doubled).
+        trained: steps each replica took part in, over all its processes.
+        restarts: per restart, the replica, the step it died at and the seconds from its new
+            process's start to its heal (``back_s``; None if it never healed).
+        rows: ``metrics.jsonl``'s rows; events: ``events.jsonl``'s.
+    """
+
+    out_dir: Path
+    global_states: dict[int, dict[str, Tensor]]
+    syncs: dict[int, int]
+    trained: dict[int, int]
+    restarts: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def last_step(out: Path, r: int) -> int:
+    """The last step replica ``r`` committed (-1: none), from its rows."""
+    path = out / f"replica{r}.rows.jsonl"
+    if not path.exists():
+        return -1
+    steps = [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
+    return max(steps, default=-1)
+
+
+def collect(spec: ReplicaSpec, strategy_id: str, events: Sequence[dict[str, Any]],
+            restarts: list[dict[str, Any]]) -> FTResult:
+    """Read every replica's result, rows and events in ``spec.out_dir``, with the launcher's
+    own ``events`` (deaths) and ``restarts``; write the run's ``metrics.jsonl``,
+    ``events.jsonl`` and ``summary.json`` (each by rename: a reader never sees half of one)."""
+    out = Path(spec.out_dir)
+    results = {r: torch.load(path, weights_only=False) for r in range(spec.replicas)
+               if (path := out / f"replica{r}.result.pt").exists()}
+    replica_events = [e for r in range(spec.replicas)
+                      for e in read_jsonl(out / f"replica{r}.events.jsonl")]
+    merged = _node_events([*events, *replica_events], spec.nodes_per_replica)
+    rows_by_replica = {r: read_jsonl(out / f"replica{r}.rows.jsonl")
+                       for r in range(spec.replicas)}
+    rows = _merge_rows(rows_by_replica)
+    trained = {r: len(rs) for r, rs in rows_by_replica.items()}
+    for restart in restarts:
+        _time_restart(restart, replica_events)
+    _write_jsonl(out / "metrics.jsonl", rows)
+    _write_jsonl(out / "events.jsonl", merged)
+    summary = {"strategy": strategy_id, "replicas": spec.replicas, "nodes": spec.num_nodes,
+               "steps": spec.max_steps, "trained": trained, "restarts": restarts,
+               "syncs": {r: v["syncs"] for r, v in results.items()}, "ft": True,
+               "seconds": {r: v["seconds"] for r, v in results.items()},
+               "wall_s": time.time() - spec.t0}
+    _write_jsonl(out / "summary.json", [summary])
+    return FTResult(out, {r: v["global_state"] for r, v in results.items()},
+                    {r: v["syncs"] for r, v in results.items()}, trained, restarts, rows,
+                    merged, summary["wall_s"])
+
+
+def _time_restart(restart: dict[str, Any], events: Sequence[dict[str, Any]]) -> None:
+    """A restart's times (seconds): ``up_s`` from its process's start to its loop's start
+    (spawn, imports, nodes and data order built), ``back_s`` to its heal (a live peer's state
+    loaded: back in training; None if it never healed)."""
+    mine = [e for e in events if e["replica"] == restart["replica"]
+            and e["generation"] == restart["generation"]]
+    started = [e["time_s"] for e in mine if e["event"] == "started"]
+    healed = [e["time_s"] for e in mine if e["event"] == "recovery"]
+    start = restart.get("start_s")
+    restart["up_s"] = started[0] - start if started and start is not None else None
+    restart["back_s"] = healed[0] - start if healed and start is not None else None
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _write_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # replicas may write at once
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.replace(tmp, path)
+
+
+def _merge_rows(by_replica: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per step: the mean loss of the replicas that committed it."""
+    steps: dict[int, list[dict[str, Any]]] = {}
+    for rows in by_replica.values():
+        for row in rows:
+            steps.setdefault(int(row["step"]), []).append(row)
+    return [{"step": s, "train_loss": sum(r["loss"] for r in rs) / len(rs),
+             "replicas": sorted(r["replica"] for r in rs),
+             "quorum": max(r["quorum"] for r in rs)}
+            for s, rs in sorted(steps.items())]
+
+
+def _node_events(events: list[dict[str, Any]], n_local: int) -> list[dict[str, Any]]:
+    """Replica events as the simulated world's: one per node (``node``; a heal's ``donor`` the
+    donor replica's node in the same row), in time order; ``started``/``resumed`` kept once."""
+    out = []
+    for e in sorted(events, key=lambda e: e["time_s"]):
+        r = e["replica"]
+        if e["event"] in ("started", "quorum", "resumed", "not_restarted", "discarded",
+                          "no_peer"):
+            out.append(e)
+            continue
+        for i in range(n_local):
+            node = {**e, "node": r * n_local + i}
+            if e["event"] == "recovery":
+                node["donor"] = e["donor_replica"] * n_local + i
+                out.append({**node, "event": "rejoin"})
+            out.append(node)
+    return out
+
