@@ -321,6 +321,21 @@ def _shared_t0(out: Path) -> float:
     return now
 
 
+def _await_peers(out: Path, replicas: int, quiet_s: float = 2.0, most_s: float = 10.0) -> None:
+    """Wait (at most ``most_s``) until every replica that is still writing its rows has
+    finished, so that the record merged here is whole; a replica silent for ``quiet_s`` is
+    dead or waiting for a peer, and is not waited for."""
+    deadline = time.time() + most_s
+    while time.time() < deadline:
+        busy = [r for r in range(replicas)
+                if not (out / f"replica{r}.result.pt").exists()
+                and (rows := out / f"replica{r}.rows.jsonl").exists()
+                and time.time() - rows.stat().st_mtime < quiet_s]
+        if not busy:
+            return
+        time.sleep(0.05)
+
+
 def fit_ft_torchrun(
     model: nn.Module, train_dataset: Dataset | DatasetFactory, strategy: Strategy, *,
     replicas: int, max_steps: int, batch_size: int, out_dir: str | Path, seed: int = 0,
@@ -376,6 +391,7 @@ def fit_ft_torchrun(
         log.event("fail", last_step(out, replica) + 1)
         log.close()
     run_replica(spec, model, train_dataset, strategy)
+    _await_peers(out, replicas)
     restarts = [{"replica": e["replica"], "generation": e["generation"], "start_s": e["time_s"],
                  "died_at_step": e["step"]}
                 for r in range(replicas) for e in read_jsonl(out / f"replica{r}.events.jsonl")
