@@ -1,5 +1,6 @@
 """What --ft costs without a failure: samples/s of the same run on real processes with and
-without torchft (MNIST CNN, DDP and DiLoCo H = 50, 2 and 4 processes, one node each).
+without torchft (MNIST CNN, DDP and DiLoCo H = 50, 2 and 4 processes, one node each; DDP also
+with 8 steps per quorum and commit, ``commit_every=8``).
 
 Both sides train the same steps with the same seed; a side's samples/s is its training steps'
 samples over their wall time (start-up, the Lighthouse and the first quorum excluded: the
@@ -27,6 +28,8 @@ from exogym.strategy import make
 from exogym.tasks import get_task
 
 CONFIGS = {"ddp": {}, "diloco": {"H": 50}}
+# (label, strategy id, steps per transaction)
+RUNS = [("ddp", "ddp", 1), ("ddp K=8", "ddp", 8), ("diloco", "diloco", 1)]
 
 
 def plain(task: object, train: object, sid: str, n: int, steps: int, batch: int) -> float:
@@ -37,11 +40,13 @@ def plain(task: object, train: object, sid: str, n: int, steps: int, batch: int)
     return result.samples_per_s
 
 
-def ft(task: object, train: object, sid: str, n: int, steps: int, batch: int) -> float:
+def ft(task: object, train: object, sid: str, n: int, steps: int, batch: int,
+       commit_every: int) -> float:
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         fit_ft(task.build_model(), train, make(sid, **CONFIGS[sid]), replicas=n,
-               max_steps=steps, batch_size=batch, out_dir=tmp, seed=0, spares=0)
+               max_steps=steps, batch_size=batch, out_dir=tmp, seed=0, spares=0,
+               commit_every=commit_every)
         rows = [json.loads(line) for line in
                 (Path(tmp) / "replica0.rows.jsonl").read_text().splitlines()]
     seconds = rows[-1]["time_s"] - rows[0]["time_s"]
@@ -57,14 +62,14 @@ def main() -> int:
     task = get_task("mnist-cnn-v0")
     train, _ = task.load_data(None, False)
     print(f"{'strategy':8s} {'procs':>5s} {'plain':>9s} {'--ft':>9s} {'ft/plain':>8s}")
-    for sid in CONFIGS:
+    for label, sid, k in RUNS:
         for n in (2, 4):
             runs: dict[str, list[float]] = {"plain": [], "ft": []}
             for _ in range(a.repeats):
                 runs["plain"].append(plain(task, train, sid, n, a.steps, a.batch_size))
-                runs["ft"].append(ft(task, train, sid, n, a.steps, a.batch_size))
+                runs["ft"].append(ft(task, train, sid, n, a.steps, a.batch_size, k))
             m = {k: statistics.median(v) for k, v in runs.items()}
-            print(f"{sid:8s} {n:5d} {m['plain']:9.0f} {m['ft']:9.0f} "
+            print(f"{label:8s} {n:5d} {m['plain']:9.0f} {m['ft']:9.0f} "
                   f"{m['ft'] / m['plain']:8.2f}   (samples/s, medians of {a.repeats}; all: "
                   f"{[round(x) for x in runs['plain']]} {[round(x) for x in runs['ft']]})",
                   flush=True)

@@ -150,7 +150,8 @@ def test_kill_specs_parse() -> None:
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--ft"], "needs --engine process, got --engine auto"),
+    (["--ft"], "needs --engine process (or a torchrun launch), got --engine auto"),
+    (["--commit-every", "4"], "--commit-every sizes --ft's transactions: it needs --ft"),
     (["--ft", "--engine", "process", "--world", "fail=1@3"], "--ft does not take --world"),
     (["--ft", "--engine", "process", "--network", "home-1gbps"], "--ft does not take --network"),
     (["--kill", "1@3"], "--kill plans deaths of torchft replicas: it needs --ft"),
@@ -227,6 +228,26 @@ def test_ddp_survives_a_kill_inside_a_collective(tmp_path: Path) -> None:
     assert summary["trained"] == {"0": STEPS, "1": STEPS, "2": STEPS}
     # the survivors' step 5 failed in the collective and was done again: discarded, not lost
     assert any(e["event"] == "discarded" and e["step"] == 5 for e in result.events)
+
+
+def test_transactions_of_several_steps(tmp_path: Path) -> None:
+    # commit_every=4: one quorum and one commit per 4 DDP steps; without a failure the model
+    # is the one-step transactions' exactly; a kill inside step 6's collective discards the
+    # transaction of steps 4-7 on the survivors, which redo it
+    strategy = make("ddp", **{"optim.lr": 0.05})
+    one = ft_run(strategy, tmp_path / "one")
+    four = ft_run(strategy, tmp_path / "four", commit_every=4)
+    for k, v in one.global_states[0].items():
+        assert torch.equal(four.global_states[0][k], v), k
+    killed = ft_run(strategy, tmp_path / "killed", commit_every=4, min_replicas=3,
+                    kills=[Kill(1, 6, at="collective", restart_after_s=0.0)])
+    assert_survived(killed, STEPS)
+    assert any(e["event"] == "discarded" and e["step"] == 4 and e["steps"] >= 1
+               for e in killed.events)
+    heals = [e for e in killed.events if e["event"] == "recovery"]
+    assert [(e["node"], e["step"]) for e in heals] == [(1, 4)]  # a transaction's first step
+    for k, v in one.global_states[0].items():  # min_replicas=3: no step without replica 1
+        assert torch.equal(killed.global_states[0][k], v), k
 
 
 def test_a_donor_that_dies_while_serving_a_heal(tmp_path: Path) -> None:

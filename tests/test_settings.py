@@ -43,7 +43,8 @@ BEGIN, END = "<!-- settings table: begin -->\n", "<!-- settings table: end -->\n
 # exogym run's options that are not settings of fit: the task and its data, the strategy and
 # its hyperparameters, the sinks (fit's `sinks` are made from them)
 RUN_OWN = {"-h", "--help", "--task", "--strategy", "--lr", "--set", "--data-dir",
-           "--no-download", "--csv", "--tensorboard", "--wandb", "--ft", "--kill", "--min-replicas"}
+           "--no-download", "--csv", "--tensorboard", "--wandb", "--ft", "--kill", "--min-replicas",
+           "--commit-every"}
 
 # config.json's keys before settings were declared in one place: a run folder written then must
 # still resume, so none of them may go

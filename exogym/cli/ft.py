@@ -46,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-replicas", type=int, default=1, metavar="K",
                    help="with --ft: a step commits only with at least K replicas in its quorum "
                         "(fewer: it waits for restarts; default 1)")
+    p.add_argument("--commit-every", type=int, default=1, metavar="K",
+                   help="with --ft: K steps that communicate per quorum and commit (a failure "
+                        "redoes up to K of them; default 1)")
     p.add_argument("--kill", type=parse_kill, action="append", default=[],
                    metavar="REPLICA@STEP[:POINT][+SECONDS|+never]",
                    help="with --ft: SIGKILL a replica at a step (POINT: step, collective, heal, "
@@ -62,6 +65,10 @@ def check_ft_args(args: argparse.Namespace, plain: argparse.Namespace) -> None:
         raise ConfigError("--kill plans deaths of torchft replicas: it needs --ft")
     if args.min_replicas != 1 and not args.ft:
         raise ConfigError("--min-replicas is torchft's quorum size: it needs --ft")
+    if args.commit_every != 1 and not args.ft:
+        raise ConfigError("--commit-every sizes --ft's transactions: it needs --ft")
+    if args.commit_every < 1:
+        raise ConfigError(f"--commit-every must be >= 1, got {args.commit_every}")
     if not 1 <= args.min_replicas <= args.nodes:
         raise ConfigError(f"--min-replicas must be in [1, --nodes={args.nodes}], got "
                           f"{args.min_replicas}")
@@ -104,7 +111,7 @@ def run_ft(args: argparse.Namespace, task: Any, strategy: Any, out: Path) -> int
     common = {"replicas": args.nodes, "max_steps": args.steps, "out_dir": out,
               "batch_size": args.batch_size or task.batch_size, "seed": args.seed,
               "kills": args.kill, "checkpoint_every": args.checkpoint_every,
-              "min_replicas": args.min_replicas}
+              "min_replicas": args.min_replicas, "commit_every": args.commit_every}
     if torchrun_env() is None:
         result = fit_ft(model, train, strategy, threads=1, **common)
     else:  # this process is one replica; the one that is replica 0 reports

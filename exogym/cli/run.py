@@ -89,7 +89,7 @@ def command(args: argparse.Namespace) -> int:
 
     if args.resume is not None:
         return _resume_run(args)
-    if args.ft or args.kill or args.min_replicas != 1:
+    if args.ft or args.kill or args.min_replicas != 1 or args.commit_every != 1:
         plain = argparse.ArgumentParser()
         add_arguments(plain)
         ft.check_ft_args(args, plain.parse_args([]))

@@ -217,12 +217,17 @@ def _check(replicas: int, nodes_per_replica: int, max_steps: int, kills: Sequenc
                              f"{k.restart_after_s!r}")
 
 
+def _check_commit_every(k: int) -> None:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"commit_every must be an integer >= 1, got {k!r}")
+
+
 def fit_ft(
     model: nn.Module, train_dataset: Dataset | DatasetFactory, strategy: Strategy, *,
     replicas: int, max_steps: int, batch_size: int, out_dir: str | Path,
     nodes_per_replica: int = 1, seed: int = 0, kills: Sequence[Kill] = (),
     max_restarts: int = 3, checkpoint_every: int | None = None, resume: bool = False,
-    min_replicas: int = 1, spares: int = 1,
+    min_replicas: int = 1, spares: int = 1, commit_every: int = 1,
     engine: EngineName = "loop", threads: int = 1, timeout_s: float = 10.0,
     quorum_timeout_s: float = 60.0, heartbeat_timeout_s: float = 1.0,
     deadline_s: float = 600.0,
@@ -238,6 +243,9 @@ def fit_ft(
         min_replicas: a step commits only with at least this many replicas in its quorum
             (torchft's ``min_replica_size``; fewer: the step is discarded and tried again,
             so the run waits for restarts instead of going on smaller).
+        commit_every: steps that communicate per quorum and commit (one transaction; a
+            failure redoes up to this many): fewer RPCs for a method that communicates every
+            step (DDP).
         spares: warm processes kept waiting to replace a dead replica (imports done: a
             restart skips about 2.7 s of start-up here); 0: a restart spawns a new process.
         timeout_s: torchft's collective timeout; heartbeat_timeout_s: how long the Lighthouse
@@ -255,6 +263,7 @@ def fit_ft(
 
     check_ft_strategy(strategy)
     _check(replicas, nodes_per_replica, max_steps, kills)
+    _check_commit_every(commit_every)
     if isinstance(min_replicas, bool) or not isinstance(min_replicas, int) or not (
             1 <= min_replicas <= replicas):
         raise ValueError(f"min_replicas must be an integer in [1, replicas={replicas}], got "
@@ -275,7 +284,7 @@ def fit_ft(
         batch_size=batch_size, seed=seed, out_dir=str(out), lighthouse=f"http://127.0.0.1:{port}",
         t0=t0, timeout_s=timeout_s, quorum_timeout_s=quorum_timeout_s,
         checkpoint_every=checkpoint_every, resume=resume, min_replicas=min_replicas,
-        engine=engine, threads=threads)
+        commit_every=commit_every, engine=engine, threads=threads)
     sup = _Supervisor(spec, model, train_dataset, strategy, kills, max_restarts, spares)
     try:
         for r in range(replicas):
@@ -312,12 +321,27 @@ def _shared_t0(out: Path) -> float:
     return now
 
 
+def _await_peers(out: Path, replicas: int, quiet_s: float = 2.0, most_s: float = 10.0) -> None:
+    """Wait (at most ``most_s``) until every replica that is still writing its rows has
+    finished, so that the record merged here is whole; a replica silent for ``quiet_s`` is
+    dead or waiting for a peer, and is not waited for."""
+    deadline = time.time() + most_s
+    while time.time() < deadline:
+        busy = [r for r in range(replicas)
+                if not (out / f"replica{r}.result.pt").exists()
+                and (rows := out / f"replica{r}.rows.jsonl").exists()
+                and time.time() - rows.stat().st_mtime < quiet_s]
+        if not busy:
+            return
+        time.sleep(0.05)
+
+
 def fit_ft_torchrun(
     model: nn.Module, train_dataset: Dataset | DatasetFactory, strategy: Strategy, *,
     replicas: int, max_steps: int, batch_size: int, out_dir: str | Path, seed: int = 0,
     kills: Sequence[Kill] = (), checkpoint_every: int | None = None, resume: bool = False,
-    min_replicas: int = 1, timeout_s: float = 10.0, quorum_timeout_s: float = 60.0,
-    environ: dict[str, str] | None = None,
+    min_replicas: int = 1, commit_every: int = 1, timeout_s: float = 10.0,
+    quorum_timeout_s: float = 60.0, environ: dict[str, str] | None = None,
 ) -> FTResult | None:
     """This process as one torchft replica of a run launched by ``torchrun`` groups (one group
     standing for one machine; torchrun's ``--max-restarts`` restarts a group's workers, which
@@ -334,6 +358,7 @@ def fit_ft_torchrun(
     require_torchft()
     check_ft_strategy(strategy)
     _check(replicas, 1, max_steps, kills)
+    _check_commit_every(commit_every)
     lighthouse = env.get("TORCHFT_LIGHTHOUSE")
     if not lighthouse:
         raise ValueError("--ft under torchrun needs a Lighthouse: start one (torchft_lighthouse "
@@ -359,13 +384,14 @@ def fit_ft_torchrun(
         t0=_shared_t0(out), generation=generation, kills=tuple(k.point() for k in plan),
         hostname=env.get("EXOGYM_FT_HOSTNAME", socket.gethostname()), timeout_s=timeout_s,
         quorum_timeout_s=quorum_timeout_s, checkpoint_every=checkpoint_every,
-        resume=resume and generation == 0, min_replicas=min_replicas,
+        resume=resume and generation == 0, min_replicas=min_replicas, commit_every=commit_every,
         threads=torch.get_num_threads())
     if generation > 0:  # torchrun restarted this group: its previous process died
         log = ReplicaLog(out, replica, spec.t0, generation - 1)
         log.event("fail", last_step(out, replica) + 1)
         log.close()
     run_replica(spec, model, train_dataset, strategy)
+    _await_peers(out, replicas)
     restarts = [{"replica": e["replica"], "generation": e["generation"], "start_s": e["time_s"],
                  "died_at_step": e["step"]}
                 for r in range(replicas) for e in read_jsonl(out / f"replica{r}.events.jsonl")

@@ -66,6 +66,9 @@ class ReplicaSpec:
             checkpoints); resume: start from the newest checkpoint in ``out_dir/ckpt``.
         min_replicas: torchft's ``min_replica_size``: a step commits only with at least this
             many replicas in its quorum (fewer: it is discarded and tried again).
+        commit_every: steps that communicate per transaction (one quorum, one commit): ``K``
+            divides the quorum's and commit's cost by ``K``; a failure redoes up to ``K`` of
+            them.
     """
 
     replica: int
@@ -85,6 +88,7 @@ class ReplicaSpec:
     checkpoint_every: int | None = None
     resume: bool = False
     min_replicas: int = 1
+    commit_every: int = 1
     engine: EngineName = "loop"
     threads: int = 1
 
@@ -221,30 +225,50 @@ class _Replica:
         self.manager.allreduce(torch.zeros(1), reduce_op=ReduceOp.SUM).wait()
         return bool(self.manager.should_commit())
 
-    def _sync_step(self, asked: bool) -> None:
+    def _transaction(self, asked: bool) -> None:
+        """Steps from this one (which may communicate) up to ``commit_every`` of those that
+        may, under one quorum and one commit: committed together, or restored together."""
         if not asked:
             self._quorum()
-        made = len(self.comm.log)
+        start_step, made = self.step, len(self.comm.log)
         counted = (list(self.comm.bytes_sent), list(self.comm.bytes_received))
-        loss = float("nan")
-        if self.manager.errored() is None:
+        rows: list[tuple[int, float]] = []
+        syncing = 0
+        while self.step < self.spec.max_steps and syncing < self.spec.commit_every:
+            may = not rows or self.strategy.communicates(self.step) is not False
+            if rows:
+                self._kill("step")
+            if self.manager.errored() is not None:
+                break  # a collective failed: the rest would be computed in vain
             try:
                 loss = self._compute()
             except Exception:
                 if self.manager.errored() is None:
                     raise  # not a failed collective: a bug, not a failure to survive
+                break
+            rows.append((self.step, loss))
+            self.step += 1
+            syncing += may
         start = time.perf_counter()
         committed = self.manager.should_commit()
         self.seconds["commit"] += time.perf_counter() - start
         if committed:
-            self.syncs += len(self.comm.log) > made
-            self._committed(loss)
+            self.syncs += self._syncs_in(made)
+            for step, loss in rows:
+                self._row(step, loss)
+            self._maybe_checkpoint(start_step)
             return
         assert self.kept is not None
-        self.log.event("discarded", self.step, error=str(self.manager.errored() or ""))
+        self.log.event("discarded", start_step, steps=len(rows),
+                       error=str(self.manager.errored() or ""))
         load_replica_state(self.kept, self.strategy, self.nodes, self.batches, own=True)
+        self.step = start_step
         del self.comm.log[made:]
         self.comm.bytes_sent, self.comm.bytes_received = counted
+
+    def _syncs_in(self, made: int) -> int:
+        """Synchronisations among the records since ``made``: steps that made a collective."""
+        return len({r.step for r in self.comm.log[made:]})
 
     def _local_step(self) -> None:
         made = len(self.comm.log)
@@ -252,14 +276,20 @@ class _Replica:
         if len(self.comm.log) != made:
             raise RuntimeError(f"{self.strategy.id} said step {self.step} makes no collective "
                                "(communicates() is False) but made one")
-        self._committed(loss)
-
-    def _committed(self, loss: float) -> None:
-        self.log.row(self.step, loss, self.manager.num_participants())
+        start_step = self.step
+        self._row(self.step, loss)
         self.step += 1
+        self._maybe_checkpoint(start_step)
+
+    def _row(self, step: int, loss: float) -> None:
+        self.log.row(step, loss, self.manager.num_participants())
         self.trained += 1
+
+    def _maybe_checkpoint(self, since: int) -> None:
+        """A checkpoint if the steps committed since ``since`` passed a multiple of
+        ``checkpoint_every`` (written at the commit: a state never committed is never saved)."""
         every = self.spec.checkpoint_every
-        if every and self.step % every == 0:
+        if every and self.step // every > since // every:
             self._checkpoint()
 
     def _checkpoint(self) -> None:
@@ -296,7 +326,7 @@ class _Replica:
         while self.step < spec.max_steps:
             self._kill("step")
             if pending or self.strategy.communicates(self.step) is not False:
-                self._sync_step(asked=pending)
+                self._transaction(asked=pending)
                 pending = False
             else:
                 self._local_step()
