@@ -341,9 +341,14 @@ def test_a_replayed_run_has_the_real_runs_outages_and_its_losses(tmp_path: Path)
 
 
 # -- under torchrun: two groups standing for two machines, with a Lighthouse ------------------
-def test_two_torchrun_groups_survive_a_killed_worker(tmp_path: Path) -> None:
+def _torchrun_groups(tmp_path: Path, options: list[list[str]],
+                     delays: tuple[float, ...] = (0.0, 0.0)) -> list[str]:
+    """Two torchrun groups of one process each (``REPLICA_GROUP_ID`` 0 and 1) with a Lighthouse
+    of this process, running ``exogym run --ft`` with each group's ``options``, the second
+    started ``delays[1]`` seconds after the first; their standard outputs."""
     import os
     import subprocess
+    import time
 
     from torchft.coordination import LighthouseServer
     from toy_task import toy_task_source
@@ -354,9 +359,10 @@ def test_two_torchrun_groups_survive_a_killed_worker(tmp_path: Path) -> None:
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=10000,
                                   heartbeat_timeout_ms=1000)
     port = lighthouse.address().rsplit(":", 1)[1]
+    procs: list[Any] = []
     try:
-        procs = []
-        for group in (0, 1):
+        for group, (extra, delay) in enumerate(zip(options, delays, strict=True)):
+            time.sleep(delay)
             env = {k: v for k, v in os.environ.items() if k not in (
                 "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
             env.update(REPLICA_GROUP_ID=str(group), OMP_NUM_THREADS="1", RUST_LOG="warn",
@@ -364,9 +370,8 @@ def test_two_torchrun_groups_survive_a_killed_worker(tmp_path: Path) -> None:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                    "--nproc-per-node", "1", "--max-restarts", "2", "--rdzv-endpoint",
                    f"localhost:{free_port()}", "-m", "exogym", "run", "--task",
-                   "toy.py:make_task", "--strategy", "ddp", "--nodes", "2", "--steps", "40",
-                   "--ft", "--min-replicas", "2", "--kill", "1@20", "--out", "run",
-                   "--no-download"]
+                   "toy.py:make_task", "--strategy", "ddp", "--nodes", "2", "--ft",
+                   "--out", "run", "--no-download", *extra]
             procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=env, text=True,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE))
         outs = [p.communicate(timeout=240) for p in procs]
@@ -377,6 +382,12 @@ def test_two_torchrun_groups_survive_a_killed_worker(tmp_path: Path) -> None:
         lighthouse.shutdown()
     for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, out[-2000:] + err[-4000:]
+    return [out for out, _ in outs]
+
+
+def test_two_torchrun_groups_survive_a_killed_worker(tmp_path: Path) -> None:
+    both = ["--steps", "40", "--min-replicas", "2", "--kill", "1@20"]
+    outs = [(out, "") for out in _torchrun_groups(tmp_path, [both, both])]
     assert "replica 1 died at step 20, restarted: back in" in outs[0][0]
     run = tmp_path / "run"
     summary = json.loads((run / "summary.json").read_text())
@@ -385,6 +396,25 @@ def test_two_torchrun_groups_survive_a_killed_worker(tmp_path: Path) -> None:
     assert [(e["node"], e["step"]) for e in events if e["event"] == "fail"] == [(1, 20)]
     assert [(e["node"], e["step"], e["donor"]) for e in events
             if e["event"] == "recovery"] == [(1, 20, 0)]
+    states = [torch.load(run / f"replica{r}.result.pt", weights_only=False)["global_state"]
+              for r in (0, 1)]
+    for k in states[0]:
+        assert torch.equal(states[0][k], states[1][k]), k
+
+
+def test_a_torchrun_group_started_late_heals_and_joins(tmp_path: Path) -> None:
+    # group 1 starts 3 s after group 0, which trains alone meanwhile; its first quorum heals it
+    # (a first process, not a restart) and it takes part in every step after
+    steps = ["--steps", "3000"]
+    _torchrun_groups(tmp_path, [steps, steps], delays=(0.0, 3.0))
+    run = tmp_path / "run"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["trained"]["0"] == 3000 and 0 < summary["trained"]["1"] < 3000
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    heals = [e for e in events if e["event"] == "recovery"]
+    assert [(e["node"], e["donor"], e["generation"]) for e in heals] == [(1, 0, 0)]
+    assert heals[0]["step"] == 3000 - summary["trained"]["1"]
+    assert summary["syncs"]["0"] == summary["syncs"]["1"] == 3000
     states = [torch.load(run / f"replica{r}.result.pt", weights_only=False)["global_state"]
               for r in (0, 1)]
     for k in states[0]:

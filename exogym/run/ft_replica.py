@@ -311,18 +311,21 @@ class _Replica:
             self.step, self.syncs = int(state["step"]), int(state["syncs"])
             self.log.event("resumed", self.step, own=own, donor_replica=int(state["replica"]))
         self._quorum()
-        if spec.generation == 0:  # the run's first quorum: committed by every first process
-            while not self._joined():
+        if spec.generation == 0 and self.heals == 0:  # the run's first quorum, committed by
+            while not self._joined():                 # every first process
                 self._quorum()
-            pending = False
-        else:
+                if self.heals:
+                    break
+        elif spec.generation > 0:
             while self.heals == 0 and self.manager.errored() is not None:
                 self.manager.should_commit()  # a failed heal (its donor died serving): again
                 self._quorum()
             if self.heals == 0:  # every first process committed a quorum: none is ahead of it
                 self.log.event("no_peer", self.step)
                 return None
-            pending = True  # healed in that quorum: its step is this replica's next
+        # healed (restarted, or started late by hand): the quorum is for this replica's next
+        # step, which the others are taking
+        pending = self.heals > 0
         while self.step < spec.max_steps:
             self._kill("step")
             if pending or self.strategy.communicates(self.step) is not False:
