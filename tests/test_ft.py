@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from test_dist import TinyBN  # the same model as the process engine's tests
+from torch import Tensor
 from torch.utils.data import TensorDataset
 
 from exogym import Trainer
@@ -30,21 +30,6 @@ from exogym.sim.comm import all_reduce_bytes
 from exogym.strategy import make
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-
-
-class TinyBN(nn.Module):
-    """Linear -> BatchNorm -> tanh -> Linear: parameters, float and integer buffers."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(1)
-        self.fc1 = nn.Linear(6, 8, bias=False)
-        self.bn = nn.BatchNorm1d(8)
-        self.fc2 = nn.Linear(8, 3)
-
-    def forward(self, batch: tuple[Tensor, Tensor]) -> Tensor:
-        x, y = batch
-        return F.cross_entropy(self.fc2(torch.tanh(self.bn(self.fc1(x)))), y)
 
 
 def dataset() -> TensorDataset:
