@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-import exogym._aliases  # noqa: F401  (old module paths: exogym.trainer, exogym.data.mnist, ...)
+import exogym._aliases  # noqa: F401  (EXO Gym's module paths: exogym.trainer, exogym.aux)
 
 if TYPE_CHECKING:
     from exogym.compat import DilocoSimulator

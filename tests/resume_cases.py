@@ -17,10 +17,10 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from exogym.result import FitResult
 from test_conformance import small
 
 from exogym import Trainer
+from exogym.run.result import FitResult
 from exogym.strategy import make, registry
 
 T = 4  # steps before the checkpoint that is resumed from; the runs take 2T

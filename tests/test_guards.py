@@ -21,10 +21,10 @@ from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
 from exogym import Classifier, Trainer
-from exogym import engine as engine_module
 from exogym.cli import main
 from exogym.lab.compare import compare
 from exogym.run.result import NonFiniteLossError
+from exogym.sim import engine as engine_module
 from exogym.sim.sharding import FixedSubset, iterate_batches
 from exogym.strategy import DDP, DiLoCo, FedAvg
 from exogym.strategy.optim import OptimSpec

@@ -1,6 +1,6 @@
 """The package layout: layers that never import upwards (but EXO Gym's paths, handing its names
-on from exogym.compat.exo_gym), no import cycle between modules, and the old flat module
-paths."""
+on from exogym.compat.exo_gym), no import cycle between modules, and EXO Gym's module paths
+(exogym.trainer, exogym.aux) as aliases."""
 
 from __future__ import annotations
 
@@ -119,22 +119,30 @@ def test_no_import_cycles() -> None:
 
 
 @pytest.mark.parametrize("old", sorted(k for k in ALIASES if not k.endswith(".")))
-def test_old_module_paths_are_the_new_modules(old: str) -> None:
+def test_exo_gym_s_module_paths_are_the_new_modules(old: str) -> None:
     new = target(old)
     assert new is not None
     assert importlib.import_module(old) is importlib.import_module(new)
 
 
-def test_old_package_paths_alias_every_submodule() -> None:
-    import exogym.data.mnist
+def test_exo_gym_s_package_path_aliases_every_submodule() -> None:
+    import exogym.aux.utils
 
-    import exogym.tasks.data.mnist
+    import exogym.compat.exo_gym.auxiliary.utils
 
-    assert exogym.data.mnist is exogym.tasks.data.mnist
-    from exogym.data.sharding import NodeBatches
+    assert exogym.aux.utils is exogym.compat.exo_gym.auxiliary.utils
+    from exogym.aux.utils import get_device
 
-    from exogym.sim.sharding import NodeBatches as Same
+    from exogym.compat.exo_gym import get_device as same
 
-    assert NodeBatches is Same
-    assert target("exogym.data.cifar10") == "exogym.tasks.data.cifar10"
+    assert get_device is same
+    assert target("exogym.aux.logger") == "exogym.compat.exo_gym.auxiliary.logger"
     assert target("exogym.trainerx") is None
+
+
+def test_exogym_s_own_old_flat_paths_are_gone() -> None:
+    for old, missing in [("exogym.engine", "exogym.engine"), ("exogym.result", "exogym.result"),
+                         ("exogym.optim", "exogym.optim"), ("exogym.data.mnist", "exogym.data")]:
+        assert target(old) is None
+        with pytest.raises(ModuleNotFoundError, match=rf"No module named '{missing}'$"):
+            importlib.import_module(old)

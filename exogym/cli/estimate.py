@@ -64,7 +64,7 @@ def add_parser(sub: Any) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
-    from exogym import estimate as est
+    from exogym.lab import estimate as est
     from exogym.sim.network import PROFILES, parse_duration
 
     if args.plot:
