@@ -1,10 +1,12 @@
 """Two methods written for ONE node (EXO Gym's form), next to exogym's node-stacked ones.
 
-``PerNodeDDP`` and ``PerNodeDiLoCo`` are torch.distributed-style code: ``self.model`` is this
-node's replica, the collectives of :mod:`exogym.strategy.communicate` meet the other nodes'.
-``exogym.Trainer.fit`` runs them on N simulated nodes (or as real processes: under torchrun, or
-with ``fit_processes(..., strategy=as_exogym(PerNodeDDP(spec)))``, ``exogym.run.launch``'s and
-``exogym.compat.exo_gym``'s); they compute the same updates as exogym's ``ddp`` and ``diloco``
+``PerNodeDDP`` and ``PerNodeDiLoCo`` subclass the per-node base
+``exogym.strategy.PerNodeStrategy`` (EXO Gym's ``exogym.strategy.strategy.Strategy``) and are
+torch.distributed-style code: ``self.model`` is this node's replica, the collectives of
+:mod:`exogym.strategy.communicate` meet the other nodes'. ``exogym.Trainer.fit`` runs them on N
+simulated nodes (or as real processes: under torchrun, or with ``fit_processes(...,
+strategy=as_exogym(PerNodeDDP(spec)))``, ``exogym.run.launch``'s and ``exogym.compat.exo_gym``'s);
+they compute the same updates as exogym's ``ddp`` and ``diloco``
 (``tests/test_per_node.py``), and ``bench/per_node.py`` measures what the per-node form costs.
 
 Run ``python examples/per_node.py [--steps N]``: each per-node method beside its node-stacked
@@ -24,12 +26,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from exogym.strategy import PerNodeStrategy
 from exogym.strategy.communicate import ReduceOp, all_reduce
 from exogym.strategy.optim import OptimSpec
-from exogym.strategy.strategy import Strategy
 
 
-class PerNodeDDP(Strategy):
+class PerNodeDDP(PerNodeStrategy):
     """Data parallelism for one node: average every gradient over the nodes, then step."""
 
     def __init__(self, optim_spec: OptimSpec) -> None:
@@ -43,7 +45,7 @@ class PerNodeDDP(Strategy):
         super().step()
 
 
-class PerNodeDiLoCo(Strategy):
+class PerNodeDiLoCo(PerNodeStrategy):
     """DiLoCo for one node (see the module docstring)."""
 
     def __init__(self, optim_spec: OptimSpec, H: int, outer_lr: float = 0.7) -> None:

@@ -1,4 +1,5 @@
-"""EXO Gym's API: its README's snippets and its MNIST example's way of building strategies run
+"""EXO Gym's API: its README's snippets (its custom algorithm on the per-node base's path
+``exogym.strategy.strategy.Strategy``) and its MNIST example's way of building strategies run
 unchanged; its built-in classes are exogym's strategies with the same numbers; its ``fit``
 arguments map as documented (exogym.compat.exo_gym.fit_form); a per-node class gives the same
 numbers in one process and as 2 processes."""
@@ -101,11 +102,23 @@ def test_readme_custom_training_runs_unchanged() -> None:
     assert first["step"] == 0 and last["eval_loss"] < first["eval_loss"]
 
 
-def test_readme_custom_algorithm_runs_unchanged() -> None:
-    from exogym.strategy import Strategy  # EXO Gym's path of its per-node base
-    from exogym.strategy.communicate import all_reduce
+def test_readme_custom_algorithm_runs_on_the_per_node_base() -> None:
+    from exogym.strategy import Strategy as Stacked
 
-    # README "Custom Algorithms", to the letter
+    # EXO Gym's README imports its per-node base as `from exogym.strategy import Strategy`, which
+    # is exogym's node-stacked base: a per-node step(self) on it is refused when defined
+    with pytest.raises(TypeError, match=r"^QuantizationStrategy defines a per-node step\(self\), "
+                                        r"but it subclasses Strategy, a node-stacked strategy .* "
+                                        r"subclass exogym.strategy.PerNodeStrategy \(EXO Gym's "
+                                        r"exogym.strategy.strategy.Strategy\) instead$"):
+        class QuantizationStrategy(Stacked):
+            def step(self) -> None:  # type: ignore[override]
+                pass
+
+    from exogym.strategy.communicate import all_reduce
+    from exogym.strategy.strategy import Strategy  # EXO Gym's path of its per-node base
+
+    # README "Custom Algorithms", to the letter but for that import
     class QuantizationStrategy(Strategy):
         def __init__(self, optim_spec, quantization_level: Literal['int8']):
             super().__init__()
@@ -140,10 +153,10 @@ def test_readme_custom_algorithm_runs_unchanged() -> None:
 
 
 def test_an_own_per_node_strategy_in_exo_gym_s_shape_runs_unchanged() -> None:
-    from exogym.strategy import Strategy
+    from exogym.strategy import PerNodeStrategy
     from exogym.strategy.communicate import all_reduce
 
-    class MyReduce(Strategy):  # EXO Gym's strategies build their optimizer in _init_node
+    class MyReduce(PerNodeStrategy):  # EXO Gym's strategies build their optimizer in _init_node
         def __init__(self, optim_spec):
             super().__init__()
             self.optim_spec = optim_spec
@@ -381,11 +394,12 @@ def test_exo_gym_s_paths_and_helpers() -> None:
     assert exogym.aux.utils is helpers and exogym.trainer.Trainer is exogym.Trainer is Trainer
     assert helpers.get_device() == ("cuda" if torch.cuda.is_available() else "mps"
                                     if torch.backends.mps.is_available() else "cpu")
-    from exogym.compat.exo_gym import all_reduce, strategy
+    from exogym.compat.exo_gym import Strategy, all_reduce
+    from exogym.strategy import PerNodeStrategy
     from exogym.strategy.communicate import all_reduce as path
     from exogym.strategy.strategy import Strategy as PerNodeBase
 
-    assert path is all_reduce and PerNodeBase is strategy.Strategy
+    assert path is all_reduce and PerNodeBase is Strategy is PerNodeStrategy
 
 
 def test_importing_exogym_s_own_modules_loads_no_exo_gym_code() -> None:

@@ -18,11 +18,8 @@ ROOT = Path(exogym.__file__).resolve().parent
 RANK = {"utils": 0, "sim": 1, "tasks": 1, "strategy": 2, "run": 3, "compat": 4, "lab": 4,
         "cli": 5}
 # The only imports upwards: EXO Gym's import paths handing its names on from its compatibility
-# package (thin modules, and the module __getattr__s of exogym's own method modules), and the
-# metaclass of exogym.strategy.Strategy taking EXO Gym's per-node subclasses onto its base.
+# package (thin modules, and the module __getattr__s of exogym's own method modules).
 EXO_GYM_PATHS = {
-    ("exogym.strategy.base", "exogym.compat.exo_gym.strategy"),
-    ("exogym.strategy.strategy", "exogym.compat.exo_gym.strategy"),
     ("exogym.strategy.strategy", "exogym.compat.exo_gym.simple_reduce"),
     ("exogym.strategy.communicate", "exogym.compat.exo_gym.communicate"),
     ("exogym.strategy.federated_averaging", "exogym.compat.exo_gym.builtins"),

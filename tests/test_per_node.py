@@ -261,32 +261,45 @@ def test_nodes_run_in_a_fixed_order_and_keep_their_own_grad_mode() -> None:
 def test_the_two_bases_are_not_mixed() -> None:
     from dataclasses import dataclass
 
+    from exogym.strategy import PerNodeStrategy
     from exogym.strategy import Strategy as Stacked
 
-    # EXO Gym's `from exogym.strategy import Strategy` with a step(self): taken as per-node
-    class ExoGymStyle(Stacked):
+    # EXO Gym's `from exogym.strategy import Strategy` with a step(self): refused when defined,
+    # naming the per-node base; the same code on that base runs per-node
+    with pytest.raises(TypeError, match=r"^ExoGymStyle defines a per-node step\(self\), but it "
+                                        r"subclasses Strategy, a node-stacked strategy whose "
+                                        r"step\(self, step\) updates all the nodes at once; for "
+                                        r"code written for one node, subclass "
+                                        r"exogym.strategy.PerNodeStrategy \(EXO Gym's "
+                                        r"exogym.strategy.strategy.Strategy\) instead$"):
+        class ExoGymStyle(Stacked):
+            def step(self) -> None:  # type: ignore[override]
+                pass
+
+    class PerNodeStyle(PerNodeStrategy):
         def __init__(self, optim_spec: OptimSpec) -> None:
             super().__init__()
             self.optim_spec = optim_spec
 
-        def step(self) -> None:  # type: ignore[override]
+        def step(self) -> None:
             for param in self.model.parameters():
                 all_reduce(param.grad, op=ReduceOp.AVG)
             self.optim.step()
             super().step()
 
-    assert ExoGymStyle.__mro__[1] is Strategy and not issubclass(ExoGymStyle, Stacked)
-    same_parameters(fit(ExoGymStyle(OptimSpec("adamw", lr=1e-2))),
+    assert PerNodeStrategy is Strategy and not issubclass(PerNodeStyle, Stacked)
+    same_parameters(fit(PerNodeStyle(OptimSpec("adamw", lr=1e-2))),
                     fit(DDP(optim=OptimSpec("adamw", lr=1e-2))))
-    # a step(self) under a node-stacked method mixes the two kinds
-    with pytest.raises(TypeError, match=r"Mixed.step\(self\) is a per-node step .* Mixed "
-                                        r"subclasses DiLoCo, a node-stacked strategy .* "
-                                        r"subclasses exogym.strategy.strategy.Strategy"):
+    # a step(self) under a node-stacked method: the same rule at any depth
+    with pytest.raises(TypeError, match=r"^Mixed defines a per-node step\(self\), but it "
+                                        r"subclasses DiLoCo, a node-stacked strategy .* subclass "
+                                        r"exogym.strategy.PerNodeStrategy \(EXO Gym's "
+                                        r"exogym.strategy.strategy.Strategy\) instead$"):
         @dataclass(kw_only=True)
         class Mixed(DiLoCo):
             def step(self) -> None:  # type: ignore[override]
                 pass
-    with pytest.raises(TypeError, match="per-node Strategy"):
+    with pytest.raises(TypeError, match=r"a per-node strategy \(exogym.strategy.PerNodeStrategy"):
         fit(object())
 
 

@@ -12,6 +12,10 @@ A strategy outside exogym is named where an id is accepted by ``path/to/file.py:
 :func:`register`, or declared by an installed package in the entry point group
 ``exogym.strategies`` (``topk_diloco = "my_pkg.methods:TopKDiLoCo"`` in its ``pyproject.toml``
 under ``[project.entry-points."exogym.strategies"]``), found on first use.
+
+The two bases: :class:`Strategy` (node-stacked: ``step(self, step)`` updates all the nodes at
+once; every registered strategy) and :class:`PerNodeStrategy` (code for ONE node, ``step(self)``
+with collectives, EXO Gym's form; ``exogym.Trainer.fit`` runs it).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from exogym.strategy.base import Strategy
+from exogym.strategy.per_node_base import PerNodeStrategy
 from exogym.utils.config import ConfigError, apply_overrides, config_fields
 from exogym.utils.plugins import is_spec, load_object, source_of
 
@@ -30,7 +35,8 @@ if TYPE_CHECKING:
     from exogym.strategy.diloco import DiLoCo
     from exogym.strategy.fedavg import FedAvg
 
-__all__ = ["DDP", "DiLoCo", "FedAvg", "Strategy", "get", "make", "register", "registry"]
+__all__ = ["DDP", "DiLoCo", "FedAvg", "PerNodeStrategy", "Strategy", "get", "make", "register",
+           "registry"]
 
 _ENTRY_POINTS: dict[str, str] = {}
 _EXPORTS = {"DDP": "ddp", "DiLoCo": "diloco", "FedAvg": "fedavg"}

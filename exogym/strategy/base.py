@@ -11,6 +11,11 @@ trainer owns the loop and calls, in order:
    through ``self.comm`` only; the trainer zeroes the gradients afterwards;
 3. :meth:`Strategy.global_state` whenever the global model is evaluated.
 
+Code written for ONE node (EXO Gym's form, ``step(self)`` on ``self.model``, with collectives) has
+its own base, :class:`exogym.strategy.PerNodeStrategy` (:mod:`exogym.strategy.per_node_base`); a
+subclass of this base, at any depth, that defines such a ``step(self)`` is refused when it is
+defined (a ``TypeError`` naming that base).
+
 State (checkpoints, live recovery): everything a strategy sets on itself at run time is its
 state, saved by :meth:`Strategy.state_dict` and restored by :meth:`Strategy.load_state_dict`
 without any code in the subclass: tensors (restored in place, so optimizers keep their
@@ -65,36 +70,13 @@ from exogym.utils.validation import check_number, in_range, positive_int
 __all__ = ["Strategy", "in_range", "positive_int", "restart_rows"]
 
 
-class _Recognising(abc.ABCMeta):
-    """The metaclass of :class:`Strategy`: a class that subclasses ``Strategy`` itself but
-    defines a per-node ``step(self)`` (EXO Gym's form, where ``from exogym.strategy import
-    Strategy`` named the per-node base) is created on EXO Gym's per-node base
-    (:class:`exogym.compat.exo_gym.strategy.Strategy`) instead. A deeper subclass (of ``DiLoCo``,
-    ...) with ``step(self)`` mixes the two kinds and is refused
-    (:meth:`Strategy.__init_subclass__`)."""
-
-    def __new__(mcls, name: str, bases: tuple[type, ...], namespace: dict[str, Any],
-                **kwargs: Any) -> Any:
-        if _STACKED_BASE is not None and _STACKED_BASE in bases and _per_node_step(namespace):
-            # the one import of EXO Gym's compatibility from the core: its per-node base, which
-            # imports nothing that imports this module (no cycle)
-            from exogym.compat.exo_gym.strategy import Strategy as PerNodeStrategy
-
-            bases = tuple(PerNodeStrategy if b is _STACKED_BASE else b for b in bases)
-            return type(name, bases, dict(namespace), **kwargs)
-        return super().__new__(mcls, name, bases, namespace, **kwargs)
-
-
 def _per_node_step(namespace: dict[str, Any]) -> bool:
     step = namespace.get("step")
     return callable(step) and len(inspect.signature(step).parameters) == 1
 
 
-_STACKED_BASE: type | None = None  # Strategy, once defined
-
-
 @dataclass(kw_only=True)
-class Strategy(metaclass=_Recognising):
+class Strategy(metaclass=abc.ABCMeta):
     """Base class of every strategy.
 
     Attributes:
@@ -138,14 +120,13 @@ class Strategy(metaclass=_Recognising):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if _per_node_step(cls.__dict__):
+        if _per_node_step(cls.__dict__):  # code for one node, on the node-stacked base
             parents = ", ".join(b.__name__ for b in cls.__bases__)
             raise TypeError(
-                f"{cls.__name__}.step(self) is a per-node step (EXO Gym's form), but "
-                f"{cls.__name__} subclasses {parents}, a node-stacked strategy whose "
-                "step(self, step) updates all nodes at once; code written for one node "
-                "subclasses exogym.strategy.strategy.Strategy (or exogym.strategy.Strategy "
-                "itself, which takes a class with step(self) as per-node)")
+                f"{cls.__name__} defines a per-node step(self), but it subclasses {parents}, "
+                "a node-stacked strategy whose step(self, step) updates all the nodes at once; "
+                "for code written for one node, subclass exogym.strategy.PerNodeStrategy (EXO "
+                "Gym's exogym.strategy.strategy.Strategy) instead")
         if "id" not in cls.__dict__:  # a class of its own is not its parent's strategy
             cls.id = cls.__name__
 
@@ -194,7 +175,7 @@ class Strategy(metaclass=_Recognising):
             )
         self.init_state()
 
-    def init_state(self) -> None:  # an optional hook, empty on purpose
+    def init_state(self) -> None:  # noqa: B027 (an optional hook, empty on purpose)
         """Allocate the strategy's own state (global copies, outer optimizers). Optional."""
 
     @abc.abstractmethod
@@ -512,7 +493,6 @@ class Strategy(metaclass=_Recognising):
         return out
 
 
-_STACKED_BASE = Strategy
 
 _BINDING = ("nodes", "comm", "total_steps")  # what setup() binds the strategy to: not its state
 

@@ -1,8 +1,9 @@
 """Checkpointing a strategy's run-time attributes: values to saved data and back.
 
-A strategy's state is whatever it sets on itself at run time (:class:`exogym.strategy.base.
-Strategy` and EXO Gym's per-node base, :mod:`exogym.compat.exo_gym.strategy`, both save it this
-way, without code in the subclass). :func:`save_value` turns one attribute's value into
+A strategy's state is whatever it sets on itself at run time (the node-stacked base
+:class:`exogym.strategy.base.Strategy` and the per-node base
+:class:`exogym.strategy.per_node_base.PerNodeStrategy` both save it this way, without code in
+the subclass). :func:`save_value` turns one attribute's value into
 checkpointable data, :func:`restore_value` puts saved data back into the fresh run's value. The
 kinds: tensors (saved by reference, restored in place so that optimizers keep their references),
 ``torch.Generator`` objects (their state), plain Python values, dicts (keys: str, int, float,

@@ -1,12 +1,12 @@
 """EXO Gym's path of its per-node base: ``from exogym.strategy.strategy import Strategy``.
 
-The names are :mod:`exogym.compat.exo_gym`'s: :class:`Strategy` (code for ONE node,
-:mod:`exogym.compat.exo_gym.strategy`) and :class:`SimpleReduceStrategy`
-(:mod:`exogym.compat.exo_gym.simple_reduce`). exogym's own base is :class:`exogym.strategy.Strategy`
-(node-stacked).
+Its names: ``Strategy``, exogym's per-node base :class:`exogym.strategy.PerNodeStrategy` (code
+for ONE node, :mod:`exogym.strategy.per_node_base`), and :class:`SimpleReduceStrategy`
+(:mod:`exogym.compat.exo_gym.simple_reduce`). exogym's own base, :class:`exogym.strategy.Strategy`,
+is node-stacked.
 """
 
 from exogym.compat.exo_gym.simple_reduce import SimpleReduceStrategy
-from exogym.compat.exo_gym.strategy import Strategy
+from exogym.strategy.per_node_base import PerNodeStrategy as Strategy
 
 __all__ = ["SimpleReduceStrategy", "Strategy"]

@@ -1,6 +1,6 @@
 """Collectives for per-node strategies (EXO Gym's path: ``exogym.strategy.communicate``).
 
-A per-node strategy (:class:`exogym.compat.exo_gym.strategy.Strategy`) is code for ONE node,
+A per-node strategy (:class:`exogym.strategy.PerNodeStrategy`) is code for ONE node,
 written the way torch.distributed code is written. Its collectives are these three functions, with
 torch.distributed's signatures and semantics (in place, ``op`` included):
 

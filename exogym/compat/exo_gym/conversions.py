@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from exogym.compat.exo_gym.strategy import Strategy
 from exogym.strategy.optim import LRSchedule, OptimSpec
+from exogym.strategy.per_node_base import PerNodeStrategy
 from exogym.utils.validation import check_number
 
 if TYPE_CHECKING:
@@ -94,7 +94,8 @@ def schedule(lr_scheduler: Any, lr_scheduler_kwargs: Mapping[str, Any] | None,
         raise ValueError(
             f"{owner}: lr_scheduler must be None or 'lambda_cosine' for EXO Gym's built-in "
             f"strategies, got {lr_scheduler!r}; a torch.optim.lr_scheduler class runs in a "
-            "per-node strategy (a subclass of exogym.strategy.strategy.Strategy)")
+            "per-node strategy (a subclass of exogym.strategy.PerNodeStrategy, EXO Gym's "
+            "exogym.strategy.strategy.Strategy)")
     unknown = set(kwargs) - {"warmup_steps", "cosine_anneal", "max_steps"}
     if unknown:
         raise ValueError(f"{owner}: lr_scheduler_kwargs for 'lambda_cosine': unknown "
@@ -149,10 +150,10 @@ def shared(owner: str, unused: Mapping[str, Any], optim_spec: Any, lr_scheduler:
             "max_grad_norm": check_max_norm(max_norm, owner)}
 
 
-class BuiltinStrategy(Strategy):
+class BuiltinStrategy(PerNodeStrategy):
     """An EXO Gym built-in strategy: constructed with EXO Gym's arguments, run as exogym's
     strategy of the same method (:meth:`to_exogym`). It has no per-node ``step``, and a subclass
-    may not add one: a per-node method subclasses :class:`exogym.strategy.strategy.Strategy`,
+    may not add one: a per-node method subclasses :class:`exogym.strategy.PerNodeStrategy`,
     a variant of a built-in subclasses its exogym class (``exogym.strategy.diloco.DiLoCo``)."""
 
     def __init__(self, exogym: StackedStrategy) -> None:
@@ -168,7 +169,8 @@ class BuiltinStrategy(Strategy):
             raise TypeError(
                 f"{cls.__qualname__} defines {', '.join(changed)}, but {concrete[0]} runs as "
                 "an exogym node-stacked strategy and has no per-node step to change: write a "
-                "per-node method as a subclass of exogym.strategy.strategy.Strategy, or a "
+                "per-node method as a subclass of exogym.strategy.PerNodeStrategy (EXO Gym's "
+                "exogym.strategy.strategy.Strategy), or a "
                 "variant of the method as a subclass of its exogym class "
                 "(exogym.strategy.diloco.DiLoCo, ...)")
 

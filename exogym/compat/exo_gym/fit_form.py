@@ -11,7 +11,7 @@ EXO Gym (github.com/exo-explore/gym, read at commit 9fa323c: ``exogym/trainer.py
 ``exogym.Trainer.fit`` (:class:`exogym.compat.exo_gym.trainer.Trainer`) takes that call as it is
 when it is **EXO Gym's**: its strategy is one of EXO Gym's built-ins (``DiLoCoStrategy``, ...,
 ``SimpleReduceStrategy``), or a per-node strategy
-(:class:`exogym.compat.exo_gym.strategy.Strategy`, EXO Gym's kind) with arguments by
+(:class:`exogym.strategy.PerNodeStrategy`, EXO Gym's kind) with arguments by
 position, any of EXO Gym's own argument names (``val_interval``, ``run_name``, ...), or both
 ``num_epochs`` and ``max_steps`` (exogym's own form takes one of them). Such a
 call returns what EXO Gym's returns, the trained model (an ``nn.Module``: exogym's global
@@ -77,8 +77,8 @@ from exogym.compat.exo_gym.conversions import BuiltinStrategy, ExoGymWarning
 from exogym.compat.exo_gym.logs import ExamplesAxisWandb, ExoGymCSVLogs
 from exogym.compat.exo_gym.per_node import as_exogym
 from exogym.compat.exo_gym.simple_reduce import SimpleReduceStrategy
-from exogym.compat.exo_gym.strategy import Strategy as PerNodeStrategy
 from exogym.run.sinks import WandbSink
+from exogym.strategy.per_node_base import PerNodeStrategy
 
 if TYPE_CHECKING:
     from exogym.run.result import FitResult

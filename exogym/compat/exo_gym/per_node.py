@@ -1,4 +1,5 @@
-"""Running per-node strategies (:mod:`exogym.compat.exo_gym.strategy`) on the node-stacked engine.
+"""Running per-node strategies (:class:`exogym.strategy.PerNodeStrategy`) on the node-stacked
+engine.
 
 :class:`PerNode` is a node-stacked strategy that holds one copy of the user's per-node strategy
 per node of this process. The run's engine computes every node's forward and backward as usual
@@ -23,17 +24,17 @@ from torch import Tensor, nn
 
 from exogym.compat.exo_gym.conversions import BuiltinStrategy
 from exogym.compat.exo_gym.rendezvous import Rendezvous
-from exogym.compat.exo_gym.strategy import Strategy as NodeStrategy
 from exogym.sim.comm import Communicator
 from exogym.sim.engine import NodeStack
 from exogym.strategy.base import Strategy as StackedStrategy
+from exogym.strategy.per_node_base import PerNodeStrategy
 
 __all__ = ["PerNode", "as_exogym"]
 
 
 @dataclass(kw_only=True)
 class PerNode(StackedStrategy):
-    """A per-node strategy (``node``, a :class:`exogym.compat.exo_gym.strategy.Strategy`) run on
+    """A per-node strategy (``node``, a :class:`exogym.strategy.PerNodeStrategy`) run on
     the node-stacked engine: one deep copy of ``node`` per node, each bound to its replica. It
     runs on the loop engine (``engine="auto"`` becomes ``"loop"`` at :meth:`setup`).
 
@@ -45,10 +46,11 @@ class PerNode(StackedStrategy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.node, NodeStrategy):
-            raise TypeError(f"node must be a per-node Strategy (exogym.strategy.strategy, EXO "
-                            f"Gym's), got {type(self.node).__name__}")
-        if type(self.node).zero_grad is not NodeStrategy.zero_grad:
+        if not isinstance(self.node, PerNodeStrategy):
+            raise TypeError(f"node must be a per-node strategy (exogym.strategy.PerNodeStrategy, "
+                            f"EXO Gym's exogym.strategy.strategy.Strategy), got "
+                            f"{type(self.node).__name__}")
+        if type(self.node).zero_grad is not PerNodeStrategy.zero_grad:
             # EXO Gym's TrainNode called strategy.zero_grad() before each step; exogym zeroes
             # every node's row of the stacked gradient itself, so an override would never run
             raise TypeError(
@@ -129,7 +131,7 @@ def as_exogym(strategy: Any, num_nodes: int | None = None) -> Any:
     ``exogym.Trainer.fit`` calls it; call it yourself where exogym's own functions take a
     strategy, e.g. ``exogym.run.launch.fit_processes(..., strategy=as_exogym(MyPerNode()))``.
     """
-    if not isinstance(strategy, NodeStrategy):
+    if not isinstance(strategy, PerNodeStrategy):
         return strategy
     if isinstance(strategy, BuiltinStrategy):
         if num_nodes is not None:

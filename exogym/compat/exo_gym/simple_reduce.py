@@ -3,7 +3,7 @@ written for one node.
 
 Used as it is it runs as exogym's :class:`exogym.strategy.ddp.DDP` (the same update, on the
 node-stacked engine); a subclass that changes its ``step`` runs per-node, like any
-:class:`exogym.compat.exo_gym.strategy.Strategy`.
+:class:`exogym.strategy.PerNodeStrategy`.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from torch import nn
 
 from exogym.compat.exo_gym.communicate import all_reduce
 from exogym.compat.exo_gym.conversions import check_max_norm, inner_optim, schedule, warn_unused
-from exogym.compat.exo_gym.strategy import Strategy
 from exogym.strategy.ddp import DDP
 from exogym.strategy.optim import OptimSpec
+from exogym.strategy.per_node_base import PerNodeStrategy
 
 __all__ = ["SimpleReduceStrategy"]
 
 
-class SimpleReduceStrategy(Strategy):
+class SimpleReduceStrategy(PerNodeStrategy):
     """Data-parallel SGD written for one node (EXO Gym's ``SimpleReduceStrategy``): sum every
     gradient over the nodes, divide by N, clip (``max_norm``), step.
 
@@ -34,7 +34,8 @@ class SimpleReduceStrategy(Strategy):
         optim_spec: the optimizer (default EXO Gym's ``OptimSpec(torch.optim.AdamW)``: lr 1e-3,
             weight decay 0.01).
         max_norm: clip the averaged gradient to this L2 norm (None: off).
-        lr_scheduler, lr_scheduler_kwargs: see :class:`Strategy`.
+        lr_scheduler, lr_scheduler_kwargs: see
+            :class:`~exogym.strategy.per_node_base.PerNodeStrategy`.
         **unused: arguments EXO Gym's class did not declare (its ``example/mnist.py`` passes
             ``H`` and ``p``): an :class:`~exogym.compat.exo_gym.conversions.ExoGymWarning`
             each, ignored.
@@ -62,7 +63,8 @@ class SimpleReduceStrategy(Strategy):
         """:class:`exogym.strategy.ddp.DDP` when this class's update is unchanged (and its
         schedule is None or ``"lambda_cosine"``), else None (per-node)."""
         cls = type(self)
-        if cls.step is not SimpleReduceStrategy.step or cls._init_node is not Strategy._init_node \
+        if cls.step is not SimpleReduceStrategy.step \
+                or cls._init_node is not PerNodeStrategy._init_node \
                 or isinstance(self.lr_scheduler, type) or "max_steps" in self.lr_scheduler_kwargs:
             return None
         return DDP(optim=self.optim_spec,

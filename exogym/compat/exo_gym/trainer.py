@@ -6,7 +6,7 @@ EXO Gym's path of it is ``exogym.trainer.Trainer``. :class:`Trainer` is
 - EXO Gym's constructor, ``Trainer(model, train_dataset, val_dataset, start_port=None,
   device=None, devices=None)`` (github.com/exo-explore/gym at commit 9fa323c,
   ``exogym/trainer.py``);
-- EXO Gym's strategies in ``fit``: a per-node strategy (:mod:`exogym.compat.exo_gym.strategy`)
+- EXO Gym's strategies in ``fit``: a per-node strategy (:class:`exogym.strategy.PerNodeStrategy`)
   runs in :class:`~exogym.compat.exo_gym.per_node.PerNode`, a built-in
   (:mod:`exogym.compat.exo_gym.builtins`) as exogym's strategy of its method
   (:func:`~exogym.compat.exo_gym.per_node.as_exogym`);
@@ -27,11 +27,11 @@ from torch.utils.data import Dataset
 
 from exogym.compat.exo_gym import fit_form
 from exogym.compat.exo_gym.per_node import as_exogym
-from exogym.compat.exo_gym.strategy import Strategy as PerNodeStrategy
 from exogym.run.result import FitResult
 from exogym.run.trainer import Trainer as CoreTrainer
 from exogym.sim.sharding import DatasetFactory
 from exogym.strategy.base import Strategy as StackedStrategy
+from exogym.strategy.per_node_base import PerNodeStrategy
 
 __all__ = ["Trainer"]
 
@@ -87,7 +87,8 @@ class Trainer(CoreTrainer):
             raise TypeError(
                 "strategy must be an exogym strategy (node-stacked, exogym.strategy), a registry "
                 "id, one of EXO Gym's built-ins (exogym.strategy.diloco.DiLoCoStrategy, ...) or "
-                "a per-node Strategy (exogym.strategy.strategy, EXO Gym's), got "
+                "a per-node strategy (exogym.strategy.PerNodeStrategy, EXO Gym's "
+                "exogym.strategy.strategy.Strategy), got "
                 f"{type(strategy).__name__}")
         given = dict(kwargs)
         if isinstance(strategy, PerNodeStrategy):

@@ -1,24 +1,27 @@
-"""EXO Gym's per-node ``Strategy`` base: code for ONE node (its path: ``exogym.strategy.strategy``).
+"""The per-node base, :class:`PerNodeStrategy`: a strategy written for ONE node.
 
 Two kinds of strategy run in exogym, each with its own base:
 
-- :class:`exogym.strategy.Strategy` (``exogym.strategy.base``): node-stacked. ``step(self,
+- :class:`exogym.strategy.Strategy` (:mod:`exogym.strategy.base`): node-stacked. ``step(self,
   step)`` updates all the nodes of a process at once, tensors ``[N, ...]``; the fast path, every
   built-in strategy;
-- :class:`Strategy` here (EXO Gym's path ``exogym.strategy.strategy``): per-node. ``step(self)``
-  is one node's code, as torch.distributed code is written: it uses ``self.model`` (this node's
-  replica, gradients filled), ``self.optim`` (built from ``self.optim_spec``), ``self.rank``,
-  ``self.num_nodes``, ``self.local_step``, ``self.scheduler``, and the collectives of
+- :class:`PerNodeStrategy` (``exogym.strategy.PerNodeStrategy``; EXO Gym's path of it is
+  ``exogym.strategy.strategy.Strategy``): per-node. ``step(self)`` is one node's code, as
+  torch.distributed code is written: it uses ``self.model`` (this node's replica, gradients
+  filled), ``self.optim`` (built from ``self.optim_spec``), ``self.rank``, ``self.num_nodes``,
+  ``self.local_step``, ``self.scheduler``, and the collectives of
   :mod:`exogym.compat.exo_gym.communicate` (EXO Gym's ``exogym.strategy.communicate``), and
   ends with ``super().step()``.
 
-A class that mixes them (a ``step(self)`` on the node-stacked base) is refused when it is
-defined, with the base to use. ``exogym.Trainer.fit`` (:class:`exogym.compat.exo_gym.trainer.
-Trainer`) accepts either; a per-node strategy runs on N simulated nodes in one process
+A class on the node-stacked base that defines a per-node ``step(self)`` is refused when it is
+defined, naming this base (:meth:`exogym.strategy.base.Strategy.__init_subclass__`).
+``exogym.Trainer.fit`` (:class:`exogym.compat.exo_gym.trainer.Trainer`) accepts either; a
+per-node strategy runs on N simulated nodes in one process
 (:class:`exogym.compat.exo_gym.per_node.PerNode`: each node's ``step`` as its own coroutine,
 collectives meeting through the run's communicator) and, unchanged, as one rank per node under
 torchrun, or on local processes with ``fit_processes(..., strategy=as_exogym(strategy))``
-(:func:`exogym.compat.exo_gym.trainer.as_exogym`).
+(:func:`exogym.compat.exo_gym.per_node.as_exogym`). This module imports only the core
+(checkpointing, optimizers); running it is :mod:`exogym.compat.exo_gym`'s.
 
 Where this base differs from EXO Gym's: unknown keyword arguments are an error, not attributes
 set silently; ``lr_scheduler`` is ``None``, ``"lambda_cosine"`` (EXO Gym's warm-up and optional
@@ -38,12 +41,12 @@ from torch.optim.lr_scheduler import LambdaLR
 from exogym.strategy.checkpointing import restore_value, save_value
 from exogym.strategy.optim import OPTIMIZERS, OptimSpec
 
-__all__ = ["Strategy", "build_optimizer"]
+__all__ = ["PerNodeStrategy", "build_optimizer"]
 
 _COSINE_KEYS = {"warmup_steps", "cosine_anneal", "max_steps"}
 
 
-class Strategy:
+class PerNodeStrategy:
     """Base of a per-node strategy (see the module docstring).
 
     Args:
@@ -96,8 +99,9 @@ class Strategy:
 
     def to_exogym(self) -> Any:
         """The node-stacked exogym strategy that computes exactly this one's update, when there
-        is one (EXO Gym's built-ins, an unchanged :class:`SimpleReduceStrategy`): the run then
-        uses it, on the fast engine. None (the default): the run calls this class's ``step``
+        is one (EXO Gym's built-ins, an unchanged
+        :class:`~exogym.compat.exo_gym.simple_reduce.SimpleReduceStrategy`): the run then uses
+        it, on the fast engine. None (the default): the run calls this class's ``step``
         on every node."""
         return None
 
