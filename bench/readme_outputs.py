@@ -1,5 +1,5 @@
-"""Rerun every command whose output README.md shows, and rewrite those blocks with what it prints
-now, stating the machine.
+"""Rerun every command whose output README.md or a page of docs/ shows, and rewrite those blocks
+with what it prints now, stating the machine.
 
 A block is regenerated when it is a fenced block whose lines start with ``$ `` commands (each
 followed by its output; a command may continue over lines ending in ``\\``), or a block right
@@ -10,9 +10,12 @@ after the one before it); a block whose first line is a progress bar keeps the f
 
 Folders the commands write (``--out DIR``) are removed first when they hold an exogym run. The
 line between ``<!-- readme-machine -->`` markers is rewritten with the machine, the date and the
-versions. ``--check`` rewrites nothing and exits 1 if a block's command no longer parses.
+versions (every file with such blocks has that line). The files are read in :data:`FILES`'
+order, each top to bottom (a block may read what an earlier one wrote); a command shown twice
+runs once. ``--check`` rewrites nothing and exits 1 if a block's command no longer parses.
 
-    python bench/readme_outputs.py            # about 5 minutes on 2 cores
+    python bench/readme_outputs.py                    # about 10 minutes on 2 cores
+    python bench/readme_outputs.py docs/world.md      # one file's blocks
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+# README first (its main job), then every page of the documentation
+FILES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"(?P<head><!-- readme-output: (?P<cmd>.*?) -->\n)?```(?P<lang>[a-z]*)\n"
                    r"(?P<body>.*?)```", re.S)
 MACHINE = re.compile(r"(<!-- readme-machine -->)(.*?)(<!-- /readme-machine -->)", re.S)
@@ -139,27 +144,41 @@ def machine() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="*", type=Path,
+                    help="only these files (default: README.md and every page of docs/)")
     ap.add_argument("--check", action="store_true",
                     help="only parse every block's exogym commands (exit 1 if one fails)")
     args = ap.parse_args(argv)
-    text = README.read_text(encoding="utf-8")
-    found = blocks(text)
+    files = [f.resolve() for f in args.files] or FILES
     if args.check:
-        return check(found)
-    new = []  # in the README's order: a later block may read what an earlier one wrote
+        return check([b for f in files for b in blocks(f.read_text(encoding="utf-8"))])
+    outputs: dict[str, list[str]] = {}  # command -> its lines, run once per invocation
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        found = blocks(text)
+        if found:
+            path.write_text(regenerate(text, found, outputs), encoding="utf-8")
+            print(f"rewrote {len(found)} blocks of {path.relative_to(ROOT)}")
+    return 0
+
+
+def regenerate(text: str, found: list[Block], outputs: dict[str, list[str]]) -> str:
+    """``text`` with every block of ``found`` showing what its commands print now."""
+    if not MACHINE.search(text):
+        raise SystemExit("a file with recorded outputs lacks the <!-- readme-machine --> line")
+    new = []  # in the file's order: a later block may read what an earlier one wrote
     for b in found:
         lines = []
         for cmd, shown in b.commands:
-            print(f"running: {cmd}", flush=True)
-            got = fill(shown, run(cmd))
+            if cmd not in outputs:
+                print(f"running: {cmd}", flush=True)
+                outputs[cmd] = run(cmd)
+            got = fill(shown, outputs[cmd])
             lines += got if b.hidden_command else [_wrapped(cmd), *got]
         new.append("```\n" + "\n".join(lines) + "\n```")
     for b, block in reversed(list(zip(found, new, strict=True))):
         text = text[:b.start] + block + text[b.end:]
-    text = MACHINE.sub(lambda m: f"{m.group(1)}\n{machine()}\n{m.group(3)}", text)
-    README.write_text(text, encoding="utf-8")
-    print(f"rewrote {len(found)} blocks of {README}")
-    return 0
+    return MACHINE.sub(lambda m: f"{m.group(1)}\n{machine()}\n{m.group(3)}", text)
 
 
 def _wrapped(cmd: str, width: int = 100) -> str:

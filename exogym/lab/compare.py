@@ -107,7 +107,8 @@ def compare(
     Args:
         task: a task id (``exogym tasks``), e.g. ``"mnist"``.
         strategies: labels, ``ID`` or ``ID-NAME`` (``["ddp", "diloco", "diloco-h10"]``).
-        num_nodes, max_steps: N and the training steps of every run.
+        num_nodes: N, the nodes of every run.
+        max_steps: the training steps of every run.
         out_dir: the results folder; it must not exist.
         network: the simulated network of every run's clock (a profile, a spec or a
             :class:`Network`).
@@ -118,11 +119,12 @@ def compare(
             them reaches; a run that never got below its initial loss is marked "no
             improvement" instead.
         batch_size: per node; default the task's.
-        partition, micro_batch_size, precision, device: how every run trains, as
-            :meth:`exogym.Trainer.fit`: the split of the training set (``"iid"``,
-            ``"dirichlet:ALPHA"`` or ``"contiguous"``), gradient accumulation over micro-batches
-            of this many rows (None: the whole batch at once), ``"fp32"`` or ``"bf16"`` (forward
-            passes under bfloat16 autocast), the device.
+        partition: the split of every run's training set (``"iid"``, ``"dirichlet:ALPHA"`` or
+            ``"contiguous"``), as :meth:`exogym.Trainer.fit`.
+        micro_batch_size: gradient accumulation over micro-batches of this many rows (None: the
+            whole batch at once).
+        precision: ``"fp32"`` or ``"bf16"`` (forward passes under bfloat16 autocast).
+        device: the device every run trains on.
         eval_interval: steps between evaluations (the resolution of steps to target); default
             :func:`default_eval_interval`.
         eval_samples: evaluations during training (the curves, steps to target) use a fixed
@@ -134,7 +136,8 @@ def compare(
             measured from each run's own training steps (so each strategy's own per-step
             work counts, and the clocks vary a little from run to run like wall time); give it
             to cost every strategy on exactly the same compute.
-        data_dir, download: where the task's data is, and whether it may be downloaded.
+        data_dir: where the task's data is.
+        download: whether it may be downloaded.
         progress: print a line and show a progress bar per run.
         allow_unsynced: allow runs shorter than a strategy's ``H`` (otherwise an error before
             anything is trained).

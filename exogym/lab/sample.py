@@ -79,8 +79,9 @@ def sample(
         temperature: > 0; below 1 sharpens the distribution, above 1 flattens it.
         top_k: sample among the ``top_k`` most likely characters only (None: all).
         seed: seeds the sampling generator.
-        data_dir, download: where the task's corpus is, needed only for a run folder that does
-            not record its vocabulary.
+        data_dir: where the task's corpus is, needed only for a run folder that does not
+            record its vocabulary.
+        download: whether that corpus may be downloaded.
     """
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
             or max_new_tokens < 1:

@@ -130,7 +130,8 @@ def sweep(
     Args:
         grid: ``{axis: [values]}``; axes are strategy keys or :data:`RUN_AXES`.
         overrides: fixed strategy settings for every point (``--set``).
-        network, num_nodes: the run's, unless an axis sweeps them.
+        network: the runs' network, unless an axis sweeps it.
+        num_nodes: the runs' N, unless an axis sweeps it.
 
     Raises:
         ConfigError: an unknown axis or setting, a bad value (checked for every point before

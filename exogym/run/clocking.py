@@ -1,5 +1,5 @@
-"""The run's side of the simulated clock: what it is given and when (shared/DESIGN.md section 9,
-"what it costs": the rules are :mod:`exogym.sim.clock`, the price of a step
+"""The run's side of the simulated clock: what it is given and when (docs/design.md,
+"The parts of a run", what it costs: the rules are :mod:`exogym.sim.clock`, the price of a step
 :mod:`exogym.sim.compute`).
 
 :class:`ClockFeed` creates the run's :class:`~exogym.sim.clock.SimClock` at the first step and

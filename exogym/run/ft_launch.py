@@ -238,8 +238,8 @@ def fit_ft(
     Args:
         kills: the chaos plan (:class:`Kill`); replicas that die of anything else are
             restarted at once, up to ``max_restarts`` times each.
-        checkpoint_every / resume: replicas write ``ckpt/replica{r}.pt`` every this many steps;
-            a run with ``resume=True`` starts from the newest of them.
+        checkpoint_every: replicas write ``ckpt/replica{r}.pt`` every this many steps.
+        resume: start from the newest of those checkpoints.
         min_replicas: a step commits only with at least this many replicas in its quorum
             (torchft's ``min_replica_size``; fewer: the step is discarded and tried again,
             so the run waits for restarts instead of going on smaller).

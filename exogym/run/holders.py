@@ -2,8 +2,8 @@
 population's seats.
 
 :class:`~exogym.run.state.Run` asks a *holder* for the rows to compute and where their state is,
-and never branches on which holder it has (shared/DESIGN.md section 12, "the nodes behind one
-interface"):
+and never branches on which holder it has (docs/design.md, "Populations": the
+nodes behind one interface):
 
 - :class:`InMemory`: the ``N`` nodes (or a process's share of them) as node-stacked tensors;
 - :class:`PagedNodes`: groups of ``K`` nodes paged in and out (:mod:`exogym.run.paging`),

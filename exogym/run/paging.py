@@ -1,6 +1,6 @@
 """Virtual nodes: a run with more nodes than fit in memory, a group of them at a time.
 
-``fit(resident=K)`` / ``--resident K`` (shared/DESIGN.md section 10) splits the ``N`` nodes into
+``fit(resident=K)`` / ``--resident K`` (docs/design.md, "Virtual nodes") splits the ``N`` nodes into
 groups of ``K`` consecutive nodes. Each group is built like one process of a multi-process run:
 its own node-stacked replicas (:class:`~exogym.sim.engine.NodeStack` of ``K`` rows), its own
 copy of the strategy set up over them, and a communicator whose rows are the group's

@@ -1,6 +1,6 @@
 """What a run leaves behind: its metrics rows, its world's events, the run folder, the sinks,
 the progress bar and its timeline (``trace.json``, ``timeline.png``: :mod:`exogym.run.trace`)
-(shared/DESIGN.md section 9, "what is recorded"; checkpoints are :mod:`exogym.run.checkpoint`).
+(docs/design.md, "The parts of a run"; checkpoints are :mod:`exogym.run.checkpoint`).
 
 One :class:`Recorder` per run. Rank 0 alone writes (the run folder, the sinks, the bar); every
 rank keeps the rows and events, so that every rank returns the same result and a checkpoint of

@@ -1,4 +1,5 @@
-"""Who computes next: one small object per way of running the nodes (shared/DESIGN.md section 9).
+"""Who computes next: one small object per way of running the nodes (docs/design.md,
+"The parts of a run").
 
 A scheduler takes the run from one step to the next (:meth:`Scheduler.advance`); the run keeps
 the state and does the work it is asked for, through the narrow protocol :class:`Stepped`

@@ -14,10 +14,10 @@ The trainer (:meth:`exogym.Trainer.fit`) drives it with a few calls::
             run.log()                   # a metrics row (and an evaluation when due)
     result = run.finish()
 
-The run is four parts, each in its own room (shared/DESIGN.md section 9), that :class:`Run`
-drives and whose state it holds: who computes next (:mod:`exogym.run.schedule`: lockstep or
-per-node timelines), who is up, late, cut or recovering (:mod:`exogym.sim.presence`), what it
-costs (:mod:`exogym.run.clocking` feeding :mod:`exogym.sim.clock`), and what is recorded
+The run is four parts, each in its own room (docs/design.md, "The parts of a run"), that
+:class:`Run` drives and whose state it holds: who computes next (:mod:`exogym.run.schedule`:
+lockstep or per-node timelines), who is up, late, cut or recovering (:mod:`exogym.sim.presence`),
+what it costs (:mod:`exogym.run.clocking` feeding :mod:`exogym.sim.clock`), and what is recorded
 (:mod:`exogym.run.record`).
 
 :meth:`Run.state_dict` is the checkpoint: restored with :meth:`Run.load_state_dict` into a Run

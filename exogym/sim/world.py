@@ -1,11 +1,11 @@
 """The world a run trains in: how fast each node computes, when it is up, which messages get lost,
 and the rules of the run (a quorum).
 
-shared/DESIGN.md section 7. A perfect world (the default, :data:`PERFECT`) has every node up at
-speed 1 and loses nothing: a run in it gives exactly the numbers of a run without a world. Any
-other world changes the training, not only the bill: a node that is down computes nothing and
-sends nothing, a lost message is missing from the average, and the strategies define what that
-means (each in its module docstring).
+Its design: docs/design.md, "The world: who computes, when, and who is heard". A perfect world (the
+default, :data:`PERFECT`) has every node up at speed 1 and loses nothing: a run in it gives exactly
+the numbers of a run without a world. Any other world changes the training, not only the bill: a
+node that is down computes nothing and sends nothing, a lost message is missing from the average,
+and the strategies define what that means (each in its module docstring).
 
 Availability is decided per node on the node's own simulated clock (:class:`~exogym.sim.clock.
 SimClock`): a node is down at time ``t`` of its clock if

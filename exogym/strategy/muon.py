@@ -164,7 +164,8 @@ class Muon(torch.optim.Optimizer):
         ns: Newton-Schulz coefficients, ``"jordan"`` or ``"muloco"``.
         ns_dtype: ``"fp32"``, ``"bf16"`` or ``"fp64"``: the precision of the iteration.
         scale: the update scale ``s``: ``"jordan"``, ``"moonlight"`` or ``"spectral"``.
-        betas, eps: AdamW's.
+        betas: AdamW's, for the parameters Muon leaves to it.
+        eps: AdamW's.
         weight_decay: ``lambda``, decoupled, for both parts (``p <- p (1 - lr lambda)`` with each
             part's own learning rate).
         names: the parameters' names, in order (enables ``exclude``).
