@@ -41,7 +41,9 @@ class Trainer(CoreTrainer):
     strategy, or one of EXO Gym's (see the module docstring).
 
     Args:
-        model, train_dataset, val_dataset: as :class:`exogym.run.trainer.Trainer`'s.
+        model: as :class:`exogym.run.trainer.Trainer`'s.
+        train_dataset: as :class:`exogym.run.trainer.Trainer`'s.
+        val_dataset: as :class:`exogym.run.trainer.Trainer`'s.
         start_port: EXO Gym's first rendezvous port of the processes it spawned per ``fit``.
             Accepted and unused: the simulated nodes of a run live in one process and open no
             port. Kept as ``self.start_port`` (an int in [1, 65535] or None); exogym's own real
