@@ -59,7 +59,8 @@ def test_simulator_defaults_follow_diloco_sim() -> None:
                           optimizer_kwargs={"lr": 1e-3}, train_dataset=_data(64, 0),
                           loss_fn=F.cross_entropy)
     assert (sim.strategy.H, sim.strategy.outer_lr, sim.strategy.outer_momentum) == (500, 0.7, 0.9)
-    assert sim.strategy.nesterov and sim.batch_size == 16 and sim.num_nodes == 4
+    assert sim.strategy.outer_optimizer == "nesterov"
+    assert sim.batch_size == 16 and sim.num_nodes == 4
     assert sim.strategy.optim.name == "adamw"
 
 

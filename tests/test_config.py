@@ -51,13 +51,13 @@ def test_several_nested_keys_go_into_one_section():
 )
 def test_bool_parsing(text, value):
     # outer nesterov False needs no momentum change; True keeps the default momentum 0.9
-    s = make("diloco", nesterov=text)
+    s = make("streaming_diloco", nesterov=text)
     assert s.nesterov is value
 
 
 def test_top_level_name_wins_over_nested_short_name():
-    # "nesterov" is DiLoCo's outer nesterov, not optim.nesterov
-    s = make("diloco", nesterov="false")
+    # "nesterov" is Streaming DiLoCo's outer nesterov, not optim.nesterov
+    s = make("streaming_diloco", nesterov="false")
     assert s.nesterov is False
     assert s.optim.nesterov is False
     # DDP has no top-level nesterov: the short name reaches optim.nesterov
@@ -95,8 +95,8 @@ def test_typo_suggests_and_lists_allowed_keys():
     msg = str(info.value)
     assert "did you mean 'H'" in msg
     assert "'Hh'" in msg
-    for key in ("H", "outer_lr", "outer_momentum", "nesterov", "optim.lr", "schedule.cosine",
-                "max_grad_norm"):
+    for key in ("H", "outer_lr", "outer_momentum", "outer_optimizer", "optim.lr",
+                "schedule.cosine", "max_grad_norm"):
         assert key in msg, key
 
 
@@ -118,7 +118,7 @@ def test_bad_float_names_the_key():
 
 def test_bad_bool_names_the_key():
     with pytest.raises(ConfigError, match=r"nesterov takes true/false.*'maybe'"):
-        make("diloco", nesterov="maybe")
+        make("streaming_diloco", nesterov="maybe")
 
 
 def test_bad_optional_number_names_the_key():
@@ -136,7 +136,7 @@ def test_wrong_tuple_length():
     [
         ({"H": "0"}, "H"),
         ({"outer_momentum": "1.0"}, "outer_momentum"),
-        ({"outer_momentum": "0", "nesterov": "true"}, "outer_momentum"),
+        ({"outer_momentum": "0", "outer_optimizer": "nesterov"}, "outer_momentum"),
         ({"optim.lr": "-1"}, "lr"),
         ({"optim.name": "lamb"}, "lamb"),
         ({"max_grad_norm": "0"}, "max_grad_norm"),
@@ -178,12 +178,12 @@ def test_describe_diloco():
     assert d["H"][:2] == (int, 100)
     assert d["outer_lr"][:2] == (float, 0.7)
     assert d["outer_momentum"][1] == 0.9
-    assert d["nesterov"][1] is True
+    assert d["outer_optimizer"][1] == "nesterov"
     assert d["optim.lr"][:2] == (float, 1e-3)
     assert d["optim.name"][1] == "adamw"
     assert d["max_grad_norm"][1] is None
-    for key in ("H", "outer_lr", "outer_momentum", "nesterov", "optim.lr", "schedule.cosine",
-                "max_grad_norm"):
+    for key in ("H", "outer_lr", "outer_momentum", "outer_optimizer", "optim.lr",
+                "schedule.cosine", "max_grad_norm"):
         assert d[key][2].strip(), f"no doc for {key}"
     assert "inner steps" in d["H"][2]
     assert "optim" not in d  # nested configs are flattened

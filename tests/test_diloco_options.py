@@ -35,16 +35,26 @@ STEP1 = [[2.0, 2.0], [0.0, -2.0]]
 
 
 # -- the outer optimizer --------------------------------------------------------------------------
-def test_outer_optimizer_choice_and_the_legacy_nesterov_switch():
+def test_outer_optimizer_choice_and_no_nesterov_switch(tmp_path):
+    from exogym.run.trainer import _strategy_from_config
+
     # default: the paper's Nesterov SGD
     d = DiLoCo()
-    assert (d.outer_optimizer, d.nesterov) == ("nesterov", True)
-    # nesterov=False has always meant heavy-ball SGD: it becomes outer_optimizer="sgd"
-    assert (DiLoCo(nesterov=False).outer_optimizer, DiLoCo(nesterov=False).nesterov) == ("sgd",
-                                                                                          False)
-    # the choice wins, and nesterov then reads False
-    assert DiLoCo(outer_optimizer="sgd").nesterov is False
-    assert DiLoCo(outer_optimizer="adam").nesterov is False
+    assert d.outer_optimizer == "nesterov" and not hasattr(d, "nesterov")
+    # the old switch nesterov=False is gone: outer_optimizer="sgd" is heavy-ball SGD
+    with pytest.raises(TypeError, match="unexpected keyword argument 'nesterov'"):
+        DiLoCo(nesterov=False)  # type: ignore[call-arg]
+    # a run recorded with it (config.json, a checkpoint) is refused on resume, naming the key
+    recorded = {"strategy": "diloco", "hyperparameters": {**d.hyperparameters(),
+                                                          "nesterov": False}}
+    with pytest.raises(ConfigError, match=r"^cannot resume .*step-4: its strategy DiLoCo was "
+                                          r"recorded with nesterov=False, which DiLoCo no longer "
+                                          r"has \(a run of an earlier version of exogym or of "
+                                          r"the class\); resume it with the version that "
+                                          r"wrote it$"):
+        _strategy_from_config(recorded, tmp_path / "step-4")
+    del recorded["hyperparameters"]["nesterov"]
+    assert _strategy_from_config(recorded, tmp_path / "step-4") == d
     # the torch optimizer built for each
     kinds = {}
     for name in ("nesterov", "sgd", "adam"):

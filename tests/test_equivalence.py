@@ -36,7 +36,7 @@ TOL = {"atol": 1e-6, "rtol": 0.0}
 
 # Inner optimizer, shared by the strategies and the reference (AdamW with weight decay).
 LR, WD, BETAS, EPS = 1e-2, 1e-2, (0.9, 0.99), 1e-8
-OUTER_LR, OUTER_MOMENTUM, NESTEROV = 0.7, 0.9, True
+OUTER_LR, OUTER_MOMENTUM = 0.7, 0.9  # DiLoCo's outer optimizer: SGD with Nesterov momentum
 CLIP = 0.05
 WARMUP, MIN_LR_RATIO = 4, 0.1
 
@@ -147,7 +147,7 @@ def make_strategy(name: str, *, clip: float | None = None, schedule: bool = Fals
         return DDP(**common)
     if name == "fedavg":
         return FedAvg(H=H, **common)
-    return DiLoCo(H=H, outer_lr=OUTER_LR, outer_momentum=OUTER_MOMENTUM, nesterov=NESTEROV,
+    return DiLoCo(H=H, outer_lr=OUTER_LR, outer_momentum=OUTER_MOMENTUM, outer_optimizer="nesterov",
                   **common)
 
 
@@ -196,7 +196,7 @@ def reference_run(model: nn.Module, batches, strategy: str, *, clip: float | Non
             for r in replicas]
     global_model = copy.deepcopy(model)
     outer = torch.optim.SGD(global_model.parameters(), lr=OUTER_LR, momentum=OUTER_MOMENTUM,
-                            nesterov=NESTEROV)
+                            nesterov=True)
     losses, lrs, mid_states = [], [], []
     max_norm_seen = 0.0
     torch.manual_seed(seed)

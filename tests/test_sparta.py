@@ -291,7 +291,7 @@ def test_p_one_averages_everything_every_step_like_fedavg_h1(policy):
 def test_sparta_diloco_sparse_average_every_step_and_outer_step_every_H_by_hand():
     # Prepare: theta0 = [1,2,3,4], N = 2, H = 2, p = 0.5 -> k = 2, inner SGD lr 0.1,
     # outer Nesterov SGD lr 0.7, momentum 0.9
-    sd = SPARTADiLoCo(H=2, p=0.5, outer_lr=0.7, outer_momentum=0.9, nesterov=True,
+    sd = SPARTADiLoCo(H=2, p=0.5, outer_lr=0.7, outer_momentum=0.9, outer_optimizer="nesterov",
                       optim=sgd(0.1))
     nodes, comm = build(sd, Vec([1.0, 2.0, 3.0, 4.0]))
     selected = sd.averager.indices(0)

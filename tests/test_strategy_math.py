@@ -125,7 +125,8 @@ def test_fedavg_averages_float_buffers_and_keeps_counters():
 # -- DiLoCo ---------------------------------------------------------------------------------------
 def test_diloco_two_outer_steps_nesterov_by_hand():
     # Prepare: theta0 = [1, 2], N = 2, H = 1, inner sgd lr 0.1, outer lr 0.7, mu 0.9, nesterov
-    diloco = DiLoCo(H=1, outer_lr=0.7, outer_momentum=0.9, nesterov=True, optim=sgd(0.1))
+    diloco = DiLoCo(H=1, outer_lr=0.7, outer_momentum=0.9, outer_optimizer="nesterov",
+                    optim=sgd(0.1))
     nodes, comm = build(diloco, [1.0, 2.0])
 
     # Execute outer step 1: g0 = [1,0], g1 = [3,2]
@@ -156,8 +157,8 @@ def test_diloco_two_outer_steps_nesterov_by_hand():
 
 
 def test_diloco_two_outer_steps_heavy_ball_by_hand():
-    # Prepare: same as above but nesterov=False (update = buf)
-    diloco = DiLoCo(H=1, outer_lr=0.7, outer_momentum=0.9, nesterov=False, optim=sgd(0.1))
+    # Prepare: same as above but outer_optimizer="sgd" (heavy ball: update = buf)
+    diloco = DiLoCo(H=1, outer_lr=0.7, outer_momentum=0.9, outer_optimizer="sgd", optim=sgd(0.1))
     nodes, _ = build(diloco, [1.0, 2.0])
 
     # Execute outer step 1: Delta = [0.2, 0.1] (as above); buf = [0.2, 0.1]
@@ -182,7 +183,8 @@ def test_diloco_two_outer_steps_heavy_ball_by_hand():
 
 def test_diloco_H2_syncs_only_every_second_step():
     # Prepare: theta0 = [1,2], H = 2
-    diloco = DiLoCo(H=2, outer_lr=0.7, outer_momentum=0.9, nesterov=True, optim=sgd(0.1))
+    diloco = DiLoCo(H=2, outer_lr=0.7, outer_momentum=0.9, outer_optimizer="nesterov",
+                    optim=sgd(0.1))
     nodes, comm = build(diloco, [1.0, 2.0])
 
     # Execute step 0: g0 = [1,0], g1 = [3,2]
@@ -210,7 +212,7 @@ def test_diloco_H2_syncs_only_every_second_step():
 
 def test_diloco_with_lr1_no_momentum_equals_fedavg():
     # Prepare: same data for both; theta0 = [1,2], H = 2, inner sgd lr 0.1
-    diloco = DiLoCo(H=2, outer_lr=1.0, outer_momentum=0.0, nesterov=False, optim=sgd(0.1))
+    diloco = DiLoCo(H=2, outer_lr=1.0, outer_momentum=0.0, outer_optimizer="sgd", optim=sgd(0.1))
     fedavg = FedAvg(H=2, optim=sgd(0.1))
     d_nodes, _ = build(diloco, [1.0, 2.0])
     f_nodes, _ = build(fedavg, [1.0, 2.0])
@@ -243,7 +245,7 @@ def test_diloco_with_lr1_no_momentum_equals_fedavg():
 
 def test_diloco_keeps_each_nodes_inner_momentum_across_outer_steps():
     # Prepare: inner sgd lr 0.1 momentum 0.5; outer step = plain averaging (lr 1, mu 0)
-    diloco = DiLoCo(H=1, outer_lr=1.0, outer_momentum=0.0, nesterov=False,
+    diloco = DiLoCo(H=1, outer_lr=1.0, outer_momentum=0.0, outer_optimizer="sgd",
                     optim=sgd(0.1, momentum=0.5))
     nodes, _ = build(diloco, [1.0, 2.0])
     w = nodes.params["w"]
@@ -366,7 +368,7 @@ def test_ddp_without_max_grad_norm_does_not_clip():
         (lambda: DiLoCo(outer_momentum=1.0), "outer_momentum"),
         (lambda: DiLoCo(outer_momentum=-0.1), "outer_momentum"),
         (lambda: DiLoCo(outer_lr=0.0), "outer_lr"),
-        (lambda: DiLoCo(nesterov=True, outer_momentum=0.0), "outer_momentum"),
+        (lambda: DiLoCo(outer_optimizer="nesterov", outer_momentum=0.0), "outer_momentum"),
         (lambda: FedAvg(H=-1), "H"),
         (lambda: FedAvg(H=True), "H"),
         (lambda: DDP(max_grad_norm=0.0), "max_grad_norm"),

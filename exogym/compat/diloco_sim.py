@@ -93,11 +93,14 @@ class DilocoSimulator:
             raise ValueError(
                 f"outer_optimizer_kwargs accepts lr, momentum, nesterov; got {sorted(unknown)}"
             )
+        if not isinstance(outer["nesterov"], bool):
+            raise ValueError(f"outer_optimizer_kwargs nesterov must be True or False, got "
+                             f"{outer['nesterov']!r}")
         self.strategy = DiLoCo(
             H=diloco_interval,
             outer_lr=outer["lr"],
             outer_momentum=outer["momentum"],
-            nesterov=outer["nesterov"],
+            outer_optimizer="nesterov" if outer["nesterov"] else "sgd",
             optim=OptimSpec(name=names[optimizer_cls], **optimizer_kwargs),
             schedule=LRSchedule(warmup_steps=warmup_steps, cosine=cosine_anneal),
             max_grad_norm=max_norm,

@@ -52,7 +52,7 @@ from exogym.sim.sharding import DatasetFactory, NodeBatches
 from exogym.sim.world import World, parse_world, speeds_of
 from exogym.strategy import Strategy, make
 from exogym.strategy import get as get_strategy
-from exogym.utils.config import apply_overrides
+from exogym.utils.config import ConfigError, apply_overrides, config_fields
 from exogym.utils.signals import STOP_SIGNALS, StopSignals
 from exogym.utils.validation import check_int
 
@@ -283,7 +283,7 @@ class Trainer:
                 run_dir, rank=0 if ranks is None else ranks.rank,
                 world_size=1 if ranks is None else ranks.world_size, map_location=dev)
             saved = state["config"]  # the checkpoint's own copy: its step's truth
-            strategy = o.strategy if "strategy" in given else _strategy_from_config(saved)
+            strategy = o.strategy if "strategy" in given else _strategy_from_config(saved, where)
             strategy, _ = _as_strategy(strategy, "loop")
             settings = _resumed_settings(o, given, saved, strategy, num_nodes, int(
                 state["step"]), where)
@@ -688,11 +688,26 @@ def _interrupted_message(run: Run, checkpointer: Checkpointer | None) -> str:
             f"Trainer(...).fit(resume={str(run.out_dir)!r}))")
 
 
-def _strategy_from_config(config: dict[str, Any]) -> Strategy:
-    """The strategy a run recorded: its class and every hyperparameter."""
+def _strategy_from_config(config: dict[str, Any], where: Path) -> Strategy:
+    """The strategy a run recorded: its class and every hyperparameter, by the full keys it
+    recorded (never read as a short name: a key the class no longer has would set another
+    field).
+
+    Raises:
+        ConfigError: a recorded key is not a field of the class (a run of an earlier version).
+    """
     entry = config.get("strategy_class")
     cls = get_strategy(entry if entry else config["strategy"])
-    return apply_overrides(cls, dict(config["hyperparameters"]))
+    recorded = dict(config["hyperparameters"])
+    known = config_fields(cls)
+    gone = [key for key in recorded if key not in known]
+    if gone:
+        raise ConfigError(
+            f"cannot resume {where}: its strategy {cls.__name__} was recorded with "
+            f"{', '.join(f'{k}={recorded[k]!r}' for k in gone)}, which {cls.__name__} no "
+            "longer has (a run of an earlier version of exogym or of the class); resume it "
+            "with the version that wrote it")
+    return apply_overrides(cls, recorded)
 
 
 def _check_same_run(saved: dict[str, Any], now: dict[str, Any], where: Path) -> None:

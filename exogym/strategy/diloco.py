@@ -99,8 +99,6 @@ class DiLoCo(Strategy):
             choice), sgd (heavy-ball SGD; plain SGD with outer_momentum=0) or adam.
         outer_lr: the outer optimizer's learning rate (0.7 in the paper, for nesterov).
         outer_momentum: the momentum of nesterov and sgd (0.9 in the paper); unused by adam.
-        nesterov: kept for compatibility: False turns outer_optimizer nesterov into sgd (heavy
-            ball); after construction it is True exactly when the outer optimizer is nesterov.
         outer_betas: adam's (beta1, beta2).
         outer_eps: adam's epsilon (0.1 in the paper, which found smaller values unstable).
         q: probability that a node's outer gradient is dropped at an outer step (the paper's
@@ -114,7 +112,6 @@ class DiLoCo(Strategy):
     outer_optimizer: OuterOptimizerName = "nesterov"
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
-    nesterov: bool = True
     outer_betas: tuple[float, float] = (0.9, 0.999)
     outer_eps: float = 0.1
     q: float = 0.0
@@ -126,17 +123,11 @@ class DiLoCo(Strategy):
         if self.outer_optimizer not in OUTER_OPTIMIZERS:
             raise ValueError(f"outer_optimizer must be one of {list(OUTER_OPTIMIZERS)}, got "
                              f"{self.outer_optimizer!r}")
-        if not isinstance(self.nesterov, bool):
-            raise ValueError(f"nesterov must be True or False, got {self.nesterov!r}")
-        # The legacy switch: DiLoCo(nesterov=False) has always meant heavy-ball SGD.
-        if self.outer_optimizer == "nesterov" and not self.nesterov:
-            self.outer_optimizer = "sgd"
-        self.nesterov = self.outer_optimizer == "nesterov"
         in_range("outer_lr", self.outer_lr, 0.0, float("inf"), lo_open=True)
         in_range("outer_momentum", self.outer_momentum, 0.0, 1.0, hi_open=True)
         if self.outer_optimizer == "nesterov" and self.outer_momentum == 0.0:
-            raise ValueError("outer_optimizer='nesterov' (nesterov=True) needs outer_momentum > 0, "
-                             "got outer_momentum=0.0; use outer_optimizer='sgd' for plain SGD")
+            raise ValueError("outer_optimizer='nesterov' needs outer_momentum > 0, got "
+                             "outer_momentum=0.0; use outer_optimizer='sgd' for plain SGD")
         self.outer_betas = tuple(self.outer_betas)  # type: ignore[assignment]
         if len(self.outer_betas) != 2:
             raise ValueError(f"outer_betas must be two numbers in [0, 1), got {self.outer_betas!r}")
