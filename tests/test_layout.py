@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,21 +15,24 @@ import pytest
 import exogym
 from exogym._aliases import ALIASES, target
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: tomli, the same parser (pytest depends on it there)
+    import tomli as tomllib
+
 ROOT = Path(exogym.__file__).resolve().parent
+# The layering is declared once, for import-linter, in pyproject.toml ([tool.importlinter]): its
+# layers, top first ("a | b": one layer of two independent packages), and the only imports
+# upwards, EXO Gym's import paths handing its names on from its compatibility package (thin
+# modules, and the module __getattr__s of exogym's own method modules), each by its modules'
+# names (no wildcards: they are matched as they are).
+_LAYERS = next(c for c in tomllib.loads((ROOT.parent / "pyproject.toml").read_text(
+    encoding="utf-8"))["tool"]["importlinter"]["contracts"] if c["id"] == "layers")
 # A module may import its own layer and the layers below it, never one above.
-RANK = {"utils": 0, "sim": 1, "tasks": 1, "strategy": 2, "run": 3, "compat": 4, "lab": 4,
-        "cli": 5}
-# The only imports upwards: EXO Gym's import paths handing its names on from its compatibility
-# package (thin modules, and the module __getattr__s of exogym's own method modules).
-EXO_GYM_PATHS = {
-    ("exogym.strategy.strategy", "exogym.compat.exo_gym.simple_reduce"),
-    ("exogym.strategy.communicate", "exogym.compat.exo_gym.communicate"),
-    ("exogym.strategy.federated_averaging", "exogym.compat.exo_gym.builtins"),
-    ("exogym.strategy.diloco", "exogym.compat.exo_gym.builtins"),
-    ("exogym.strategy.demo", "exogym.compat.exo_gym.builtins"),
-    ("exogym.strategy.sparta", "exogym.compat.exo_gym.builtins"),
-    ("exogym.strategy.sparta_diloco", "exogym.compat.exo_gym.builtins"),
-}
+RANK = {name.strip().removeprefix("exogym."): len(_LAYERS["layers"]) - 1 - i
+        for i, layer in enumerate(_LAYERS["layers"]) for name in re.split(r"[|:]", layer)}
+EXO_GYM_PATHS = {tuple(side.strip() for side in entry.split("->"))
+                 for entry in _LAYERS["ignore_imports"]}
 
 
 def _layer(module: str) -> str | None:
