@@ -66,6 +66,21 @@ def test_top_level_name_wins_over_nested_short_name():
     assert d.optim.nesterov is True
 
 
+@pytest.mark.parametrize("strategy", ["diloco", "muloco"])
+def test_a_retired_key_is_refused_not_resolved_to_a_nested_one(strategy):
+    # DiLoCo's earlier `nesterov` switch: the short name would reach optim.nesterov and change
+    # nothing the user meant; it names what replaced it instead
+    with pytest.raises(ConfigError, match=r"has no 'nesterov': the outer optimizer is "
+                                          r"outer_optimizer=nesterov\|sgd\|adam"):
+        make(strategy, nesterov="false")
+    assert make(strategy, outer_optimizer="sgd").outer_optimizer == "sgd"
+
+
+def test_the_inner_nesterov_is_still_set_by_its_full_key():
+    s = make("diloco", **{"optim.name": "sgd", "optim.momentum": "0.9", "optim.nesterov": "true"})
+    assert s.optim.nesterov is True and s.outer_optimizer == "nesterov"
+
+
 @pytest.mark.parametrize("text", ["none", "None", "null"])
 def test_optional_none(text):
     assert make("ddp", max_grad_norm=text).max_grad_norm is None

@@ -108,6 +108,11 @@ class DiLoCo(Strategy):
 
     id = "diloco"
     supports_participation: ClassVar[bool] = True
+    # an earlier `nesterov` switch, which --set nesterov=... would otherwise resolve to the inner
+    # optimizer's optim.nesterov: refused with what replaced it
+    retired_keys: ClassVar[dict[str, str]] = {
+        "nesterov": "the outer optimizer is outer_optimizer=nesterov|sgd|adam (the inner "
+                    "optimizer's Nesterov momentum is optim.nesterov)"}
     H: int = 100
     outer_optimizer: OuterOptimizerName = "nesterov"
     outer_lr: float = 0.7

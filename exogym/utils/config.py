@@ -142,10 +142,12 @@ def apply_overrides(cls: type, overrides: Mapping[str, Any]) -> Any:
     """Build ``cls`` with ``overrides`` (string values are parsed; others used as they are).
 
     Validation of the values is the config's own (``__post_init__``); its ``ValueError`` becomes a
-    :class:`ConfigError`.
+    :class:`ConfigError`. A key that ``cls`` retired (its ``retired_keys``, key -> what replaces
+    it) is refused with that advice rather than resolved to a nested field of the same name.
     """
     spec = config_fields(cls)
     keys = list(spec)
+    retired: Mapping[str, str] = getattr(cls, "retired_keys", {})
     hints = _hints(cls)
     sections = {
         f.name: f for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])
@@ -156,6 +158,8 @@ def apply_overrides(cls: type, overrides: Mapping[str, Any]) -> Any:
         if raw_key in sections and not isinstance(raw_value, str):  # a whole nested config
             top[raw_key] = raw_value
             continue
+        if raw_key in retired and raw_key not in keys:
+            raise ConfigError(f"{cls.__name__} has no {raw_key!r}: {retired[raw_key]}")
         key = _resolve_key(raw_key, keys)
         tp = spec[key][0]
         value = parse_value(raw_value, tp, key) if isinstance(raw_value, str) else raw_value
