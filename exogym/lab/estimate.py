@@ -12,7 +12,7 @@ last local steps unsynced, as the trainer does). Then, with node speeds from the
 
 in two modes, side by side:
 
-- **send once** (the arithmetic of the EXO Gym post, shared/seeds/002): a sync sends the whole
+- **send once** (the arithmetic of the EXO Gym post, "Communication cost of distributed training"): a sync sends the whole
   model once, ``sync_time = 8 S / B`` over the slowest link ``B``, no latency, whatever ``N``; or a
   given ``sync_time`` (``--sync-time``). A 7B-parameter fp16 model is ``S`` = 14 GB = 112 Gbit:
   0.56 s at 200 Gbit/s, 1,120 s = 18.7 min at 100 Mbit/s. 1,000 one-minute batches on 2 nodes: one

@@ -37,7 +37,7 @@ rounds up, as HALoS does (``max(1, ceil(num_local_steps * worker_speed))``, its 
 the fastest). Speeds 1 : 0.7 : 0.45 and ``H = 8``: ``[8, 5, 3]`` (floor), ``[8, 6, 4]`` (ceil).
 Equal speeds: ``H_w = H``.
 
-Choices (shared/METHODS-NOTES.md): the pseudo-gradient weight is ``1 / N`` in both outer
+Choices the paper leaves open: the pseudo-gradient weight is ``1 / N`` in both outer
 optimizers (DN's own ``1 / N_b``, HALoS ``opt.py``; no staleness weighting, as in the paper's
 Algorithm 1); ``N_b`` defaults to the number of nodes (the paper's choice); the inner optimizer
 state is kept between rounds (HALoS ``worker.py``); the paper's ``beta = 0.9``. Communication:

@@ -14,7 +14,7 @@ The client does not wait for the server step: it receives the current model at o
 again (the paper's clients run concurrently; a finished client is replaced by a new one, here
 the same node).
 
-Choices (shared/METHODS-NOTES.md): the buffer is divided by ``K`` (Algorithm 1, not by the sum of
+Choices the paper leaves open: the buffer is divided by ``K`` (Algorithm 1, not by the sum of
 the weights); ``server_momentum`` (``beta``) = 0 gives the paper's plain server SGD, and FLSim's
 server optimizer may add momentum; a partial buffer at the end of the run is not applied (the
 server steps only on ``K`` updates, as in Algorithm 1); the client optimizer state is kept
