@@ -12,14 +12,14 @@ last local steps unsynced, as the trainer does). Then, with node speeds from the
 
 in two modes, side by side:
 
-- **send once** (the arithmetic of the EXO Gym post, "Communication cost of distributed
-  training"): a sync sends the whole model once, ``sync_time = 8 S / B`` over the slowest link
-  ``B``, no latency, whatever ``N``; or a given ``sync_time`` (``--sync-time``). A 7B-parameter fp16 model is ``S`` = 14 GB = 112 Gbit:
-  0.56 s at 200 Gbit/s, 1,120 s = 18.7 min at 100 Mbit/s. 1,000 one-minute batches on 2 nodes: one
-  node 1,000 min; DDP in a data centre 500 * (1 + 0.56/60) = 504.7 min (~505); over home
-  internet 500 * (1 + 18.67) = 9,833 min, or with the post's rounded 20-minute sync exactly
-  500 * 21 = 10,500 min; DiLoCo with H = 500 syncs once: 500 + 18.67 = 518.7 min (~519), or
-  exactly 520 with the 20-minute sync;
+- **send once** (the arithmetic of the EXO Gym post, "Communication cost of distributed training"):
+  a sync sends the whole model once, ``sync_time = 8 S / B`` over the slowest link ``B``, no
+  latency, whatever ``N``; or a given ``sync_time`` (``--sync-time``). A 7B-parameter fp16 model is
+  ``S`` = 14 GB = 112 Gbit: 0.56 s at 200 Gbit/s, 1,120 s = 18.7 min at 100 Mbit/s. 1,000 one-minute
+  batches on 2 nodes: one node 1,000 min; DDP in a data centre 500 * (1 + 0.56/60) = 504.7 min
+  (~505); over home internet 500 * (1 + 18.67) = 9,833 min, or with the post's rounded 20-minute
+  sync exactly 500 * 21 = 10,500 min; DiLoCo with H = 500 syncs once: 500 + 18.67 = 518.7 min
+  (~519), or exactly 520 with the 20-minute sync;
 - **all-reduce**: ``sync_time`` is the network's all-reduce of ``S`` bytes over ``N`` nodes
   (:meth:`exogym.sim.network.Network.collective_time`; ring: ``2(N-1)/N * 8S/B + 2(N-1) L``
   with the calibrated ``B = efficiency * bits/s`` and ``L = latency + hop_latency``, see
