@@ -2,8 +2,10 @@
 
 Real datasets: a test that reads one asks for it, ``mnist_data``, ``cifar10_data`` or
 ``shakespeare_data``, each the data folder holding that dataset (downloaded once if missing, else
-the test is skipped with one line saying how to provide it: ``real_data.py``). ``data_dir`` is
-the same folder unchecked, for a test that names one but stops before reading it.
+the test is skipped with one line saying how to provide it: ``support/real_data.py``).
+``data_dir`` is the same folder unchecked, for a test that names one but stops before reading it.
+
+Shared helpers that are not fixtures are the package ``support`` (``tests/support/``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from real_data import data_root, provide
+from support.real_data import data_root, provide
 
 from exogym import strategy as strategies
 from exogym.sim.threads import intra_op_threads

@@ -13,46 +13,14 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
+from support.async_runs import FAST, Slope, async_run, ones, sgd
 from torch import Tensor, nn
-from torch.utils.data import TensorDataset
 
 from exogym import Trainer
 from exogym.sim.clock import SimClock
 from exogym.sim.network import parse_network
 from exogym.strategy import make
 from exogym.strategy.async_local_sgd import dylu_steps
-from exogym.strategy.optim import OptimSpec
-
-FAST = "bw=1000000Gbps,latency=0s,efficiency=1,hop_latency=0s"
-
-
-class Slope(nn.Module):
-    """``loss = w . mean(x)``: the gradient is ``mean(x)`` (1 with the data below)."""
-
-    def __init__(self, w: float = 1.0) -> None:
-        super().__init__()
-        self.w = nn.Parameter(torch.tensor([w]))
-
-    def forward(self, batch: tuple[Tensor, Tensor]) -> Tensor:
-        x, _ = batch
-        return (self.w * x.mean()).sum()
-
-
-def ones() -> TensorDataset:
-    return TensorDataset(torch.ones(64, 1), torch.zeros(64))
-
-
-def fit(strategy, *, nodes: int = 2, steps: int = 4, speeds: str = "1:0.5", network: str = FAST,
-        model: nn.Module | None = None, **extra):
-    return Trainer(model or Slope(), ones(), ones()).fit(
-        strategy=strategy, num_nodes=nodes, max_steps=steps, batch_size=2, network=network,
-        world=f"speed={speeds}" if speeds else None, step_time=1.0, progress=False,
-        log_interval=1, eval_interval=steps, **extra)
-
-
-def sgd(lr: float = 0.125) -> OptimSpec:
-    return OptimSpec(name="sgd", lr=lr)
 
 
 def test_delayed_nesterov_trace_with_speeds_1_and_half() -> None:
@@ -70,7 +38,7 @@ def test_delayed_nesterov_trace_with_speeds_1_and_half() -> None:
     """
     s = make("async_local_sgd", H=2, outer="delayed_nesterov", outer_lr=1.0,
              outer_momentum=0.5, optim=sgd())
-    r = fit(s)
+    r = async_run(s)
     assert r.model.w.item() == 0.5
     assert r.asynchronous["node_steps"] == [4, 2]
     assert r.asynchronous["updates"] == 3
@@ -93,7 +61,7 @@ def test_plain_nesterov_applies_each_arrival_with_momentum() -> None:
     3rd: buf = 3/32 + 1/8 = 7/32, step 1/8 + 7/64 = 15/64 -> 23/64."""
     s = make("async_local_sgd", H=2, outer="nesterov", outer_lr=1.0, outer_momentum=0.5,
              optim=sgd())
-    r = fit(s)
+    r = async_run(s)
     assert r.model.w.item() == 23 / 64
     assert s.staleness == [0, 1, 1]
 
@@ -107,7 +75,7 @@ def test_fedbuff_trace_buffers_k_updates_weighted_by_staleness() -> None:
       version 1; node 0's (base 0, tau 1): weight 1/sqrt(2), buffered, never applied (K = 2
       is not reached again: a partial buffer is not applied)."""
     s = make("fedbuff", H=2, K=2, eta_g=1.0, optim=sgd())
-    r = fit(s)
+    r = async_run(s)
     assert r.model.w.item() == 0.75
     assert s.staleness == [0, 0, 1]
     assert s.buffered == 1
@@ -116,12 +84,12 @@ def test_fedbuff_trace_buffers_k_updates_weighted_by_staleness() -> None:
 
 def test_dylu_scales_local_steps_by_speed_and_equal_speeds_keep_h() -> None:
     s = make("async_local_sgd", H=10, dylu=True)
-    fit(s, nodes=4, steps=10, speeds="1:1:0.5:0.25", model=Slope())
+    async_run(s, nodes=4, steps=10, speeds="1:1:0.5:0.25", model=Slope())
     assert [s.local_steps(i) for i in range(4)] == [10, 10, 5, 2]  # floor(10 * 0.25) = 2
     plain = make("async_local_sgd", H=10, dylu=False, optim=sgd())
     dylu = make("async_local_sgd", H=10, dylu=True, optim=sgd())
-    a = fit(plain, nodes=2, steps=20, speeds="")
-    b = fit(dylu, nodes=2, steps=20, speeds="")
+    a = async_run(plain, nodes=2, steps=20, speeds="")
+    b = async_run(dylu, nodes=2, steps=20, speeds="")
     assert a.model.w.item() == b.model.w.item()
     assert a.history == [dict(row, wall_s=r["wall_s"]) for row, r in zip(b.history, a.history,
                                                                            strict=True)]
@@ -133,7 +101,7 @@ def test_equal_speeds_are_lockstep_rounds() -> None:
     computed from version 0: staleness 0, 1, .., N - 1; node i then restarts from version
     i + 1, and the N - 1 others' updates land before its next one: staleness N - 1 after."""
     s = make("async_local_sgd", H=2, optim=sgd())
-    r = fit(s, nodes=3, steps=6, speeds="")
+    r = async_run(s, nodes=3, steps=6, speeds="")
     assert r.asynchronous["node_steps"] == [6, 6, 6]
     assert s.staleness == [0, 1, 2] + [2] * 6
 
@@ -154,7 +122,7 @@ def test_the_server_link_queues_pushes_first_come_first_served() -> None:
 
 def test_bytes_per_node_and_for_the_server() -> None:
     s = make("async_local_sgd", H=2, optim=sgd())
-    r = fit(s, nodes=2, steps=4, speeds="")
+    r = async_run(s, nodes=2, steps=4, speeds="")
     # w is 4 bytes: each node pushed twice and pulled twice
     assert r.bytes_sent == [8.0, 8.0] and r.bytes_received == [8.0, 8.0]
     assert r.asynchronous["server_bytes_received"] == 16.0
@@ -162,8 +130,8 @@ def test_bytes_per_node_and_for_the_server() -> None:
 
 
 def test_asynchronous_runs_are_deterministic() -> None:
-    runs = [fit(make("fedbuff", H=3, K=2), nodes=3, steps=12, speeds="1:0.5:0.3",
-                model=Slope(0.3)) for _ in range(2)]
+    runs = [async_run(make("fedbuff", H=3, K=2), nodes=3, steps=12, speeds="1:0.5:0.3",
+                      model=Slope(0.3)) for _ in range(2)]
     a, b = ([{k: v for k, v in row.items() if k != "wall_s"} for row in r.history]
             for r in runs)
     assert a == b
@@ -204,8 +172,8 @@ class SlopeBN(Slope):
 def test_a_push_carries_the_buffers_the_server_adopts() -> None:
     # each way, twice per node: w, bn.weight, bn.bias (12 bytes) + running_mean, running_var
     # (8 bytes); before, a push carried the parameters only (24 bytes sent, 40 received)
-    r = fit(make("async_local_sgd", H=2, optim=sgd()), nodes=2, steps=4, speeds="",
-            model=SlopeBN())
+    r = async_run(make("async_local_sgd", H=2, optim=sgd()), nodes=2, steps=4, speeds="",
+                  model=SlopeBN())
     assert r.bytes_sent == [40.0, 40.0] and r.bytes_received == [40.0, 40.0]
 
 
@@ -216,7 +184,7 @@ def test_dylu_rounds_down_as_the_paper_or_up_as_halos(rounding: str, expected: l
     kwargs = {} if rounding == "floor" else {"dylu_rounding": rounding}
     s = make("async_local_sgd", H=8, dylu=True, optim=sgd(), **kwargs)
     assert s.dylu_rounding == rounding
-    fit(s, nodes=3, steps=8, speeds="1:0.7:0.45")
+    async_run(s, nodes=3, steps=8, speeds="1:0.7:0.45")
     assert s.speeds == [1.0, 0.7, 0.45]
     assert [s.local_steps(i) for i in range(3)] == expected
     assert [dylu_steps(8, [0.5, 0.35, 0.225], i, rounding) for i in range(3)] == expected

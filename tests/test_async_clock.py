@@ -4,13 +4,8 @@ ends after it)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_async import fit, sgd
+from support.async_runs import async_run, sgd
 
 from exogym.sim.clock import SimClock
 from exogym.sim.network import parse_network
@@ -51,7 +46,7 @@ def test_asynchronous_trace_with_a_slow_node_and_a_slow_server_link() -> None:
     #   until 8.0 and 10.0.
     # Served in call order instead, node 0's second push would queue behind node 1's until 4.5.
     s = make("async_local_sgd", H=1, dylu=False, optim=sgd())
-    r = fit(s, nodes=2, steps=4, speeds="1:0.25", network=SLOW_LINK)
+    r = async_run(s, nodes=2, steps=4, speeds="1:0.25", network=SLOW_LINK)
     assert s.staleness == [0, 0, 2, 1, 0, 2]
     assert r.asynchronous["node_steps"] == [4, 2]
     assert r.clock.total_s == pytest.approx(10.0, rel=1e-12)
@@ -63,7 +58,7 @@ def test_asynchronous_trace_with_a_slow_node_and_a_slow_server_link() -> None:
 def test_an_asynchronous_run_is_not_re_costed_even_on_its_own_network() -> None:
     # its clock was its event loop's; a replay of the recorded records dropped every push and
     # pull and reported another clock (found in review)
-    r = fit(make("async_local_sgd", H=1, dylu=False, optim=sgd()), nodes=2, steps=4,
+    r = async_run(make("async_local_sgd", H=1, dylu=False, optim=sgd()), nodes=2, steps=4,
             speeds="1:0.25", network=SLOW_LINK)
     with pytest.raises(ValueError, match="asynchronous run's clock cannot be replayed"):
         r.recost(SLOW_LINK)

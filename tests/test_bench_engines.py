@@ -3,23 +3,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
 
 import torch
+from support.scripts import ROOT, load_script
 
 from exogym.sim.engine import auto_engine
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "engines.py"
+SCRIPT = ROOT / "bench" / "engines.py"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_engines", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/engines.py", "bench_engines")
 
 
 def test_the_engines_table_compares_auto_with_plain_pytorch(capsys) -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from support.scripts import load_script
 
 from exogym.cli import main
 from exogym.run.calibrate import FIRST_BYTES, CalibrateOptions, next_size
@@ -322,11 +322,8 @@ def test_calibrate_command_on_local_processes(tmp_path: Path, capsys):
 
 # -- the harness's calibrated predictions (bench/clock_fidelity.py, pure parts) ----------------
 def _harness() -> ModuleType:
-    """bench/clock_fidelity.py, as tests/test_clock_fidelity.py loads it."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from test_clock_fidelity import cf
-
-    return cf
+    """bench/clock_fidelity.py, as test_clock_fidelity.py loads it."""
+    return load_script("bench/clock_fidelity.py")
 
 
 def test_harness_table_gains_the_calibrated_columns():

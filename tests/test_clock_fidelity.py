@@ -3,29 +3,14 @@ checked without root; no namespace, link or qdisc is created here."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
+from support.scripts import load_script
 
 from exogym.sim.network import parse_network
 
-PATH = Path(__file__).resolve().parents[1] / "bench" / "clock_fidelity.py"
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("clock_fidelity", PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["clock_fidelity"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-cf = _load()
+cf = load_script("bench/clock_fidelity.py")
 TOPO = cf.Topology("1a2b", 2)
 
 

@@ -18,7 +18,7 @@ import math
 
 import pytest
 import torch
-from by_hand import F64, TOL, stack, t
+from support.by_hand import F64, TOL, stack, t
 from torch import Tensor, nn
 from torch.utils.data import TensorDataset
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from by_hand import F64, TOL, build, stack, step_with, t
-from test_sparseloco import check_checkpoint_resume
+from support.by_hand import F64, TOL, build, stack, step_with, t
+from support.checkpoints import check_checkpoint_resume
 from torch import nn
 
 from exogym import MnistCNN

@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from support.scripts import ROOT
 from torch import Tensor, nn
 from torch.utils.data import TensorDataset
 
@@ -53,7 +54,7 @@ ENGINE_TOL = {"atol": 1e-5, "rtol": 1e-5}
 DEVICE_TOL = {"atol": 1e-4, "rtol": 1e-4}
 SAME_RUN_TOL = {"atol": 1e-6, "rtol": 1e-6} if CUDA else {"atol": 0.0, "rtol": 0.0}
 WALL = ("wall_s",)
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "gpu_check.py"
+SCRIPT = ROOT / "bench" / "gpu_check.py"
 
 pytestmark = pytest.mark.usefixtures("single_thread", "no_tf32")
 

@@ -10,24 +10,20 @@ for bit), the simulated clock, the world, recovery and exact resume.
 from __future__ import annotations
 
 import shutil
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from by_hand import TOL, build, sgd, step_with, t
+from support.by_hand import TOL, Heard, build, sgd, step_with, t
+from support.resume_cases import WALL, Net, assert_same_state, data, run_rows, run_summary
 
 from exogym import Trainer
 from exogym.run.checkpoint import load_checkpoint
 from exogym.strategy import make
 from exogym.strategy.diloco_eager import DiLoCoEager
 from exogym.utils.config import ConfigError
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from resume_cases import Net, data
-from test_resume import WALL, _equal, _rows, _summary
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -53,16 +49,6 @@ def run_round(strategy, nodes, comm, grads, first_step: int, H: int = 2) -> None
 
 def momentum(opt: torch.optim.Optimizer, p: torch.Tensor) -> torch.Tensor:
     return opt.state[p]["momentum_buffer"]
-
-
-class Heard:
-    """A timeline that hears ``heard`` (``N`` booleans) at every synchronisation."""
-
-    def __init__(self, heard: list[bool]) -> None:
-        self.heard = heard
-
-    def arrivals(self, active: list[bool] | None, deadline: str | None) -> list[bool] | None:
-        return None if all(self.heard) else self.heard
 
 
 # -- the two forms, by hand -----------------------------------------------------------------------
@@ -358,8 +344,8 @@ def test_a_run_resumes_bit_for_bit(tmp_path: Path, overrides: dict[str, Any], no
     shutil.rmtree(cut / "checkpoints" / f"step-{8:08d}")
     (cut / "summary.json").unlink()
     fit(resume=cut)
-    assert _rows(cut) == _rows(full) and _summary(cut) == _summary(full)
-    _equal(load_checkpoint(full)[0], load_checkpoint(cut)[0], "state")
+    assert run_rows(cut) == run_rows(full) and run_summary(cut) == run_summary(full)
+    assert_same_state(load_checkpoint(full)[0], load_checkpoint(cut)[0], "state")
 
 
 # -- configuration ---------------------------------------------------------------------------------

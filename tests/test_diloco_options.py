@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 
-import by_hand
 import pytest
 import torch
-from by_hand import TOL, step_with, t
+from support import by_hand
+from support.by_hand import TOL, step_with, t
 
 from exogym.strategy import make
 from exogym.strategy.diloco import DiLoCo

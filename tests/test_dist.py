@@ -24,6 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from support.runs import TinyBN  # also --ft's model (test_ft.py)
 from torch import Tensor, nn
 from torch.utils.data import TensorDataset
 
@@ -48,22 +49,6 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 STEPS, H, BATCH, SEED = 6, 3, 4, 0
 TOL = {"atol": 1e-5, "rtol": 0.0}
-
-
-class TinyBN(nn.Module):
-    """Linear -> BatchNorm -> tanh -> Linear, cross-entropy: parameters, float and int buffers."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(1)
-        self.fc1 = nn.Linear(6, 8, bias=False)  # a bias before BatchNorm has no gradient:
-        # Adam would turn its round-off-sized gradient into full steps of either sign
-        self.bn = nn.BatchNorm1d(8)
-        self.fc2 = nn.Linear(8, 3)
-
-    def forward(self, batch: tuple[Tensor, Tensor]) -> Tensor:
-        x, y = batch
-        return F.cross_entropy(self.fc2(torch.tanh(self.bn(self.fc1(x)))), y)
 
 
 def dataset() -> TensorDataset:

@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.scripts import ROOT
 
 from exogym.cli import build_parser, main
 from exogym.sim.network import parse_network, write_network_file
 
-ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = [README, ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").rglob("*.md"))]
 # a block naming a dataset reads it (from $EXOGYM_DATA_DIR, set to the tests' data folder)

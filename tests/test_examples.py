@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.scripts import ROOT
 from torch import nn
 from torch.utils.data import TensorDataset
 
@@ -19,7 +20,6 @@ from exogym.strategy import make
 from exogym.tasks.models import Classifier
 from exogym.utils.config import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 SPEC = f"{EXAMPLES}/custom_strategy.py:GrowingLocalSGD"
 

@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from support.scripts import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 HERE = ROOT / "tests" / "exo_gym_examples"
 
 # EXO Gym's files at commit 9fa323c: their git blob ids (`git ls-tree -r 9fa323c example/`)

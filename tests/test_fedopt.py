@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import math
 
-import by_hand
 import pytest
 import torch
-from by_hand import F64, TOL, step_with, t
+from support import by_hand
+from support.by_hand import F64, TOL, step_with, t
 
 from exogym.strategy.diloco import DiLoCo
 from exogym.strategy.fedadagrad import FedAdagrad

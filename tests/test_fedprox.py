@@ -6,10 +6,10 @@ adds ``mu (w - w^t)`` to each node's gradient, ``w^t`` the model at the start of
 
 from __future__ import annotations
 
-import by_hand
 import pytest
 import torch
-from by_hand import F64, TOL, step_with, t
+from support import by_hand
+from support.by_hand import F64, TOL, step_with, t
 
 from exogym.strategy.fedavg import FedAvg
 from exogym.strategy.fedprox import FedProx

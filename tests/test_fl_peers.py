@@ -5,16 +5,15 @@ sampler and the table."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 import torch
+from support.scripts import load_script
 
 from exogym.cli import build_parser
 from exogym.sim.participation import Participation
@@ -23,20 +22,8 @@ from exogym.sim.sharding import NodeBatches
 from exogym.tasks import get_task
 from exogym.tasks.data.mnist import load_mnist
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-
-
-def _load(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-driver = _load("bench_fl_peers", BENCH / "fl_peers.py")
-common = _load("bench_fl_peers_common", BENCH / "fl_peers" / "peer_common.py")
+driver = load_script("bench/fl_peers.py", "bench_fl_peers")
+common = load_script("bench/fl_peers/peer_common.py", "bench_fl_peers_common")
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_dist import TinyBN  # the same model as the process engine's tests
+from support.runs import TinyBN  # the same model as the process engine's tests
 from torch import Tensor
 from torch.utils.data import TensorDataset
 
@@ -335,8 +335,8 @@ def _torchrun_groups(tmp_path: Path, options: list[list[str]],
     import subprocess
     import time
 
+    from support.toy_task import toy_task_source
     from torchft.coordination import LighthouseServer
-    from toy_task import toy_task_source
 
     from exogym.run.launch import free_port
 

@@ -34,19 +34,16 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from support.resume_cases import Labelled, Net
+from support.runs import small
 from torch import nn
 from torch.utils.data import TensorDataset
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from resume_cases import Labelled, Net
-from test_conformance import small
 
 from exogym import Trainer
 from exogym.sim.threads import intra_op_threads

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from by_hand import F64, stack, t
-from test_sparseloco import check_checkpoint_resume
+from support.by_hand import F64, stack, t
+from support.checkpoints import check_checkpoint_resume
 from torch import Tensor, nn
 
 from exogym.sim.comm import InProcessCommunicator

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from by_hand import F64, TOL, build, sgd, stack, step_with, t
-from test_sparseloco import check_checkpoint_resume
+from support.by_hand import F64, TOL, build, sgd, stack, step_with, t
+from support.checkpoints import check_checkpoint_resume
 
 from exogym import MnistCNN
 from exogym.sim.engine import NodeStack

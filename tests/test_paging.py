@@ -72,7 +72,7 @@ def test_dropout_and_batch_norm_page_like_in_memory(sid: str, engine: str) -> No
     # dropout draws from each node's generator, whose state a paged round keeps per step
     # (threads: a group computes the round's steps in a row), and BatchNorm's running
     # statistics are buffers paged with the group
-    from resume_cases import Net, data
+    from support.resume_cases import Net, data
 
     def run(**kw: Any) -> Any:
         torch.manual_seed(1)

@@ -5,16 +5,13 @@ previous round; its inner optimizer state is fresh or kept (``client_state``).""
 
 from __future__ import annotations
 
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from resume_cases import Net, data
+from support.resume_cases import Net, data
 
 from exogym import Trainer
 from exogym.cli import main

@@ -7,12 +7,11 @@ skips a collective is an error naming it, not a hang.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from support.scripts import ROOT, load_script
 from torch import nn
 from torch.utils.data import TensorDataset
 
@@ -24,10 +23,7 @@ from exogym.strategy.diloco import DiLoCo
 from exogym.strategy.optim import OptimSpec
 from exogym.strategy.strategy import SimpleReduceStrategy, Strategy
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from per_node import PerNodeDiLoCo  # examples/per_node.py
-
-sys.path.pop(0)
+PerNodeDiLoCo = load_script("examples/per_node.py").PerNodeDiLoCo
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -381,19 +377,12 @@ def test_the_tutorial_s_per_node_strategy_is_its_node_stacked_one() -> None:
     # steps 2 and 6 for H=2, rho=2): the same parameters, the same bytes (a model without
     # buffers: the node-stacked one also averages float buffers)
     import re
-    import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
-    text = (root / "docs" / "writing-a-strategy.md").read_text()
+    text = (ROOT / "docs" / "writing-a-strategy.md").read_text()
     code = re.search(r"## 9\..*?```python\n(.*?)```", text, re.S).group(1)
     scope: dict[str, Any] = {}
     exec(compile(code, "writing-a-strategy.md", "exec"), scope)
-    sys.path.insert(0, str(root / "examples"))
-    try:
-        from custom_strategy import GrowingLocalSGD
-    finally:
-        sys.path.remove(str(root / "examples"))
+    GrowingLocalSGD = load_script("examples/custom_strategy.py").GrowingLocalSGD
     spec = OptimSpec("adamw", lr=1e-2)
     ref = fit(GrowingLocalSGD(H=2, rho=2.0, H_max=5, optim=spec))
     r = fit(scope["GrowingLocalSGDPerNode"](spec, H=2, rho=2.0, H_max=5))

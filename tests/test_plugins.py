@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from toy_task import toy_task_source
+from support.toy_task import toy_task_source
 
 from exogym import strategy as strategies
 from exogym.cli import main

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from resume_cases import Labelled, Net, data
+from support.resume_cases import Labelled, Net, data
 
 from exogym import Trainer
 from exogym.run.client_store import ClientStore, parse_client_store

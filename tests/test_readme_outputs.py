@@ -7,16 +7,14 @@ float round-off moves them (0.5 percentage points; 10% of the loss)."""
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
+from support.scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-import readme_outputs  # noqa: E402
+from exogym.cli import main
 
-from exogym.cli import main  # noqa: E402
+readme_outputs = load_script("bench/readme_outputs.py")
 
 
 def test_every_recorded_command_parses_and_the_machine_is_stated() -> None:

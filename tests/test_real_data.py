@@ -1,7 +1,7 @@
-"""How the tests get their datasets (``real_data.py``): the folder they read, a download from a
-mirror on 127.0.0.1 checked by checksum, one skip line without data or network, a failure instead
-under ``EXOGYM_REQUIRE_DATA=1``; and ``EXOGYM_DATA_MIRRORS``, which points exogym at such a
-mirror."""
+"""How the tests get their datasets (``support/real_data.py``): the folder they read, a download
+from a mirror on 127.0.0.1 checked by checksum, one skip line without data or network, a failure
+instead under ``EXOGYM_REQUIRE_DATA=1``; and ``EXOGYM_DATA_MIRRORS``, which points exogym at such
+a mirror."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import real_data
-from real_data import DATASETS, REQUIRE_DATA, data_root, provide
+from support import real_data
+from support.real_data import DATASETS, REQUIRE_DATA, data_root, provide
 
 from exogym.tasks.data import cifar10, mnist, shakespeare
 from exogym.tasks.data.download import MIRRORS_ENV_VAR, RemoteFile, ensure_files, mirrors_for

@@ -18,43 +18,22 @@ from typing import Any
 
 import pytest
 import torch
-from resume_cases import T, build, cases, fit_case
+from support.resume_cases import (
+    T,
+    assert_same_state,
+    build,
+    cases,
+    fit_case,
+    run_rows,
+    run_summary,
+)
+from support.scripts import child_env
 
 from exogym.run import checkpoint as checkpoint_module
 from exogym.run import trainer as trainer_module
 from exogym.run.checkpoint import Checkpointer, CheckpointError, checkpoint_steps, load_checkpoint
 from exogym.run.state import RunInterrupted
 from exogym.strategy import make
-
-HERE = Path(__file__).resolve().parent
-WALL = {"wall_s", "train_time_s", "wall_time_s", "samples_per_s", "out_dir", "resumed_from"}
-
-
-def _rows(run_dir: Path) -> list[dict[str, Any]]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in WALL} for r in rows]
-
-
-def _summary(run_dir: Path) -> dict[str, Any]:
-    return {k: v for k, v in json.loads((run_dir / "summary.json").read_text()).items()
-            if k not in WALL}
-
-
-def _equal(a: Any, b: Any, where: str = "", ignore: frozenset[str] = frozenset()) -> None:
-    """Exact equality of two checkpoint states (tensors by torch.equal), wall times aside."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and set(a) == set(b), (where, set(a) ^ set(b))
-        for k in a:
-            if k not in WALL and k not in ignore:
-                _equal(a[k], b[k], f"{where}.{k}", ignore)
-    elif isinstance(a, (list, tuple)):
-        assert isinstance(b, (list, tuple)) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _equal(x, y, f"{where}[{i}]", ignore)
-    else:
-        assert a == b or (a != a and b != b), (where, a, b)  # NaN equals NaN here
 
 
 def _crash_after_first_checkpoint(src: Path, dst: Path) -> None:
@@ -76,21 +55,20 @@ def test_every_strategy_resumes_bit_for_bit_in_a_fresh_process(
             fit_case(name, engine, tmp_path / "full" / name)
             _crash_after_first_checkpoint(tmp_path / "full" / name, tmp_path / "cut" / name)
             resumed[name] = tmp_path / "cut" / name
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    subprocess.run([sys.executable, str(HERE / "resume_cases.py"),
-                    *(f"{n}={d}" for n, d in resumed.items())], check=True, env=env,
-                   timeout=600)
+    subprocess.run([sys.executable, "-m", "support.resume_cases",
+                    *(f"{n}={d}" for n, d in resumed.items())], check=True,
+                   env=child_env(PYTHONWARNINGS="ignore"), timeout=600)
     for name in names:
         full, cut = tmp_path / "full" / name, tmp_path / "cut" / name
-        assert _rows(cut) == _rows(full), name  # every row, none duplicated or missing
-        assert _summary(cut) == _summary(full), name  # bytes, collectives, clock, final eval
+        assert run_rows(cut) == run_rows(full), name  # every row, none duplicated or missing
+        assert run_summary(cut) == run_summary(full), name  # bytes, collectives, clock, final eval
         a = torch.load(full / "model.pt", weights_only=True)
         b = torch.load(cut / "model.pt", weights_only=True)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
         # every node's parameters, buffers, optimizer and strategy state at the end
         end_a, _ = load_checkpoint(full)
         end_b, _ = load_checkpoint(cut)
-        _equal(end_a, end_b, name)
+        assert_same_state(end_a, end_b, name)
 
 
 def test_the_special_cases_really_are_special(tmp_path: Path) -> None:
@@ -207,7 +185,7 @@ def test_async_and_sync_checkpoints_hold_the_same_state_and_old_ones_are_pruned(
         assert checkpoint_steps(tmp_path / str(asynchronous)) == [10, 8]
     a, _ = load_checkpoint(tmp_path / "True")
     b, _ = load_checkpoint(tmp_path / "False")
-    _equal(a, b, ignore=frozenset({"checkpointing"}))
+    assert_same_state(a, b, ignore=frozenset({"checkpointing"}))
 
 
 def test_checkpoint_interval_in_wall_time(tmp_path: Path) -> None:
@@ -336,8 +314,8 @@ def test_a_killed_cli_run_resumes_to_the_uninterrupted_summary(tmp_path: Path,
     resumed = _exogym(mnist_data, "--resume", str(killed), "--no-progress")
     _, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err
-    assert _summary(killed) == _summary(full)
-    assert _rows(killed) == _rows(full)
+    assert run_summary(killed) == run_summary(full)
+    assert run_rows(killed) == run_rows(full)
 
 
 def test_sigint_to_a_cli_run_prints_no_traceback_and_leaves_a_resumable_folder(
@@ -377,7 +355,7 @@ def test_a_process_run_stops_on_sigterm_and_resumes_as_processes(tmp_path: Path,
         "manifest.json", "rank-0.pt", "rank-1.pt"]
     resumed = _exogym(mnist_data, "--resume", str(run), "--no-progress")
     assert resumed.wait(timeout=300) == 0, resumed.communicate()[1]
-    a, b = _summary(run), _summary(full)
+    a, b = run_summary(run), run_summary(full)
     assert a["bytes_sent_per_node"] == b["bytes_sent_per_node"] and a["steps"] == b["steps"]
     # gloo sums across processes in its own order: the losses agree to round-off, not bits
     assert a["final"]["eval_loss"] == pytest.approx(b["final"]["eval_loss"], rel=1e-4)

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 import torch
-from resume_cases import Net, data
+from support.resume_cases import Net, data
+from support.scripts import ROOT
 
 from exogym import Trainer
 from exogym.cli import build_parser
@@ -37,7 +38,7 @@ from exogym.run.trainer import Trainer as CoreTrainer
 from exogym.strategy import make
 from exogym.utils.config import ConfigError
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "settings.md"
+DOCS = ROOT / "docs" / "settings.md"
 BEGIN, END = "<!-- settings table: begin -->\n", "<!-- settings table: end -->\n"
 
 # exogym run's options that are not settings of fit: the task and its data, the strategy and

@@ -1,6 +1,6 @@
 """SparseLoCo (arXiv:2508.15706; tplr-ai/templar compress.py / neurons.py): bit packing, the 2-bit
 quantiser, chunked top-k with error feedback, the outer step, bytes; and the strategy-level
-checkpoint round trip that test_muon.py and test_desloc.py reuse.
+checkpoint round trip.
 
 Expected values are worked out in the comments. Most hand cases use ``bits=8``: a handful of
 distinct values then falls into distinct bins, each bin's mean is the value itself, and the
@@ -10,20 +10,16 @@ quantiser is exact, so the arithmetic stays that of the update rule. Float64 thr
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
-from by_hand import F64, TOL, build, stack, step_with, t
-from torch import Tensor, nn
+from support.by_hand import F64, TOL, build, stack, step_with, t
+from support.checkpoints import check_checkpoint_resume
+from torch import nn
 
 from exogym import MnistCNN
-from exogym.sim.comm import InProcessCommunicator
-from exogym.sim.engine import NodeStack
 from exogym.strategy import make
-from exogym.strategy.base import Strategy
 from exogym.strategy.optim import OptimSpec
 from exogym.strategy.sparseloco import SparseLoCo, index_bits, pack_bits, quantize, unpack_bits
 from exogym.tasks.models import Classifier
@@ -286,85 +282,7 @@ def test_invalid_settings_are_errors_that_name_them(overrides, match):
         make("sparseloco", **overrides)
 
 
-# -- checkpoint round trip (shared with test_muon.py and test_desloc.py) -------------------------
-class TinyBN(nn.Module):
-    """Linear -> BatchNorm -> tanh -> Linear (float64): matrices, biases and float buffers."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(6, 8)
-        self.bn = nn.BatchNorm1d(8)
-        self.fc2 = nn.Linear(8, 3)
-
-    def forward(self, batch: tuple[Tensor, Tensor]) -> Tensor:
-        x, y = batch
-        return F.cross_entropy(self.fc2(torch.tanh(self.bn(self.fc1(x)))), y)
-
-
-def _fresh(make_strategy: Callable[[], Strategy], n: int, steps: int):
-    torch.manual_seed(0)
-    strategy = make_strategy()
-    nodes = NodeStack(TinyBN().to(F64), n, engine="loop")
-    comm = InProcessCommunicator(n)
-    strategy.setup(nodes, comm, steps)
-    return strategy, nodes, comm
-
-
-def _train(strategy: Strategy, nodes: NodeStack, comm: InProcessCommunicator,
-           steps: range) -> None:
-    for step in steps:  # the batch of a step depends on the step only, so a resumed run sees it
-        g = torch.Generator().manual_seed(1000 + step)
-        x = torch.randn(nodes.num_nodes, 8, 6, generator=g, dtype=F64)
-        comm.step = step
-        nodes.forward_backward((x, x[..., :3].argmax(-1)))
-        strategy.step(step)
-        nodes.zero_grad()
-
-
-def _snapshot(strategy: Strategy, nodes: NodeStack) -> dict[str, Tensor]:
-    out = {f"node.{k}": v.detach().clone() for k, v in nodes.params.items()}
-    out.update({f"node.{k}": v.clone() for k, v in nodes.buffers.items()})
-    out.update({f"global.{k}": v.clone() for k, v in strategy.global_state().items()})
-    return out
-
-
-def check_checkpoint_resume(make_strategy: Callable[[], Strategy], tmp_path: Path, *,
-                            steps: int = 12, stop: int = 5, n: int = 3) -> None:
-    """Train ``steps`` steps straight; train ``stop`` steps, save the strategy's state_dict and the
-    nodes' tensors (torch.save), load them with ``weights_only=True`` into a fresh set-up, train
-    the rest: every node tensor and the global model must be exactly equal. A fresh set-up that
-    skips ``load_state_dict`` must differ (the state matters, so the check can fail)."""
-    straight = _fresh(make_strategy, n, steps)
-    _train(*straight, range(steps))
-
-    first = _fresh(make_strategy, n, steps)
-    _train(*first, range(stop))
-    strategy, nodes, _ = first
-    path = tmp_path / "ckpt.pt"
-    torch.save({"strategy": strategy.state_dict(), "params": dict(nodes.params),
-                "buffers": dict(nodes.buffers)}, path)
-    loaded = torch.load(path, weights_only=True)
-
-    results = {}
-    for restore in (True, False):
-        resumed = _fresh(make_strategy, n, steps)
-        with torch.no_grad():
-            for k, v in loaded["params"].items():
-                resumed[1].params[k].copy_(v)
-            for k, v in loaded["buffers"].items():
-                resumed[1].buffers[k].copy_(v)
-        if restore:
-            resumed[0].load_state_dict(loaded["strategy"])
-        _train(*resumed, range(stop, steps))
-        results[restore] = _snapshot(resumed[0], resumed[1])
-
-    expected = _snapshot(straight[0], straight[1])
-    assert results[True].keys() == expected.keys()
-    for k, v in expected.items():
-        assert torch.equal(results[True][k], v), k
-    assert any(not torch.equal(results[False][k], v) for k, v in expected.items())
-
-
+# -- checkpoint round trip (support.checkpoints) -------------------------------------------------
 def test_checkpoint_resume_is_exact(tmp_path: Path):
     # H = 2, stop at 5: mid-round, with a non-zero accumulator and AdamW moments to restore
     check_checkpoint_resume(lambda: SparseLoCo(H=2, k=4, s=4), tmp_path)

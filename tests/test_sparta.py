@@ -13,8 +13,8 @@ from collections import Counter
 
 import pytest
 import torch
-from by_hand import F64, TOL, Vec, set_rows, sgd, t
-from by_hand import stack as build
+from support.by_hand import F64, TOL, Vec, set_rows, sgd, t
+from support.by_hand import stack as build
 from torch import Tensor, nn
 from torch.utils.data import TensorDataset
 

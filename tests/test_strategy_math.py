@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from by_hand import F64, TOL, Vec, build, set_rows, sgd, t
+from support.by_hand import F64, TOL, Vec, build, set_rows, sgd, t
 from torch import nn
 
 from exogym.sim.comm import InProcessCommunicator

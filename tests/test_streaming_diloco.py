@@ -14,8 +14,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from by_hand import F64, TOL, sgd, t
-from by_hand import stack as build
+from support.by_hand import F64, TOL, sgd, t
+from support.by_hand import stack as build
 from torch import Tensor, nn
 
 from exogym.sim.codecs import make_codec

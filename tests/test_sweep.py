@@ -9,9 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from toy_task import toy_task_source
+from support.toy_task import toy_task_source
 
 from exogym.cli import main
 from exogym.lab.report import Stat

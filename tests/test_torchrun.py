@@ -10,7 +10,6 @@ reductions sum in another order across processes).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.scripts import child_env
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils.data import TensorDataset
@@ -26,8 +26,6 @@ from torch.utils.data import TensorDataset
 from exogym import Trainer
 from exogym.run.dist import torchrun_env
 from exogym.run.launch import free_port
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 class Tiny(nn.Module):
@@ -57,8 +55,7 @@ SCRIPT = textwrap.dedent("""
     import sys
 
     import torch
-    sys.path.insert(0, {tests!r})
-    from test_torchrun import FIT, Tiny, tiny_data
+    from test_torchrun import FIT, Tiny, tiny_data  # this file's folder is on PYTHONPATH
     from exogym import Trainer
     from exogym.strategy import make
 
@@ -73,7 +70,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def _torchrun(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = child_env(Path(__file__).resolve().parent, OMP_NUM_THREADS="1")
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
@@ -97,7 +94,7 @@ def test_the_python_api_under_torchrun_matches_the_simulator(tmp_path: Path) -> 
     out = tmp_path / "dist"
     out.mkdir()
     script = tmp_path / "train.py"
-    script.write_text(SCRIPT.format(tests=str(ROOT / "tests"), out=str(out)))
+    script.write_text(SCRIPT.format(out=str(out)))
     _torchrun([str(script)], cwd=tmp_path)
 
     from exogym.strategy import make

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 import torch
+from support.toy_task import toy_task_source
 from torch import Tensor, nn
 from torch.utils.data import TensorDataset
-from toy_task import toy_task_source
 
 from exogym import Trainer
 from exogym.cli import main

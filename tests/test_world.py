@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from by_hand import TOL, build, sgd, step_with, t
+from support.by_hand import TOL, Heard, build, sgd, step_with, t
+from support.runs import small
 from torch import nn
 from torch.utils.data import TensorDataset
 
@@ -26,19 +26,6 @@ from exogym.cli import main
 from exogym.sim.clock import SimClock, parse_deadline
 from exogym.sim.world import World, parse_world
 from exogym.strategy import DDP, DiLoCo, FedAvg, get, make, registry
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_conformance import small
-
-
-class Heard:
-    """A timeline that hears exactly ``heard`` (``N`` booleans) at every synchronisation."""
-
-    def __init__(self, heard: list[bool]) -> None:
-        self.heard = heard
-
-    def arrivals(self, active: list[bool] | None, deadline: str | None) -> list[bool] | None:
-        return None if all(self.heard) else self.heard
 
 
 # -- closed form --------------------------------------------------------------------------------
@@ -403,7 +390,7 @@ def test_a_node_down_at_the_end_is_down_not_idle_and_replays_the_same() -> None:
     # Node 1 fails before step 2 and never comes back: from its failure to the end of the run it
     # is down (it was counted as idle: "waiting for the slowest"); a replay on the same network
     # (a step-based world may be re-costed) gives the same split.
-    from resume_cases import Net, data
+    from support.resume_cases import Net, data
 
     torch.manual_seed(1)
     r = Trainer(Net(), data(), data()).fit(

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import sys
 import traceback
 import warnings
 from dataclasses import dataclass
@@ -24,10 +23,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from resume_cases import Net, data
-from test_conformance import small
+from support.resume_cases import Net, data
+from support.runs import small
 
 from exogym import Trainer
 from exogym.run.checkpoint import load_checkpoint

@@ -24,8 +24,9 @@ import pytest
 from exogym.tasks.data import cifar10, mnist, shakespeare
 from exogym.tasks.data.download import MIRRORS_ENV_VAR, DatasetNotFoundError
 from exogym.tasks.data.paths import ENV_VAR, resolve_data_dir
+from support.scripts import ROOT
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED_DATA = ROOT.parent / "shared" / "data"
 REQUIRE_DATA = "EXOGYM_REQUIRE_DATA"
 """``1``: a dataset the tests cannot find or download fails them instead of skipping them."""
 

@@ -1,8 +1,6 @@
 """Scaffolding of the closed-form strategy tests: tiny float64 models stacked on N nodes,
 gradients written by hand, ``strategy.step`` called directly, expectations worked out in each
-test's comments.
-
-Imported by the test modules as ``from by_hand import ...`` (pytest puts ``tests/`` on the path).
+test's comments; and a timeline that hears whom a test says (:class:`Heard`).
 """
 
 from __future__ import annotations
@@ -67,3 +65,13 @@ def step_with(strategy: Strategy, nodes: NodeStack, grads, step: int) -> None:
     set_rows(nodes.grads["w"], grads)
     with torch.no_grad():
         strategy.step(step)
+
+
+class Heard:
+    """A timeline that hears exactly ``heard`` (``N`` booleans) at every synchronisation."""
+
+    def __init__(self, heard: list[bool]) -> None:
+        self.heard = heard
+
+    def arrivals(self, active: list[bool] | None, deadline: str | None) -> list[bool] | None:
+        return None if all(self.heard) else self.heard

@@ -1,12 +1,15 @@
-"""The runs of the exact-resume tests (tests/test_resume.py), importable by a fresh process.
+"""The runs of the exact-resume tests (test_resume.py), importable by a fresh process, and how
+two runs' folders and checkpoints are compared.
 
 A case is a tiny training run, named; :func:`fit_case` trains it into a folder (with checkpoints
-every ``T`` steps), and ``python tests/resume_cases.py DIR ...`` resumes each folder in a new
-process (the way a crashed run is continued), with the same model and data built here.
+every ``T`` steps), and ``python -m support.resume_cases NAME=DIR ...`` (``tests/`` on
+``PYTHONPATH``: :func:`support.scripts.child_env`) resumes each folder in a new process (the way a
+crashed run is continued), with the same model and data built here.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,12 +19,10 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_conformance import small
-
 from exogym import Trainer
 from exogym.run.result import FitResult
 from exogym.strategy import make, registry
+from support.runs import small
 
 T = 4  # steps before the checkpoint that is resumed from; the runs take 2T
 
@@ -114,7 +115,42 @@ def resume(name: str, run_dir: Path) -> FitResult:
     return build(cases()[name]).fit(resume=run_dir, progress=False)
 
 
-if __name__ == "__main__":  # python tests/resume_cases.py NAME=DIR ...
+# -- comparing runs ------------------------------------------------------------------------------
+WALL = {"wall_s", "train_time_s", "wall_time_s", "samples_per_s", "out_dir", "resumed_from"}
+"""What two runs of the same numbers may differ in: this machine's timings, the folders."""
+
+
+def run_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """The rows of ``run_dir``'s ``metrics.jsonl``, wall times aside."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in WALL} for r in rows]
+
+
+def run_summary(run_dir: Path) -> dict[str, Any]:
+    """``run_dir``'s ``summary.json``, wall times aside."""
+    return {k: v for k, v in json.loads((run_dir / "summary.json").read_text()).items()
+            if k not in WALL}
+
+
+def assert_same_state(a: Any, b: Any, where: str = "",
+                      ignore: frozenset[str] = frozenset()) -> None:
+    """Exact equality of two checkpoint states (tensors by torch.equal), wall times aside."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), (where, set(a) ^ set(b))
+        for k in a:
+            if k not in WALL and k not in ignore:
+                assert_same_state(a[k], b[k], f"{where}.{k}", ignore)
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same_state(x, y, f"{where}[{i}]", ignore)
+    else:
+        assert a == b or (a != a and b != b), (where, a, b)  # NaN equals NaN here
+
+
+if __name__ == "__main__":  # python -m support.resume_cases NAME=DIR ...
     torch.set_num_threads(1)
     for item in sys.argv[1:]:
         case_name, _, folder = item.partition("=")
