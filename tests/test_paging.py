@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 import torch
+from support.runs import check_run
 
 from exogym import Trainer
-from exogym.lab.check import TinyNet, short_period, tiny_data
+from exogym.lab.check import TinyNet, tiny_data
 from exogym.run.checkpoint import CheckpointError, checkpoint_steps
 from exogym.run.paging import Paged, PageStore, PagingError, parse_offload
 from exogym.sim.comm import InProcessCommunicator
@@ -30,14 +31,8 @@ SYNCHRONOUS = [s for s in registry() if not getattr(get(s), "asynchronous", Fals
 
 
 def fit(strategy: Strategy | str, **kw: Any) -> Any:
-    torch.manual_seed(1)
-    if isinstance(strategy, str):
-        strategy = make(strategy, **short_period(get(strategy)))
-    args: dict[str, Any] = dict(num_nodes=20, max_steps=6, batch_size=4, eval_interval=3,
-                                log_interval=1, engine="loop", seed=0, progress=False,
-                                step_time="1ms")
-    args.update(kw)
-    return Trainer(TinyNet(), tiny_data(), tiny_data()).fit(strategy=strategy, **args)
+    """exogym check's run (:func:`support.runs.check_run`) on 20 nodes, batch 4, 1 ms a step."""
+    return check_run(strategy, **{"num_nodes": 20, "batch_size": 4, "step_time": "1ms", **kw})
 
 
 def rows(result: Any) -> list[dict[str, Any]]:

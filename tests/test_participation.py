@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 from support.resume_cases import Net, data
+from support.runs import client_run
 
 from exogym import Trainer
 from exogym.cli import main
@@ -21,19 +22,6 @@ from exogym.strategy import make
 from exogym.strategy.optim import OptimSpec
 
 WALL = {"wall_s"}
-
-
-def fit(strategy: Any, *, nodes: int = 6, steps: int = 12, **extra: Any):
-    """A run with a row per client (its log in client ids); tests/test_population.py checks
-    that a run holding only the round's clients gives the same numbers."""
-    extra.setdefault("clients_in_memory", "all")
-    torch.manual_seed(1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return Trainer(Net(), data(), data()).fit(
-            strategy=strategy, num_nodes=nodes, max_steps=steps, batch_size=4,
-            network="home-100mbps", step_time=0.1, progress=False, log_interval=1,
-            eval_interval=steps, **extra)
 
 
 def members(bits: int, n: int) -> list[bool]:
@@ -66,7 +54,7 @@ def test_bad_participation_values_are_named(value: Any, match: str) -> None:
 def test_only_the_round_s_participants_compute_and_join_with_the_global_model() -> None:
     # FedAvg, H = 2, 6 nodes, 2 per round, 6 rounds
     n, h = 6, 2
-    r = fit(make("fedavg", H=h), participation=2)
+    r = client_run(make("fedavg", H=h), participation=2)
     draw = Participation(count=2, seed=0)
     rounds = [draw.draw(k, [True] * n) for k in range(6)]
     reduces = [rec for rec in r.comm_log if rec.op == "all_reduce"]
@@ -88,8 +76,8 @@ def test_only_the_round_s_participants_compute_and_join_with_the_global_model() 
 
 def test_every_node_participating_is_the_run_without_participation() -> None:
     # keeping their state (a fresh client restarts its inner optimizer every round)
-    a, b = fit(make("diloco", H=2)), fit(make("diloco", H=2), participation=6,
-                                          client_state="keep")
+    a = client_run(make("diloco", H=2))
+    b = client_run(make("diloco", H=2), participation=6, client_state="keep")
     strip = [{k: v for k, v in row.items() if k not in WALL} for row in a.history]
     assert strip == [{k: v for k, v in row.items() if k not in WALL} for row in b.history]
     assert a.bytes_sent == b.bytes_sent and a.comm_log == b.comm_log
@@ -98,17 +86,17 @@ def test_every_node_participating_is_the_run_without_participation() -> None:
 
 
 def test_client_state_matters_with_adam_and_not_with_stateless_sgd() -> None:
-    adam = {s: fit(make("fedavg", H=2), participation=2, client_state=s)
+    adam = {s: client_run(make("fedavg", H=2), participation=2, client_state=s)
             for s in ("fresh", "keep")}
     assert adam["fresh"].final != adam["keep"].final
-    sgd = {s: fit(make("fedavg", H=2, optim=OptimSpec(name="sgd", lr=0.05)), participation=2,
-                  client_state=s) for s in ("fresh", "keep")}
+    sgd = {s: client_run(make("fedavg", H=2, optim=OptimSpec(name="sgd", lr=0.05)),
+                         participation=2, client_state=s) for s in ("fresh", "keep")}
     assert sgd["fresh"].final == sgd["keep"].final
 
 
 def test_a_run_with_participation_resumes_bit_for_bit(tmp_path: Path) -> None:
-    full = fit(make("diloco", H=2), steps=10, participation=0.5, out_dir=tmp_path / "full",
-               checkpoint_every=3, keep_checkpoints=4)
+    full = client_run(make("diloco", H=2), steps=10, participation=0.5,
+                      out_dir=tmp_path / "full", checkpoint_every=3, keep_checkpoints=4)
     torch.manual_seed(1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -132,9 +120,9 @@ def test_methods_without_a_global_model_refuse_participation_by_name() -> None:
     for sid in ("ddp", "noloco", "diloco_eager", "async_local_sgd"):
         with pytest.raises(ValueError, match=rf"{sid} .*(does not take partial participation|"
                                              r"asynchronous)"):
-            fit(make(sid, **({"H": 2} if sid != "ddp" else {})), participation=2)
+            client_run(make(sid, **({"H": 2} if sid != "ddp" else {})), participation=2)
     with pytest.raises(ValueError, match="participation=7 is more than the 6 nodes"):
-        fit(make("fedavg", H=2), participation=7)
+        client_run(make("fedavg", H=2), participation=7)
 
 
 def test_the_command_line_takes_participation(tmp_path: Path, mnist_data: Path) -> None:
@@ -155,8 +143,8 @@ def test_a_round_whose_participants_all_fail_goes_on_with_a_new_draw() -> None:
     # takes its place for the rest of the round (the engine had no node to compute: a crash)
     first = Participation(count=1).draw(0, [True, True]).index(True)
     other = 1 - first
-    r = fit(make("fedavg", H=4), nodes=2, steps=4, participation=1,
-            world=f"fail={first}@1")
+    r = client_run(make("fedavg", H=4), nodes=2, steps=4, participation=1,
+                   world=f"fail={first}@1")
     (reduce,) = [rec for rec in r.comm_log if rec.op == "all_reduce"]
     assert members(reduce.members, 2) == [i == other for i in range(2)]
     assert r.samples == (1 + 3) * 4  # step 0 by the first, steps 1-3 by the other

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from support.resume_cases import Labelled, Net, data
+from support.runs import client_run
 
 from exogym import Trainer
 from exogym.run.client_store import ClientStore, parse_client_store
@@ -31,15 +32,10 @@ from exogym.strategy.optim import OptimSpec
 WALL = {"wall_s"}
 
 
-def fit(strategy: Any, mode: str, *, nodes: int = 6, steps: int = 12, k: int = 2,
-        **extra: Any):
-    torch.manual_seed(1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return Trainer(Net(), data(), data()).fit(
-            strategy=strategy, num_nodes=nodes, max_steps=steps, batch_size=4,
-            network="home-100mbps", step_time=0.1, progress=False, log_interval=1,
-            eval_interval=steps, participation=k, clients_in_memory=mode, **extra)
+def fit(strategy: Any, mode: str, *, k: int = 2, **extra: Any):
+    """test_participation.py's run (:func:`support.runs.client_run`): ``k`` clients a round,
+    held as ``mode`` says (``clients_in_memory``)."""
+    return client_run(strategy, participation=k, clients_in_memory=mode, **extra)
 
 
 def rows(result: Any) -> list[dict[str, Any]]:

@@ -13,10 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
+from support.runs import WorldNet, world_data, world_run
 from support.toy_task import toy_task_source
-from torch import Tensor, nn
-from torch.utils.data import TensorDataset
 
 from exogym import Trainer
 from exogym.cli import main
@@ -36,31 +34,14 @@ PH = {"X", "i", "M", "s", "f"}  # the event types exogym writes
 WORLD = "speed=1:1:1:0.25,fail=1@4,rejoin=1@7"
 
 
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.body = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
-
-    def forward(self, batch: tuple[Tensor, Tensor]) -> Tensor:
-        return nn.functional.cross_entropy(self.body(batch[0]), batch[1])
+def fit(out: Path | None, strategy: Any, world: str | None, **kw: Any) -> Any:
+    """test_world.py's run (:func:`support.runs.world_run`) with batch 2 and the model drawn
+    after seed 0, into ``out``."""
+    return world_run(strategy, world, out_dir=out, **{"batch_size": 2, "model_seed": 0, **kw})
 
 
-def data(n: int = 240) -> TensorDataset:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(n, 6, generator=g)
-    return TensorDataset(x, x[:, :3].argmax(1))
-
-
-def fit(out: Path | None, strategy: Any, world: str | None, *, n: int = 4, steps: int = 12,
-        **kw: Any):  # type: ignore[no-untyped-def]
-    args: dict[str, Any] = dict(num_nodes=n, max_steps=steps, batch_size=2, progress=False,
-                                network="home-100mbps", step_time=0.05, eval_interval=steps,
-                                out_dir=out, world=world)
-    args.update(kw)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return Trainer(Net(), data(max(240, 2 * n)), data()).fit(strategy=strategy, **args)
+def net() -> WorldNet:
+    return WorldNet(seed=0)
 
 
 # -- checks of the format ------------------------------------------------------------------------
@@ -193,7 +174,7 @@ def test_a_resumed_run_s_trace_is_the_uninterrupted_one(tmp_path: Path) -> None:
     fit(tmp_path / "cut", DiLoCo(H=3), WORLD, steps=6, checkpoint_every=6, trace=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        Trainer(Net(), data(), data()).fit(resume=tmp_path / "cut", max_steps=12,
+        Trainer(net(), world_data(), world_data()).fit(resume=tmp_path / "cut", max_steps=12,
                                            progress=False, trace=True)
     assert_spans_add_up(load(tmp_path / "whole" / "trace.json"), whole.clock)
     assert load(tmp_path / "cut" / "trace.json") == load(tmp_path / "whole" / "trace.json")
@@ -205,7 +186,7 @@ def test_a_run_resumed_from_a_checkpoint_without_spans_is_traced_by_replay(
     fit(tmp_path / "run", DDP(), None, n=2, steps=3, checkpoint_every=3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        r = Trainer(Net(), data(), data()).fit(resume=tmp_path / "run", max_steps=6,
+        r = Trainer(net(), world_data(), world_data()).fit(resume=tmp_path / "run", max_steps=6,
                                                progress=False, trace=True)
     trace = load(tmp_path / "run" / "trace.json")
     assert_spans_add_up(trace, r.clock)
@@ -371,7 +352,7 @@ def test_compare_and_sweep_link_each_run_s_timeline(toy: str, tmp_path: Path) ->
 
 # -- a real run --------------------------------------------------------------------------------
 def test_a_process_run_writes_its_real_trace_too(tmp_path: Path) -> None:
-    fit_processes(Net(), data(), None, strategy=make("ddp"), num_nodes=2, max_steps=4,
+    fit_processes(net(), world_data(), None, strategy=make("ddp"), num_nodes=2, max_steps=4,
                   batch_size=2, log_interval=4, progress=False, network="home-100mbps",
                   out_dir=tmp_path / "run", trace=True, backend="gloo", timeout_s=60.0,
                   threads=1)

@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from support.by_hand import TOL, Heard, build, sgd, step_with, t
-from support.runs import small
-from torch import nn
-from torch.utils.data import TensorDataset
+from support.runs import WorldNet, small, world_data, world_run
 
 from exogym import Trainer
 from exogym.cli import main
@@ -120,35 +117,10 @@ def test_a_deadline_cuts_exactly_the_nodes_later_than_its_rule() -> None:
             parse_deadline(bad)
 
 
-def _data(n: int = 240) -> TensorDataset:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(n, 6, generator=g)
-    return TensorDataset(x, x[:, :3].argmax(1))
-
-
-class _Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
-
-    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        return nn.functional.cross_entropy(self.body(batch[0]), batch[1])
-
-
-def _fit(strategy: Any, world: str | None, *, steps: int = 12, n: int = 4, **kw: Any):  # type: ignore[no-untyped-def]
-    torch.manual_seed(1)
-    args: dict[str, Any] = dict(num_nodes=n, max_steps=steps, batch_size=8, progress=False,
-                                network="home-100mbps", step_time=0.05, eval_interval=steps)
-    args.update(kw)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return Trainer(_Net(), _data(), _data()).fit(strategy=strategy, world=world, **args)
-
-
 def test_a_slow_node_is_cut_by_the_deadline_and_the_others_wait_less() -> None:
     world = "speed=1:1:1:0.25"  # node 3 takes 4 times as long per step
-    waited = _fit(DiLoCo(H=3), world, steps=12)
-    cut = _fit(DiLoCo(H=3, deadline="2x"), world, steps=12)
+    waited = world_run(DiLoCo(H=3), world, steps=12)
+    cut = world_run(DiLoCo(H=3, deadline="2x"), world, steps=12)
     assert waited.world["stragglers_cut"] == 0
     # Without the deadline every sync waits for node 3: 12 steps x 0.2 s of its compute.
     assert waited.clock.node_compute_s[3] == pytest.approx(2.4)
@@ -175,7 +147,7 @@ def test_ddp_heals_a_cut_straggler_when_it_has_caught_up() -> None:
     # Node 3 takes 0.2 s per step, the others 0.05 s plus a ring of ~0.06 s: cut at every step
     # it computes, it sits out the next one (the others are still before its clock), and heals
     # from node 0 when it computes again, from the state the others hold then.
-    cut = _fit(DDP(deadline="2x"), "speed=1:1:1:0.25", steps=12)
+    cut = world_run(DDP(deadline="2x"), "speed=1:1:1:0.25", steps=12)
     late = [e["step"] for e in cut.events if e["event"] == "late"]
     healed = [(e["step"], e["donor"]) for e in cut.events if e["event"] == "recovery"]
     assert late == [0, 2, 4, 6, 8, 10]
@@ -214,7 +186,7 @@ def test_a_node_that_fails_and_rejoins_is_recovered_to_the_run_state(sid: str) -
     spec = small(sid)
     strategy = make(sid, **spec)
     seen = _recoveries(strategy)
-    result = _fit(strategy, "fail=1@3,rejoin=1@6", steps=12)
+    result = world_run(strategy, "fail=1@3,rejoin=1@6", steps=12)
     assert result.world["failures"] == 1 and result.world["rejoins"] == 1
     assert [e["event"] for e in result.events] == ["fail", "rejoin", "recovery"]
     assert result.events[0]["step"] == 3 and result.events[1]["step"] == 6
@@ -237,9 +209,9 @@ def test_a_node_that_fails_and_rejoins_is_recovered_to_the_run_state(sid: str) -
 
 def test_the_same_world_seed_gives_the_same_events_and_numbers() -> None:
     world = "mtbf=1s,mttr=0.5s,drop=0.1,seed=3"
-    a = _fit(DiLoCo(H=2), world, steps=16)
-    b = _fit(DiLoCo(H=2), world, steps=16)
-    c = _fit(DiLoCo(H=2), world.replace("seed=3", "seed=4"), steps=16)
+    a = world_run(DiLoCo(H=2), world, steps=16)
+    b = world_run(DiLoCo(H=2), world, steps=16)
+    c = world_run(DiLoCo(H=2), world.replace("seed=3", "seed=4"), steps=16)
     assert a.events == b.events and a.final == b.final and a.bytes_sent == b.bytes_sent
     assert a.world["failures"] > 0
     assert a.events != c.events and a.final != c.final
@@ -249,18 +221,18 @@ def test_the_quorum_waits_for_nodes_to_return_or_says_why_it_cannot() -> None:
     # 4 nodes, every one down [1 s, 3 s) of its own clock; at least 3 must be up
     world = ("min_nodes=3,fail=0@1s,rejoin=0@3s,fail=1@1s,rejoin=1@3s,fail=2@1s,"
              "rejoin=2@3s")
-    r = _fit(DDP(), world, steps=40)
+    r = world_run(DDP(), world, steps=40)
     assert r.world["quorum_wait_s"] > 0
     assert any(e["event"] == "quorum_wait" for e in r.events)
     with pytest.raises(RuntimeError, match=r"quorum min_nodes=3 cannot be met at step 2"):
-        _fit(DDP(), "min_nodes=3,fail=0@2,fail=1@2", steps=6)
+        world_run(DDP(), "min_nodes=3,fail=0@2,fail=1@2", steps=6)
     with pytest.raises(RuntimeError, match=r"not met within max_wait=10 s"):
-        _fit(DDP(), "min_nodes=4,max_wait=10s,fail=0@1s,rejoin=0@1h", steps=40)
+        world_run(DDP(), "min_nodes=4,max_wait=10s,fail=0@1s,rejoin=0@1h", steps=40)
 
 
 def test_a_perfect_world_is_no_world() -> None:
-    plain = _fit(DiLoCo(H=3), None)
-    perfect = _fit(DiLoCo(H=3), "perfect")
+    plain = world_run(DiLoCo(H=3), None)
+    perfect = world_run(DiLoCo(H=3), "perfect")
     assert plain.final == perfect.final and plain.clock.total_s == perfect.clock.total_s
     assert perfect.world is None and perfect.events == []
 
@@ -271,15 +243,15 @@ def test_a_perfect_world_is_no_world() -> None:
 ])
 def test_a_run_in_a_world_resumes_exactly(tmp_path: Path, world: str,
                                           deadline: str | None) -> None:
-    full = _fit(DiLoCo(H=3, deadline=deadline), world, steps=12, out_dir=tmp_path / "full",
-                checkpoint_every=6)
+    full = world_run(DiLoCo(H=3, deadline=deadline), world, steps=12, out_dir=tmp_path / "full",
+                     checkpoint_every=6)
     cut = tmp_path / "cut"
     import shutil
     shutil.copytree(tmp_path / "full", cut)
     shutil.rmtree(cut / "checkpoints" / "step-00000012")
     (cut / "summary.json").unlink()
     torch.manual_seed(1)
-    resumed = Trainer(_Net(), _data(), _data()).fit(resume=cut, progress=False)
+    resumed = Trainer(WorldNet(), world_data(), world_data()).fit(resume=cut, progress=False)
     assert resumed.final == full.final and resumed.events == full.events
     assert resumed.clock.total_s == full.clock.total_s and resumed.world == full.world
     lines = (cut / "events.jsonl").read_text().splitlines()
@@ -287,10 +259,10 @@ def test_a_run_in_a_world_resumes_exactly(tmp_path: Path, world: str,
 
 
 def test_a_world_run_is_recosted_only_where_nothing_depended_on_its_time(tmp_path: Path) -> None:
-    steps = _fit(DiLoCo(H=3), "fail=1@3,rejoin=1@6,drop=0.2")
+    steps = world_run(DiLoCo(H=3), "fail=1@3,rejoin=1@6,drop=0.2")
     assert steps.recost("home-100mbps").total_s == pytest.approx(steps.clock.total_s, rel=1e-12)
     assert steps.recost("datacenter").total_s < steps.clock.total_s
-    timed = _fit(DiLoCo(H=3), "mtbf=1s,mttr=0.5s")
+    timed = world_run(DiLoCo(H=3), "mtbf=1s,mttr=0.5s")
     with pytest.raises(ValueError, match="decides who is up by simulated time"):
         timed.recost("datacenter")
 

@@ -1,25 +1,104 @@
-"""The tiny runs several test files share, and the models they train.
+"""The tiny runs several test files share, and the models they train; each a ``Trainer.fit``
+with its defaults here, a test passing what it varies (any of ``fit``'s arguments overrides a
+default).
 
 - :func:`small`: the overrides that make a strategy synchronise within a 6-step run (``exogym
   check``'s), for the registry-wide tests.
+- :func:`check_run`: ``exogym check``'s model and data, a strategy id made with :func:`small`
+  (test_conformance.py; test_paging.py with 20 nodes).
+- :func:`client_run`: a population of clients, a row per client unless a test says otherwise
+  (test_participation.py; test_population.py checks that a run holding only the round's clients
+  gives the same numbers).
+- :func:`world_run`: a world's failures, speeds and deadlines on a small classifier
+  (test_world.py; test_trace.py with batch 2 and an output folder).
 - :class:`TinyBN`: the process engine's model (test_dist.py), also --ft's (test_ft.py).
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
+from torch.utils.data import TensorDataset
 
-from exogym.lab.check import short_period
-from exogym.strategy import get
+from exogym import Trainer
+from exogym.lab.check import TinyNet, short_period, tiny_data
+from exogym.run.result import FitResult
+from exogym.strategy import Strategy, get, make
+from support.resume_cases import Net, data
 
 
 def small(sid: str) -> dict[str, Any]:
     """Overrides that make a strategy synchronise within a 6-step run (``exogym check``'s)."""
     return short_period(get(sid))
+
+
+def check_run(strategy: Strategy | str, *, dtype: torch.dtype = torch.float32,
+              **settings: Any) -> FitResult:
+    """``strategy`` (an id: made with :func:`small`'s overrides) on ``exogym check``'s model and
+    data in ``dtype``: 3 nodes, 6 steps, batch 8, a row a step, an evaluation every 3 steps, the
+    loop engine, seed 0; the model drawn after ``torch.manual_seed(1)``."""
+    torch.manual_seed(1)
+    if isinstance(strategy, str):
+        strategy = make(strategy, **small(strategy))
+    args: dict[str, Any] = dict(num_nodes=3, max_steps=6, batch_size=8, eval_interval=3,
+                                log_interval=1, engine="loop", seed=0, progress=False)
+    args.update(settings)
+    return Trainer(TinyNet().to(dtype), tiny_data(dtype), tiny_data(dtype)).fit(
+        strategy=strategy, **args)
+
+
+def client_run(strategy: Any, *, nodes: int = 6, steps: int = 12, **settings: Any) -> FitResult:
+    """``strategy`` on a population of ``nodes`` clients (``resume_cases``' model and data), a
+    row per client (``clients_in_memory="all"``) unless ``settings`` say otherwise: batch 4,
+    home-100mbps, 0.1 s a step, a row a step, one evaluation at the end; warnings (short runs)
+    silenced."""
+    settings.setdefault("clients_in_memory", "all")
+    torch.manual_seed(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return Trainer(Net(), data(), data()).fit(
+            strategy=strategy, num_nodes=nodes, max_steps=steps, batch_size=4,
+            network="home-100mbps", step_time=0.1, progress=False, log_interval=1,
+            eval_interval=steps, **settings)
+
+
+class WorldNet(nn.Module):
+    """Linear -> tanh -> Linear, 6 features to 3 classes, the loss alone; ``seed``: the global
+    generator seeded with it before the weights are drawn."""
+
+    def __init__(self, seed: int | None = None) -> None:
+        super().__init__()
+        if seed is not None:
+            torch.manual_seed(seed)
+        self.body = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+
+    def forward(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        return nn.functional.cross_entropy(self.body(batch[0]), batch[1])
+
+
+def world_data(n: int = 240) -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 6, generator=g)
+    return TensorDataset(x, x[:, :3].argmax(1))
+
+
+def world_run(strategy: Any, world: str | None, *, n: int = 4, steps: int = 12,
+              batch_size: int = 8, model_seed: int = 1, **settings: Any) -> FitResult:
+    """``strategy`` on ``n`` nodes in ``world`` (a ``--world`` spec, or None) for ``steps``
+    steps: :class:`WorldNet` (``model_seed``) on :func:`world_data` (at least 2 samples a node),
+    home-100mbps, 50 ms a step, one evaluation at the end; warnings (short runs) silenced."""
+    args: dict[str, Any] = dict(num_nodes=n, max_steps=steps, batch_size=batch_size,
+                                progress=False, network="home-100mbps", step_time=0.05,
+                                eval_interval=steps, world=world)
+    args.update(settings)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return Trainer(WorldNet(model_seed), world_data(max(240, 2 * n)), world_data()).fit(
+            strategy=strategy, **args)
 
 
 class TinyBN(nn.Module):
