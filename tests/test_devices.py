@@ -148,7 +148,7 @@ def test_the_engines_agree_on_the_device_and_with_the_cpu(sid: str) -> None:
 @pytest.mark.parametrize("engine", ENGINES[:2])
 def test_bf16_on_the_device(engine: str) -> None:
     # One step's losses: bf16 keeps 8 bits of mantissa (2e-3 relative a rounding), a few roundings
-    # deep in this net; 2e-2 as in tests/test_accumulation.py. Weights, gradients, losses: fp32.
+    # deep in this net; 2e-2 as in tests/sim/test_accumulation.py. Weights, gradients, losses: fp32.
     x, y = (t.view(4, 24, *t.shape[1:]) for t in data().tensors)
     fp32 = NodeStack(net(norm=False), 4, device=DEVICE, engine=engine)  # type: ignore[arg-type]
     bf16 = NodeStack(net(norm=False), 4, device=DEVICE, engine=engine,  # type: ignore[arg-type]

@@ -436,7 +436,7 @@ def test_a_process_run_from_the_command_line_shows_workers_warnings_in_one_line(
 
 def test_a_real_collective_counts_its_wall_and_cpu_time_as_transport() -> None:
     # DistributedCommunicator's all-reduce, gather and broadcast add their wall time and their
-    # CPU time (the measured compute leaves both out: tests/test_clock.py) in a one-rank group
+    # CPU time (the measured compute leaves both out: tests/sim/test_clock.py) in a one-rank group
     import socket
 
     with socket.socket() as s:
