@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""How tight the golden trajectories' tolerances are (``tests/test_golden.py``), both ways.
+"""How tight the golden trajectories' tolerances are (``tests/strategy/test_golden.py``), both
+ways.
 
 1. **Mutations** (the default): each entry of :data:`MUTATIONS` is a one-line change of a
    strategy's update (an outer learning rate times 1.01, a momentum 0.9 -> 0.89, a flipped sign,
@@ -7,9 +8,10 @@
    function holding the line is recompiled from its source with the line changed, its
    ``__code__`` swapped in (so subclasses, decorators and ``from x import f`` copies all run the
    mutant) and restored afterwards; the golden runs of the strategies named are then compared
-   with ``tests/golden/trajectories.json`` exactly as the test does. A mutation is *caught*
-   when every one of those golden runs (both engines) fails; the table shows, per mutation, the
-   least-failing run's worst number in units of its tolerance (above 1: the test fails).
+   with ``tests/strategy/golden/trajectories.json`` exactly as the test does. A mutation is
+   *caught* when every one of those golden runs (both engines) fails; the table shows, per
+   mutation, the least-failing run's worst number in units of its tolerance (above 1: the test
+   fails).
 2. **Drift** (``--drift``): every golden run, unchanged, against the file: the largest relative
    deviation of each compared section, to run under other kernel choices
    (``ATEN_CPU_CAPABILITY``, ``MKL_CBWR``, ``MKL_ENABLE_INSTRUCTIONS``) and thread counts
@@ -39,7 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FunctionType
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # support (its helpers)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "strategy"))
 import test_golden as golden
 
 from exogym.sim.threads import intra_op_threads

@@ -33,7 +33,7 @@ With ``N`` nodes (the paper's ``M``) and ``d = delay``, at the end of every inne
 (Nesterov or heavy ball, linear in its gradients) the node mean of the eager models is the outer
 optimizer run on the mean eager gradient ``(1/N) Delta^(t) + (1 - 1/N) Delta^(t-d)``.
 
-Open choices, each tested by hand in tests/test_diloco_eager.py:
+Open choices, each tested by hand in tests/strategy/test_diloco_eager.py:
 
 - the first ``d`` rounds, before any mean has arrived: ``Delta^(t-d) = Delta_m^(t-d) = 0``. Naive:
   no outer step (a step on a zero gradient is the same for SGD and Nesterov, torch starting the

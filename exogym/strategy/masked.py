@@ -16,7 +16,7 @@ the optimizer's own state tensors (``exp_avg``, ``exp_avg_sq``, ``momentum_buffe
 in place, so the two paths share one state. The per-node counts are kept by the caller (the
 strategy's ``node_steps``, ``[n_local]`` int64). An optimizer with its own masked step (exogym's
 Muon: ``step(active=...)``) is handed the mask instead. Checked against ``torch.optim`` run on
-each node alone, to 1e-12 in float64 (tests/test_masked_optim.py).
+each node alone, to 1e-12 in float64 (tests/strategy/test_masked_optim.py).
 """
 
 from __future__ import annotations

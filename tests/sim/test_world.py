@@ -177,7 +177,7 @@ GLOBAL_MODEL = {"diloco", "fedavg", "fedprox", "fedadam", "fedyogi", "fedadagrad
                 "streaming_diloco", "sparta_diloco", "muloco"}
 
 
-# Asynchronous strategies refuse failures (tests/test_async.py).
+# Asynchronous strategies refuse failures (tests/strategy/test_async.py).
 SYNCHRONOUS = [sid for sid in registry() if not getattr(get(sid), "asynchronous", False)]
 
 

@@ -1,6 +1,6 @@
 """Golden trajectories (torchft's regression tests; STYLE point 8c): every strategy's numbers on a
-tiny fixed run, recorded in ``tests/golden/trajectories.json``, must not change unless a change
-means to change them, on any machine.
+tiny fixed run, recorded in ``tests/strategy/golden/trajectories.json``, must not change unless a
+change means to change them, on any machine.
 
 The runs are in float64: data, initial weights (drawn in float64: float32 draws differ between
 ATen's kernels, data by up to 4e-5), every strategy's state, MuLoCo's Newton-Schulz iteration
@@ -26,7 +26,7 @@ rounding errors (1.1e-16 each), not float32 ones (6e-8). What is compared (:data
 ``EXOGYM_GOLDEN_THREADS`` (default 1) sets the intra-op threads of the runs.
 
 Regenerate (and review the diff) with ``EXOGYM_REGEN_GOLDEN=1 python -m pytest
-tests/test_golden.py``; ``-k desloc`` rewrites only ``desloc/loop`` and ``desloc/vmap``. A
+tests/strategy/test_golden.py``; ``-k desloc`` rewrites only ``desloc/loop`` and ``desloc/vmap``. A
 strategy missing from the file is skipped, saying so.
 """
 
