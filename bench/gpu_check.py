@@ -3,14 +3,14 @@
 and ``gpu_check.json`` in ``--out`` (default ``$OUT``, else a temporary folder).
 
     bash bench/gpu_check.sh                           # one GPU; sized for 8 minutes at most
-    python bench/gpu_check.py --device cpu --quick    # CI (tests/test_devices.py): < 1 minute
+    python bench/gpu_check.py --device cpu --quick    # CI (tests/run/test_devices.py): < 1 minute
 
 No GPU has run it yet: the sizes below are estimates (about 4 minutes on an H100), and
 ``--time-limit`` (450 s) skips any part, cell or round that would start later.
 
 Parts (``--parts``, default all three):
 
-1. ``tests``: ``python -m pytest -m cuda tests/test_devices.py`` with ``EXOGYM_TEST_DEVICE`` set
+1. ``tests``: ``python -m pytest -m cuda tests/run/test_devices.py`` with ``EXOGYM_TEST_DEVICE`` set
    to the device: the engines against each other and against the CPU, bf16, gradient
    accumulation, paging to (pinned) host memory, a checkpoint written on the device and resumed,
    two processes (nccl where there are 2 GPUs, else gloo); the counts from pytest's JUnit XML.
@@ -169,14 +169,14 @@ def _error(err: BaseException) -> str:
 
 # -- 1. the device tests ----------------------------------------------------------------------
 def run_tests(device: torch.device, clock: Clock) -> dict[str, Any]:
-    """``pytest -m cuda tests/test_devices.py`` on ``device``, in a fresh process."""
+    """``pytest -m cuda tests/run/test_devices.py`` on ``device``, in a fresh process."""
     with tempfile.TemporaryDirectory(prefix="exogym-gpu-check-") as tmp:
         xml = Path(tmp) / "tests.xml"
         path = os.environ.get("PYTHONPATH")
         env = {**os.environ, "EXOGYM_TEST_DEVICE": str(device), "EXOGYM_GPU_CHECK": "1",
                "PYTHONPATH": str(REPO) + (os.pathsep + path if path else "")}
         cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider",
-               f"--junitxml={xml}", str(REPO / "tests" / "test_devices.py")]
+               f"--junitxml={xml}", str(REPO / "tests" / "run" / "test_devices.py")]
         t0 = time.perf_counter()
         try:
             done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,

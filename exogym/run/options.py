@@ -4,7 +4,7 @@ each one's declaration as a run setting.
 :class:`FitOptions` holds every argument of ``fit`` under the same name, documented here, and
 checks what it can on its own (types and ranges; what depends on the model, the data or the
 strategy is checked when the run is built). ``fit`` keeps them as explicit keyword arguments, so
-that editors and ``help()`` show them (tests/test_settings.py checks that the two agree).
+that editors and ``help()`` show them (tests/run/test_settings.py checks that the two agree).
 
 Each field is declared with :func:`setting`: its default and a :class:`Setting`, which says how
 the setting appears outside ``fit``'s call: the flag and help of ``exogym run``
@@ -252,7 +252,7 @@ class FitOptions:
     # Each field is one run setting, declared once: its default, and (``setting``) the help and
     # flag of ``exogym run``, the key that records it in ``config.json`` and what a resumed run
     # does with it. The command line, the resume checks and docs/settings.md derive from these;
-    # tests/test_settings.py checks that ``fit``'s signature, the CLI and the config agree.
+    # tests/run/test_settings.py checks that ``fit``'s signature, the CLI and the config agree.
     strategy: Strategy | str = setting(
         "ddp", "the strategy: a Strategy, or a registry id (exogym run: --strategy, made with "
         "its --set and --lr)", record="strategy")

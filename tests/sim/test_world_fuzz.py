@@ -235,7 +235,7 @@ def test_drawn_worlds_paged_give_the_in_memory_numbers(d: Drawn) -> None:
     the same rows, events, bytes, clock and model, or the same clear error."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        try:  # a row per client, as paging holds them (tests/test_population.py: seats)
+        try:  # a row per client, as paging holds them (tests/run/test_population.py: seats)
             a = _fit(d, None, clients_in_memory="all")
         except BaseException as err:
             if not _clear(err):

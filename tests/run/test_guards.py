@@ -339,7 +339,7 @@ def test_a_second_signal_to_the_parent_of_a_process_run_stops_every_worker_at_on
         workers = [k for k in _children(parent.pid)  # not multiprocessing's resource tracker
                    if "spawn_main" in Path(f"/proc/{k}/cmdline").read_text(errors="replace")]
         assert len(workers) == 2
-        parent.send_signal(sig)  # the first is forwarded: stop cleanly (tests/test_resume.py)
+        parent.send_signal(sig)  # the first is forwarded: stop cleanly (tests/run/test_resume.py)
         time.sleep(0.05)
         parent.send_signal(sig)  # the second: now
         _, err = parent.communicate(timeout=60)

@@ -2,8 +2,8 @@
 written and resumed, two processes; on ``EXOGYM_TEST_DEVICE`` (default ``cpu``).
 
 The suite runs these on the CPU. ``bench/gpu_check.py`` runs them on a GPU
-(``EXOGYM_TEST_DEVICE=cuda python -m pytest -m cuda tests/test_devices.py``), where exogym's CUDA
-paths (vmap's batched kernels, cuDNN, fused CUDA AdamW, the CUDA generator in a checkpoint,
+(``EXOGYM_TEST_DEVICE=cuda python -m pytest -m cuda tests/run/test_devices.py``), where exogym's
+CUDA paths (vmap's batched kernels, cuDNN, fused CUDA AdamW, the CUDA generator in a checkpoint,
 pinned host pages, nccl) run and nothing else ever runs them.
 
 Tolerances (float32; TF32 is switched off on CUDA for these tests, see :func:`no_tf32`):
@@ -14,8 +14,8 @@ Tolerances (float32; TF32 is switched off on CUDA for these tests, see :func:`no
 - :data:`DEVICE_TOL`, CUDA against the CPU: other kernels (cuDNN, cuBLAS, CUDA's fused AdamW)
   round each operation otherwise, a few float32 ulps through the forward and backward; AdamW
   moves a parameter by at most lr = 1e-3 a step, and 1e-4 is a tenth of that.
-- paging and resuming on one device: bit for bit on the CPU (tests/test_paging.py,
-  tests/test_resume.py). On CUDA :data:`SAME_RUN_TOL`: some CUDA backward kernels accumulate
+- paging and resuming on one device: bit for bit on the CPU (tests/run/test_paging.py,
+  tests/run/test_resume.py). On CUDA :data:`SAME_RUN_TOL`: some CUDA backward kernels accumulate
   with atomics in any order (``torch.use_deterministic_algorithms``' list), so two runs of the
   same step may differ in the last bits.
 """
@@ -187,7 +187,7 @@ def test_gradient_accumulation_on_the_device(engine: str) -> None:
 
 @pytest.mark.cuda
 def test_paging_to_host_memory_on_the_device() -> None:
-    # Groups of 8 nodes (tests/test_paging.py: on the CPU the fused kernels then compute every
+    # Groups of 8 nodes (tests/run/test_paging.py: on the CPU the fused kernels then compute every
     # element by the same code as in memory, bit for bit).
     kw: dict[str, Any] = dict(num_nodes=16, max_steps=6, step_time="1ms")
     in_memory = fit("diloco", "loop", **kw)
@@ -240,7 +240,7 @@ def test_a_checkpoint_written_on_the_device_resumes(engine: str, tmp_path: Path)
 
 @pytest.mark.cuda
 @pytest.mark.skipif(DEVICE.type == "cpu" and "EXOGYM_TEST_DEVICE" not in os.environ,
-                    reason="tests/test_dist.py runs gloo processes on the CPU; "
+                    reason="tests/run/test_dist.py runs gloo processes on the CPU; "
                            "bench/gpu_check.py runs this one")
 def test_two_processes_give_the_simulators_numbers() -> None:
     # nccl with a GPU per process where there are 2; else gloo, whose processes compute on the

@@ -2,7 +2,7 @@
 options, the keys of ``config.json``, the resume rules and docs/settings.md all agree with it.
 
 Regenerate docs/settings.md's table (and review the diff) with ``EXOGYM_REGEN_DOCS=1 python -m
-pytest tests/test_settings.py``.
+pytest tests/run/test_settings.py``.
 """
 
 from __future__ import annotations
@@ -164,4 +164,4 @@ def test_docs_settings_table_is_current() -> None:
         DOCS.write_text(current, encoding="utf-8")
     assert text == current, ("docs/settings.md's table is not the declarations' "
                              "(regenerate: EXOGYM_REGEN_DOCS=1 python -m pytest "
-                             "tests/test_settings.py)")
+                             "tests/run/test_settings.py)")
