@@ -7,7 +7,8 @@ torch.distributed-style code: ``self.model`` is this node's replica, the collect
 simulated nodes (or as real processes: under torchrun, or with ``fit_processes(...,
 strategy=as_exogym(PerNodeDDP(spec)))``, ``exogym.run.launch``'s and ``exogym.compat.exo_gym``'s);
 they compute the same updates as exogym's ``ddp`` and ``diloco``
-(``tests/test_per_node.py``), and ``bench/per_node.py`` measures what the per-node form costs.
+(``tests/compat/test_per_node.py``), and ``bench/per_node.py`` measures what the per-node form
+costs.
 
 Run ``python examples/per_node.py [--steps N]``: each per-node method beside its node-stacked
 twin on MNIST, same seed; the final losses agree.

@@ -1,16 +1,18 @@
 """EXO Gym's own example scripts run unchanged on exogym.
 
-``tests/exo_gym_examples/example/`` holds EXO Gym's ``example/mnist.py``, ``playground.py``,
-``diloco_scaling.py``, ``nanogpt_train.py`` and the ``nanogpt`` package they import, byte for byte
-as in its repository at commit 9fa323c (checked below by their git blob ids). Each script runs in
-a subprocess, in a temporary folder, with only what a test machine needs changed:
+``tests/compat/exo_gym_examples/example/`` holds EXO Gym's ``example/mnist.py``,
+``playground.py``, ``diloco_scaling.py``, ``nanogpt_train.py`` and the ``nanogpt`` package they
+import, byte for byte as in its repository at commit 9fa323c (checked below by their git blob
+ids). Each script runs in a subprocess, in a temporary folder, with only what a test machine needs
+changed:
 
 - budgets: the substitutions of :data:`EXAMPLES` (each must still match its file), or the
   script's own command-line arguments;
-- data and services, by stand-ins on the script's ``PYTHONPATH`` (``tests/exo_gym_examples/stubs``):
-  ``torchvision`` serves MNIST from ``$EXOGYM_DATA_DIR`` (at most ``EXOGYM_STUB_MNIST_LIMIT``
-  samples), ``datasets`` refuses downloads (the nanogpt scripts read Tiny Shakespeare from their
-  cache, ``data/shakespeare_char/*.npy``, written first from ``$EXOGYM_DATA_DIR`` with EXO Gym's
+- data and services, by stand-ins on the script's ``PYTHONPATH``
+  (``tests/compat/exo_gym_examples/stubs``): ``torchvision`` serves MNIST from
+  ``$EXOGYM_DATA_DIR`` (at most ``EXOGYM_STUB_MNIST_LIMIT`` samples), ``datasets`` refuses
+  downloads (the nanogpt scripts read Tiny Shakespeare from their cache,
+  ``data/shakespeare_char/*.npy``, written first from ``$EXOGYM_DATA_DIR`` with EXO Gym's
   character vocabulary), ``wandb`` records each run and row to a file instead of W&B's servers.
 
 EXO Gym's ``example/image_train.py`` is not run: it needs timm's ConvNeXt V2 and the ImageNet-100
@@ -36,7 +38,7 @@ import pytest
 import torch
 from support.scripts import ROOT
 
-HERE = ROOT / "tests" / "exo_gym_examples"
+HERE = ROOT / "tests" / "compat" / "exo_gym_examples"
 
 # EXO Gym's files at commit 9fa323c: their git blob ids (`git ls-tree -r 9fa323c example/`)
 BLOBS = {
