@@ -70,7 +70,7 @@ Usage (the virtual environment's python, as root)::
     sudo -E "$(command -v python)" bench/clock_fidelity.py --cleanup
 
 The pure parts (commands for a topology and rate, parsers, error arithmetic, tables) are plain
-functions, tested without root in ``tests/test_clock_fidelity.py``.
+functions, tested without root in ``tests/project/test_clock_fidelity.py``.
 """
 
 from __future__ import annotations
