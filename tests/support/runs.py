@@ -77,7 +77,7 @@ class WorldNet(nn.Module):
         self.body = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
 
     def forward(self, batch: tuple[Tensor, Tensor]) -> Tensor:
-        return nn.functional.cross_entropy(self.body(batch[0]), batch[1])
+        return F.cross_entropy(self.body(batch[0]), batch[1])
 
 
 def world_data(n: int = 240) -> TensorDataset:
