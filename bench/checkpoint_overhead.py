@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from exogym import Trainer
-from exogym.run import checkpoint as checkpoint_module
+from exogym.run.output import checkpoint as checkpoint_module
 from exogym.strategy import make
 from exogym.tasks import get_task
 

@@ -621,7 +621,7 @@ def worker_run(out: Path, run_args: Sequence[str]) -> int:
     """Rank body of (b): ``exogym run RUN_ARGS`` with the communicator's collective hooks timed
     (enter/leave per call, in call order); writes ``{"ops", "enter", "leave"}`` to ``out``."""
     from exogym.cli import main
-    from exogym.run.dist import DistributedCommunicator
+    from exogym.run.dist.communicator import DistributedCommunicator
 
     ops: list[str] = []
     enter: list[float] = []

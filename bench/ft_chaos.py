@@ -2,7 +2,7 @@
 
 Each case draws one or two deaths (a replica, a step, a point in the step: before it, inside a
 collective, while serving a heal, while writing a checkpoint; restarted after 0 or 0.5 s, or
-never) and runs the strategy under :func:`exogym.run.ft_launch.fit_ft` with a deadline. A case
+never) and runs the strategy under :func:`exogym.run.ft.launch.fit_ft` with a deadline. A case
 passes when the run ends normally, every live replica holds the same global model, each
 synchronisation was committed exactly as often as without a failure, and the metrics have one
 row per step. Printed: one line per case, then the totals and the seconds from a restarted
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import TensorDataset
 
-from exogym.run.ft_launch import FTError, Kill, fit_ft
+from exogym.run.ft.launch import FTError, Kill, fit_ft
 from exogym.strategy import make
 
 STRATEGIES = {"ddp": {}, "diloco": {"H": 6}, "streaming_diloco": {"H": 12},

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from exogym.run.ft_launch import fit_ft
+from exogym.run.ft.launch import fit_ft
 from exogym.run.launch import fit_processes
 from exogym.strategy import make
 from exogym.tasks import get_task

@@ -1,5 +1,5 @@
 """The same world, real and simulated: a --ft run with real deaths, its failures replayed as a
---world in the simulator, the two compared (exogym/run/ft_replay.py).
+--world in the simulator, the two compared (exogym/run/ft/replay.py).
 
 MNIST CNN, DiLoCo H = 20, 3 replicas of one node, 200 steps, batch 32, seed 0: replica 1 is
 SIGKILLed at step 50 (restarted at once, it heals at a later synchronisation) and replica 2
@@ -21,8 +21,8 @@ import torch
 from torch.utils.data import Dataset
 
 from exogym import Trainer
-from exogym.run.ft_launch import Kill, fit_ft
-from exogym.run.ft_replay import compare, losses, world_of
+from exogym.run.ft.launch import Kill, fit_ft
+from exogym.run.ft.replay import compare, losses, world_of
 from exogym.strategy import make
 from exogym.strategy.base import Strategy
 from exogym.tasks import Task, get_task

@@ -30,7 +30,7 @@ import exogym._aliases  # noqa: F401  (EXO Gym's module paths: exogym.trainer, e
 if TYPE_CHECKING:
     from exogym.compat import DilocoSimulator
     from exogym.compat.exo_gym.trainer import Trainer
-    from exogym.run.result import FitResult
+    from exogym.run.output.result import FitResult
     from exogym.strategy import register
     from exogym.strategy.optim import LRSchedule, OptimSpec
     from exogym.tasks.models import Classifier, MnistCNN
@@ -52,7 +52,7 @@ __all__ = [
 _EXPORTS: dict[str, str] = {
     "Classifier": "exogym.tasks.models",
     "DilocoSimulator": "exogym.compat",
-    "FitResult": "exogym.run.result",
+    "FitResult": "exogym.run.output.result",
     "LRSchedule": "exogym.strategy.optim",
     "MnistCNN": "exogym.tasks.models",
     "OptimSpec": "exogym.strategy.optim",

@@ -10,7 +10,7 @@ as one rank of a multi-process job (:meth:`exogym.Trainer.fit` joins torchrun's 
 ``compare`` runs several strategies on one task (:mod:`exogym.lab.compare`); ``sample`` prints text
 from a language-model run (:mod:`exogym.lab.sample`); ``recost`` replays a finished run's recorded
 collectives on other networks (:mod:`exogym.sim.clock`); ``trace`` writes a finished run's timeline
-as a Chrome trace (:mod:`exogym.run.trace`); ``estimate`` is the analytic calculator of
+as a Chrome trace (:mod:`exogym.run.output.trace`); ``estimate`` is the analytic calculator of
 :mod:`exogym.lab.estimate`.
 
 Importing this package imports no torch (only the standard library and torch-free exogym

@@ -1,5 +1,5 @@
 """``exogym calibrate``: measure the links between real ranks and write a network file
-(:mod:`exogym.run.calibrate`)."""
+(:mod:`exogym.run.dist.calibrate`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ __all__ = ["add_parser", "command"]
 
 
 def add_parser(sub: Any) -> None:
-    """``exogym calibrate``'s options (:mod:`exogym.run.calibrate`)."""
+    """``exogym calibrate``'s options (:mod:`exogym.run.dist.calibrate`)."""
     cal = sub.add_parser(
         "calibrate", help="measure the links between real ranks and write a network file",
         description="Measure the links between the ranks of a torchrun job (or of --engine "
@@ -48,8 +48,8 @@ def command(args: argparse.Namespace) -> int:
     """``exogym calibrate``: measure (every rank), fit and write the file (rank 0 prints)."""
     import torch
 
-    from exogym.run.calibrate import CalibrateOptions, calibrate, measure_rank
-    from exogym.run.dist import RankContext, close_group, join_torchrun, torchrun_env
+    from exogym.run.dist.calibrate import CalibrateOptions, calibrate, measure_rank
+    from exogym.run.dist.ranks import RankContext, close_group, join_torchrun, torchrun_env
     from exogym.run.launch import launch
     from exogym.sim.calibration import format_fit
 

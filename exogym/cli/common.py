@@ -112,7 +112,7 @@ def _key_value(text: str) -> tuple[str, str]:
 
 
 def _offload(text: str) -> str:
-    from exogym.run.paging import parse_offload
+    from exogym.run.nodes.paging import parse_offload
 
     parse_offload(text)
     return text

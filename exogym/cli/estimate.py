@@ -69,7 +69,7 @@ def command(args: argparse.Namespace) -> int:
 
     if args.plot:
         from exogym.lab.plots import require_matplotlib
-        from exogym.run.result import check_writable
+        from exogym.run.output.result import check_writable
 
         require_matplotlib()  # before any output
         check_writable(args.plot, "plot file")

@@ -1,5 +1,5 @@
 """``exogym run --engine process --ft``: a real run that survives real failures
-(:mod:`exogym.run.ft_launch`): one torchft replica per node, a Lighthouse in this process, dead
+(:mod:`exogym.run.ft.launch`): one torchft replica per node, a Lighthouse in this process, dead
 workers restarted and healed from a live peer; ``--kill`` plans SIGKILLs (the chaos harness)."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ _KILL = re.compile(r"^(\d+)@(\d+)(?::([a-z]+))?(?:\+(never|\d+(?:\.\d+)?)s?)?$")
 
 def parse_kill(text: str) -> Any:
     """``REPLICA@STEP[:POINT][+DELAY|+never]``, e.g. ``1@40``, ``2@90:collective+5``,
-    ``0@30+never``: a :class:`exogym.run.ft_launch.Kill`."""
-    from exogym.run.ft_launch import Kill
+    ``0@30+never``: a :class:`exogym.run.ft.launch.Kill`."""
+    from exogym.run.ft.launch import Kill
 
     m = _KILL.match(text.strip())
     if m is None:
@@ -74,7 +74,7 @@ def check_ft_args(args: argparse.Namespace, plain: argparse.Namespace) -> None:
                           f"{args.min_replicas}")
     if not args.ft:
         return
-    from exogym.run.dist import torchrun_env
+    from exogym.run.dist.ranks import torchrun_env
 
     if torchrun_env() is not None:
         if args.engine == "process":
@@ -99,10 +99,10 @@ def run_ft(args: argparse.Namespace, task: Any, strategy: Any, out: Path) -> int
     (and the seconds each took to be back in training), the final model's evaluation."""
     import torch
 
-    from exogym.run.dist import torchrun_env
-    from exogym.run.evaluation import evaluate_model
-    from exogym.run.ft import check_ft_strategy
-    from exogym.run.ft_launch import fit_ft, fit_ft_torchrun
+    from exogym.run.dist.ranks import torchrun_env
+    from exogym.run.ft.launch import fit_ft, fit_ft_torchrun
+    from exogym.run.ft.manager import check_ft_strategy
+    from exogym.run.loop.evaluation import evaluate_model
 
     check_ft_strategy(strategy)
     torch.manual_seed(args.seed)

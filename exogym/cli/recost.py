@@ -24,7 +24,7 @@ def add_parser(sub: Any) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
-    from exogym.run.result import read_json
+    from exogym.run.output.result import read_json
     from exogym.sim.clock import ClockTrace
     from exogym.sim.network import PROFILES, format_duration, parse_network
 

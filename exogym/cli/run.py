@@ -23,14 +23,14 @@ from exogym.cli.common import (
     get_task,
     setting_values,
 )
-from exogym.run.sinks import make_sink
+from exogym.run.output.sinks import make_sink
 from exogym.utils.config import ConfigError
 
 if TYPE_CHECKING:
     from torch import nn
     from torch.utils.data import Dataset
 
-    from exogym.run.result import FitResult
+    from exogym.run.output.result import FitResult
     from exogym.strategy import Strategy
     from exogym.tasks import Task
 
@@ -84,8 +84,8 @@ def command(args: argparse.Namespace) -> int:
     import torch
 
     from exogym import strategy as strategies
-    from exogym.run.dist import torchrun_env
-    from exogym.run.result import check_out_dir
+    from exogym.run.dist.ranks import torchrun_env
+    from exogym.run.output.result import check_out_dir
 
     if args.resume is not None:
         return _resume_run(args)
@@ -149,7 +149,7 @@ def _check_run(args: argparse.Namespace, strategy: Strategy, model: nn.Module, *
         ConfigError: a run shorter than ``H``; the memory check's error when the copies do not
             fit.
     """
-    from exogym.run.paging import in_memory_nodes
+    from exogym.run.nodes.paging import in_memory_nodes
     from exogym.sim.engine import check_memory, resolve_device
     from exogym.sim.participation import parse_participation
 
@@ -275,8 +275,8 @@ def _resume_run(args: argparse.Namespace) -> int:
     continue it from its newest usable checkpoint."""
     import torch
 
-    from exogym.run.dist import torchrun_env
-    from exogym.run.result import read_json
+    from exogym.run.dist.ranks import torchrun_env
+    from exogym.run.output.result import read_json
     from exogym.run.trainer import Trainer
 
     defaults = _check_resume_options(args)

@@ -1,4 +1,5 @@
-"""``exogym trace``: a finished run's timeline as a Chrome trace (:mod:`exogym.run.trace`)."""
+"""``exogym trace``: a finished run's timeline as a Chrome trace
+(:mod:`exogym.run.output.trace`)."""
 
 from __future__ import annotations
 
@@ -23,12 +24,12 @@ def add_parser(sub: Any) -> None:
 
 def command(args: argparse.Namespace) -> int:
     """``exogym trace RUN_DIR [-o FILE]``: the run's timeline rebuilt from its folder (its clock
-    replayed, :func:`exogym.run.trace.rebuild`); an asynchronous run's is the one it recorded
+    replayed, :func:`exogym.run.output.trace.rebuild`); an asynchronous run's is the one it recorded
     while it trained (``--trace``), copied to ``FILE``."""
     import shutil
 
-    from exogym.run.result import check_writable
-    from exogym.run.trace import TRACE_FILE, NotReplayable, rebuild, write_trace
+    from exogym.run.output.result import check_writable
+    from exogym.run.output.trace import TRACE_FILE, NotReplayable, rebuild, write_trace
 
     out = args.output if args.output is not None else args.run_dir / TRACE_FILE
     check_writable(out, "trace")

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
-from exogym.run.result import FitResult
+from exogym.run.output.result import FitResult
 from exogym.strategy.optim import OPTIMIZERS, LRSchedule, OptimSpec
 from exogym.tasks.models import Classifier
 

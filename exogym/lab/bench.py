@@ -39,7 +39,7 @@ import torch
 from exogym.lab.compare import compare
 from exogym.lab.outcome import CurvePoint, RunOutcome
 from exogym.lab.report import Comparison
-from exogym.run.result import check_out_dir
+from exogym.run.output.result import check_out_dir
 from exogym.utils.config import ConfigError
 
 __all__ = ["SUITES", "Suite", "Track", "bench", "score_at_budget", "time_to_target"]

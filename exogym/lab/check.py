@@ -57,7 +57,7 @@ from exogym.strategy.base import Strategy
 from exogym.utils.config import ConfigError, config_fields
 
 if TYPE_CHECKING:
-    from exogym.run.result import FitResult
+    from exogym.run.output.result import FitResult
 
 __all__ = [
     "CHECKS",

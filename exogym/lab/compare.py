@@ -48,7 +48,7 @@ from exogym.lab.labels import label_of_spec, resolve_strategies
 from exogym.lab.outcome import RUN_METRICS, RunOutcome, Stat
 from exogym.lab.plots import PLOT_FILES
 from exogym.lab.report import Comparison, ComparisonRow, format_json, format_markdown
-from exogym.run.result import check_out_dir
+from exogym.run.output.result import check_out_dir
 from exogym.sim.engine import PRECISIONS, Precision
 from exogym.sim.network import Network, parse_duration, parse_network
 from exogym.sim.partition import Partition, parse_partition
@@ -60,7 +60,7 @@ from exogym.utils.config import ConfigError, config_fields
 if TYPE_CHECKING:
     from torch.utils.data import Dataset
 
-    from exogym.run.result import FitResult
+    from exogym.run.output.result import FitResult
     from exogym.tasks.registry import Task
 
 __all__ = [
@@ -142,8 +142,8 @@ def compare(
         allow_unsynced: allow runs shorter than a strategy's ``H`` (otherwise an error before
             anything is trained).
         allow_nonfinite: a run whose loss turns NaN or infinite stops the comparison with
-            :class:`exogym.run.result.NonFiniteLossError` (the finished runs' folders stay); True
-            trains every run to the end regardless.
+            :class:`exogym.run.output.result.NonFiniteLossError` (the finished runs' folders stay);
+            True trains every run to the end regardless.
         world: the world every run trains in (:mod:`exogym.sim.world`; None: perfect): the same
             failures, speeds and losses for every strategy (the world is seeded).
         trace: every run also writes its timeline as a Chrome trace (``trace.json``, as

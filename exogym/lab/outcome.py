@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exogym.run.result import FitResult
+from exogym.run.output.result import FitResult
 
 __all__ = ["RUN_METRICS", "CurvePoint", "RunOutcome", "Stat"]
 

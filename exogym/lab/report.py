@@ -8,10 +8,10 @@ The result types: :class:`ComparisonRow` (one strategy, aggregated over its runs
 run's).
 
 Nothing here trains or reads files (it only looks for each run's timeline files, to link them:
-:func:`exogym.run.trace.timeline_links`), and nothing here imports the runner: it imports only the
-lab's shared types and number formats (:mod:`exogym.lab.outcome`, :mod:`exogym.lab.formats`).
-:func:`exogym.lab.compare.compare` builds a :class:`Comparison` and writes these texts,
-:mod:`exogym.lab.plots` draws its curves.
+:func:`exogym.run.output.trace.timeline_links`), and nothing here imports the runner: it imports
+only the lab's shared types and number formats (:mod:`exogym.lab.outcome`,
+:mod:`exogym.lab.formats`). :func:`exogym.lab.compare.compare` builds a :class:`Comparison` and
+writes these texts, :mod:`exogym.lab.plots` draws its curves.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from typing import Any
 
 from exogym.lab.formats import format_bytes, format_metric
 from exogym.lab.outcome import RUN_METRICS, CurvePoint, RunOutcome, Stat
-from exogym.run.result import _dumps as _dumps_json
-from exogym.run.result import world_line
-from exogym.run.trace import timeline_links
+from exogym.run.output.result import _dumps as _dumps_json
+from exogym.run.output.result import world_line
+from exogym.run.output.trace import timeline_links
 from exogym.sim.network import format_duration
 
 __all__ = [

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from exogym.run.result import read_json
+from exogym.run.output.result import read_json
 from exogym.tasks.data.shakespeare import CharVocab
 from exogym.tasks.gpt import GPT
 from exogym.tasks.registry import get_task
@@ -27,7 +27,7 @@ __all__ = ["load_run_model", "read_run_config", "sample"]
 
 
 def read_run_config(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """A run folder's ``config.json`` (errors name the file: :func:`exogym.run.result.
+    """A run folder's ``config.json`` (errors name the file: :func:`exogym.run.output.result.
     read_json`)."""
     return read_json(Path(run_dir) / "config.json",
                      "RUN_DIR must be a run folder written by `exogym run` (it has config.json "

@@ -48,7 +48,7 @@ from exogym.lab.sweep_report import (
     format_markdown,
     score_table,
 )
-from exogym.run.result import check_out_dir, read_json
+from exogym.run.output.result import check_out_dir, read_json
 from exogym.sim.network import Network, parse_network
 from exogym.tasks.registry import get_task
 from exogym.utils.config import ConfigError, config_fields
@@ -221,7 +221,7 @@ def _plan_points(spec: Task, strategy: str, points: Sequence[Mapping[str, str]],
 
 def _open_folder(out: Path, record: Mapping[str, Any]) -> None:
     """Continue the sweep in ``out`` if its ``sweep.json`` records the same sweep as ``record``,
-    else start one: ``out`` must not exist (:func:`exogym.run.result.check_out_dir`), and is
+    else start one: ``out`` must not exist (:func:`exogym.run.output.result.check_out_dir`), and is
     created holding ``sweep.json``.
 
     Raises:

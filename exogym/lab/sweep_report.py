@@ -6,8 +6,9 @@ and :class:`SweepResult` (the whole sweep). Their renderings: :func:`format_mark
 per value of one or two axes, which :func:`exogym.lab.plots.plot_sweep` draws).
 
 Nothing here trains or reads files (it only looks for each run's timeline files, to link them:
-:func:`exogym.run.trace.timeline_links`), and nothing here imports the runner: it imports only the
-lab's shared types and number formats (:mod:`exogym.lab.outcome`, :mod:`exogym.lab.formats`).
+:func:`exogym.run.output.trace.timeline_links`), and nothing here imports the runner: it imports
+only the lab's shared types and number formats (:mod:`exogym.lab.outcome`,
+:mod:`exogym.lab.formats`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 from exogym.lab.formats import format_metric
 from exogym.lab.outcome import RunOutcome, Stat
-from exogym.run.trace import timeline_links
+from exogym.run.output.trace import timeline_links
 
 __all__ = ["SweepPoint", "SweepResult", "format_json", "format_markdown", "score_table"]
 

@@ -42,17 +42,10 @@ import torch.multiprocessing as mp
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
-from exogym.run.dist import (
-    DistributedCommunicator,
-    RankContext,
-    close_group,
-    gather_global_state,
-    init_group,
-    keep_freed_memory,
-    local_batch,
-)
-from exogym.run.result import FitResult, read_json
-from exogym.run.state import RunInterrupted
+from exogym.run.dist.communicator import DistributedCommunicator, gather_global_state, local_batch
+from exogym.run.dist.ranks import RankContext, close_group, init_group, keep_freed_memory
+from exogym.run.loop.run import RunInterrupted
+from exogym.run.output.result import FitResult, read_json
 from exogym.run.trainer import Trainer, defer_stop_signals, seats_of
 from exogym.sim.comm import CommRecord
 from exogym.sim.engine import EngineName, NodeStack

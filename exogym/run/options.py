@@ -10,7 +10,7 @@ Each field is declared with :func:`setting`: its default and a :class:`Setting`,
 the setting appears outside ``fit``'s call: the flag and help of ``exogym run``
 (:mod:`exogym.cli.run` builds its options from them), the key that records it in the run's
 ``config.json``, and what a resumed run does with it. The resume rules
-(:mod:`exogym.run.trainer`), the keys of ``config.json`` (:mod:`exogym.run.state`) and the table
+(:mod:`exogym.run.trainer`), the keys of ``config.json`` (:mod:`exogym.run.loop.run`) and the table
 of docs/settings.md (:func:`settings_table`) are read from the same declarations.
 """
 
@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import torch
 
-from exogym.run.sinks import Sink
+from exogym.run.output.sinks import Sink
 from exogym.sim.engine import ENGINES, PRECISIONS, EngineName, Precision
 from exogym.sim.network import Network
 from exogym.sim.partition import Partition
@@ -144,7 +144,7 @@ class FitOptions:
         out_dir: if given, ``metrics.jsonl``, ``config.json``, ``summary.json`` and
             ``model.pt`` (the global model's ``state_dict`` at each evaluation and at the end)
             go there. It must not exist or be an empty folder (checked before any work).
-        sinks: more places for the same rows (:mod:`exogym.run.sinks`: ``CSVSink()``,
+        sinks: more places for the same rows (:mod:`exogym.run.output.sinks`: ``CSVSink()``,
             ``TensorBoardSink()``, ``WandbSink(project)``); each is started with the config
             and ``out_dir``, gets every row, and is finished with the summary (None if the
             run fails).
@@ -172,12 +172,12 @@ class FitOptions:
             default: nothing is stored per client) or is kept from its previous round
             (``"keep"``: stored once it has trained, in ``client_store``).
         concurrency: an asynchronous strategy's clients in flight over a population of
-            ``num_nodes`` clients (FedBuff's concurrency, :mod:`exogym.run.population`): at
+            ``num_nodes`` clients (FedBuff's concurrency, :mod:`exogym.run.nodes.population`): at
             most ``C`` train at once; when the server receives one's update, the next client is
             drawn among the available ones not in flight (seeded by ``seed``), with its own
             speed (the world's) and data. None: every node is a client that is always there.
         clients_in_memory: with ``participation``, which clients the run holds
-            (:mod:`exogym.run.population`): ``"round"``, only the round's ``K`` participants
+            (:mod:`exogym.run.nodes.population`): ``"round"``, only the round's ``K`` participants
             (seats filled from the global model each round: time and memory set by ``K``, not
             ``N``); ``"all"``, a row for every client (what a world where participants fail
             during a round needs); ``"auto"`` (default): ``"round"`` where it applies (a world
@@ -185,7 +185,7 @@ class FitOptions:
         client_store: where clients that keep state keep it (``client_state="keep"`` with
             ``clients_in_memory="round"``): ``"SIZE"`` of host memory, the rest on disk in the
             run folder's ``client-store`` (a temporary folder without one), or ``"SIZE:DIR"``.
-        resident: at most this many nodes' state in memory at once (:mod:`exogym.run.paging`):
+        resident: at most this many nodes' state in memory at once (:mod:`exogym.run.nodes.paging`):
             the nodes compute in groups of ``resident``, one group at a time, the others'
             state paged out to ``offload``; the numbers are those of the run with every node
             in memory, bit for bit. None: every node in memory. Synchronous strategies, the
@@ -206,13 +206,13 @@ class FitOptions:
             simulate all ``N`` nodes in this process regardless.
 
         allow_nonfinite: a NaN or infinite training loss (any node) or eval loss stops the run
-            with :class:`exogym.run.result.NonFiniteLossError` naming the step, the nodes and
+            with :class:`exogym.run.output.result.NonFiniteLossError` naming the step, the nodes and
             the strategy, after the metrics so far are written; True trains on regardless (the
             summary records where it first happened).
         allow_unsynced: a run shorter than the strategy's period ``H`` never (fully) updates
             the global model and is an error; True runs it anyway.
         checkpoint_every: write a checkpoint every this many steps, and at the end
-            (:mod:`exogym.run.checkpoint`, ``out_dir/checkpoints/step-NNNNNNNN/``); None:
+            (:mod:`exogym.run.output.checkpoint`, ``out_dir/checkpoints/step-NNNNNNNN/``); None:
             none (but a Ctrl-C still writes one).
         checkpoint_interval: and/or every this much wall time (seconds, or ``"10min"``).
         keep_checkpoints: how many complete checkpoints are kept (the oldest are deleted).
@@ -228,10 +228,10 @@ class FitOptions:
         handle_signals: in the main thread, SIGINT (Ctrl-C) and SIGTERM end the run cleanly
             at the next step (in a multi-process run: the next logged step): a checkpoint
             when there is an ``out_dir``, metrics flushed, then
-            :class:`exogym.run.state.RunInterrupted` says how to resume; a second signal
+            :class:`exogym.run.loop.run.RunInterrupted` says how to resume; a second signal
             aborts at once.
         trace: write the run's timeline as a Chrome trace, ``out_dir/trace.json`` (open it in
-            https://ui.perfetto.dev or chrome://tracing; :mod:`exogym.run.trace`): every
+            https://ui.perfetto.dev or chrome://tracing; :mod:`exogym.run.output.trace`): every
             node's compute, collectives, straggler waits, down time and recoveries on the
             simulated clock, and the world's events. Needs ``out_dir`` and a ``network``. A
             real multi-process run also writes ``trace_real.json``, its ranks on the wall

@@ -27,14 +27,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import Dataset
 
-from exogym.run.checkpoint import Checkpointer, load_checkpoint
-from exogym.run.client_store import parse_client_store
-from exogym.run.dist import RankContext, close_group, join_torchrun, torchrun_env
+from exogym.run.dist.ranks import RankContext, close_group, join_torchrun, torchrun_env
+from exogym.run.loop.run import RUN_CONFIG_KEYS, Run, RunInterrupted, RunSettings
+from exogym.run.nodes.client_store import parse_client_store
+from exogym.run.nodes.paging import in_memory_nodes, parse_offload, resident_check
 from exogym.run.options import FitOptions, changeable_records, recorded
-from exogym.run.paging import in_memory_nodes, parse_offload, resident_check
-from exogym.run.result import FitResult, check_out_dir, read_json
-from exogym.run.sinks import MultiSink, Sink
-from exogym.run.state import RUN_CONFIG_KEYS, Run, RunInterrupted, RunSettings
+from exogym.run.output.checkpoint import Checkpointer, load_checkpoint
+from exogym.run.output.result import FitResult, check_out_dir, read_json
+from exogym.run.output.sinks import MultiSink, Sink
 from exogym.sim.client_data import ClientBatches
 from exogym.sim.clock import resolve_step_time
 from exogym.sim.engine import (
@@ -374,7 +374,7 @@ def _resumed_population(v: dict[str, Any], given: frozenset[str],
 def seats_of(strategy: Strategy, num_nodes: int, fit_args: Mapping[str, Any],
              data: Any) -> int | None:
     """How many seats a run of :meth:`Trainer.fit`'s ``fit_args`` holds (its round's clients,
-    :mod:`exogym.run.population`), or None when it holds a row per node: how many processes a
+    :mod:`exogym.run.nodes.population`), or None when it holds a row per node: how many processes a
     process run of it needs (:func:`exogym.run.launch.fit_processes`)."""
     participation = _participation(fit_args.get("participation"), fit_args.get("concurrency"),
                                    fit_args.get("client_state", "fresh"),
@@ -409,7 +409,7 @@ def _check_client_store(spec: str) -> str:
 def _seats(asked: str, participation: Participation | None, world: World,
            net: Network | None, strategy: Strategy, resident: int | None,
            ranks: RankContext | None, data: Any) -> bool:
-    """Whether a run holds only the round's clients (:mod:`exogym.run.population`): asked
+    """Whether a run holds only the round's clients (:mod:`exogym.run.nodes.population`): asked
     (``"round"``: an error naming what prevents it), allowed (``"auto"``), or not
     (``"all"``)."""
     if asked not in ("auto", "round", "all"):

@@ -1,7 +1,7 @@
 """Fitting the network model to measured transfers: what ``exogym calibrate`` writes.
 
 Pure arithmetic on measurements (no ``torch.distributed``; the measuring is
-:mod:`exogym.run.calibrate`). Two kinds of :class:`Sample`:
+:mod:`exogym.run.dist.calibrate`). Two kinds of :class:`Sample`:
 
 - ``pingpong``: rank ``src`` sends ``S`` payload bytes to rank ``dst``, which answers with a
   4-byte message; the round trip is timed on ``src``'s own clock (no clock is shared between

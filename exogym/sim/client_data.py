@@ -1,6 +1,6 @@
 """A population's data: each client's samples and its place in them, computed per client.
 
-A population (:mod:`exogym.run.population`) has ``N`` clients of which a few train in each
+A population (:mod:`exogym.run.nodes.population`) has ``N`` clients of which a few train in each
 round, so nothing here holds or loops over all ``N`` clients per step: a client's shard is looked
 up (disjoint partitions, built once, vectorized) or drawn (sampled partitions) when it is asked
 for, and a client's position in its shard is kept only once it has trained.

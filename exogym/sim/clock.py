@@ -40,7 +40,7 @@ The report gives the means over nodes (equal for identical nodes) and
 
 Given a :class:`~exogym.sim.spans.SpanLog` (``clock.spans``; None by default, at no cost), the
 clock records a span wherever it moves a node's time, with the start and length it adds to
-that node's split: the run's timeline (:mod:`exogym.run.trace`). Recording changes no number.
+that node's split: the run's timeline (:mod:`exogym.run.output.trace`). Recording changes no number.
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ def accumulate_rows(accs: list[Tensor] | None, tensors: Sequence[Tensor]) -> lis
     the tensors: an element's sum is the same as tensor by tensor).
 
     The reduction order of every collective in one process: a fixed order, so that a run whose
-    nodes are computed a group at a time (:mod:`exogym.run.paging`, each group adding its rows
+    nodes are computed a group at a time (:mod:`exogym.run.nodes.paging`, each group adding its rows
     to the sums in turn) gets the very same bits as the run with every node in memory. An
     accumulator is fp32 for half-precision payloads and int64 for integers (as NCCL and gloo
     reduce them), else the payload's own dtype; ``accs`` None starts new sums.
@@ -231,8 +231,8 @@ class Communicator(abc.ABC):
         # compute time (the wall time on a GPU, the CPU time on a CPU).
         self.transport_s = 0.0
         self.transport_cpu_s = 0.0
-        # Whether the rows are seats of a population's clients (exogym.run.population): a seat's
-        # previous client may then send to its next one (``send`` with ``src == dst``).
+        # Whether the rows are seats of a population's clients (exogym.run.nodes.population): a
+        # seat's previous client may then send to its next one (``send`` with ``src == dst``).
         self.seats = False
         # Told of every record's bytes per row: ``(op, sent, received, src, dst)`` (a
         # population credits them to the seats' clients).

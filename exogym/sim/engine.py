@@ -285,9 +285,9 @@ class NodeStack:
         self._vmap_checked = engine != "vmap"
         self._threads_checked = engine != "threads"
         self._pool: NodePool | None = None
-        # The global index of row 0 (a group of a paged run, exogym.run.paging), or of every row
-        # (a population's seats, exogym.run.population): the threads engine seeds each node's
-        # generator by its global index.
+        # The global index of row 0 (a group of a paged run, exogym.run.nodes.paging), or of every
+        # row (a population's seats, exogym.run.nodes.population): the threads engine seeds each
+        # node's generator by its global index.
         self.first_node = 0
         self.row_ids: list[int] | None = None
         # The template module: its own tensors are never used for compute, functional_call swaps

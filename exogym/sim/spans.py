@@ -1,5 +1,5 @@
 """What the simulated clock saw, span by span: the source of a run's timeline (its Chrome trace,
-:mod:`exogym.run.trace`, and its picture, :mod:`exogym.run.trace_plot`).
+:mod:`exogym.run.output.trace`, and its picture, :mod:`exogym.run.output.trace_plot`).
 
 :class:`SpanLog` is filled by :class:`exogym.sim.clock.SimClock` when the clock is given one
 (``clock.spans = SpanLog(N)``; no log, no cost). The clock adds a span wherever it moves a node's

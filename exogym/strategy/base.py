@@ -452,7 +452,7 @@ class Strategy(metaclass=abc.ABCMeta):
     def communicates(self, step: int) -> bool | None:
         """Whether :meth:`step` of ``step`` may make a collective: False when it certainly
         makes none (a local step of a method that synchronises every ``H`` steps), None when
-        it may (the default). A paged run (:mod:`exogym.run.paging`) saves a group before a
+        it may (the default). A paged run (:mod:`exogym.run.nodes.paging`) saves a group before a
         step that may communicate, so that it can replay the step; a step that says False and
         communicates is an error there."""
         return None

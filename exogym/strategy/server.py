@@ -9,7 +9,7 @@ in arrival order), computed from the model the node started from, and sends the 
 current model, from which the node starts again. The update's *staleness* is the number of
 server versions applied since the node's base model: ``tau = version - base_version_i``.
 
-Who computes when is the run's event loop (:mod:`exogym.run.events`): the nodes due at the
+Who computes when is the run's event loop (:mod:`exogym.run.loop.events`): the nodes due at the
 earliest simulated time compute a step together (so equal speeds are a lockstep loop), a push
 becomes an arrival event at the time the network delivers it, and arrivals are applied in time
 order before any step that starts later. A strategy here defines:
@@ -145,7 +145,7 @@ class ServerStrategy(Strategy):
     @torch.no_grad()
     def restart(self, node: int) -> float:
         """Node ``node`` starts a round from the server's current model, sent to it (a
-        population's seat: the next client drawn, :mod:`exogym.run.population`); the bytes
+        population's seat: the next client drawn, :mod:`exogym.run.nodes.population`); the bytes
         sent."""
         for k, p in self.nodes.params.items():
             p[node].copy_(self.global_params[k])

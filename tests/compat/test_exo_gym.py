@@ -467,7 +467,7 @@ def test_fit_maps_exo_gym_s_arguments(tmp_path: Path, monkeypatch: pytest.Monkey
     out = t.fit(1, DiLoCoStrategy(H=2), 2, 4, 8, progress=False)
     assert isinstance(out, nn.Module) and (t.result.steps, t.result.batch_size) == (4, 8)
     # exogym's sinks go beside EXO Gym's CSV logs
-    from exogym.run.sinks import CSVSink
+    from exogym.run.output.sinks import CSVSink
 
     r, c = _config(tmp_path, "e", max_steps=2, sinks=[CSVSink(tmp_path / "m.csv")])
     # the header, the evaluation before the first step and both steps (logged every step)

@@ -38,9 +38,9 @@ from support.scripts import ROOT
 from torch import Tensor, nn
 from torch.utils.data import TensorDataset
 
-from exogym.run.checkpoint import checkpoint_steps
 from exogym.run.launch import fit_processes
-from exogym.run.paging import PageStore
+from exogym.run.nodes.paging import PageStore
+from exogym.run.output.checkpoint import checkpoint_steps
 from exogym.run.trainer import Trainer
 from exogym.sim.engine import NodeStack
 from exogym.strategy import make

@@ -29,7 +29,8 @@ from torch import Tensor, nn
 from torch.utils.data import TensorDataset
 
 from exogym import Trainer
-from exogym.run.dist import DistributedCommunicator, local_batch, local_node_ids
+from exogym.run.dist.communicator import DistributedCommunicator, local_batch
+from exogym.run.dist.ranks import local_node_ids
 from exogym.run.launch import (
     RankContext,
     WorkerError,
@@ -414,7 +415,7 @@ def test_workers_keep_freed_memory_on_linux() -> None:
     (3-4 ms of kernel time per MNIST node-step in a process per node): workers turn that off."""
     import sys
 
-    from exogym.run.dist import keep_freed_memory
+    from exogym.run.dist.ranks import keep_freed_memory
 
     assert keep_freed_memory() is (sys.platform == "linux")
 

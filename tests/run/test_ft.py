@@ -1,5 +1,5 @@
-"""--ft (exogym/run/ft.py, ft_replica.py, ft_launch.py): the communicator's arithmetic on small
-tensors by hand, the refusals, and real runs of torchft replicas on this machine: without a
+"""--ft (exogym/run/ft/manager.py, ft_replica.py, ft_launch.py): the communicator's arithmetic on
+small tensors by hand, the refusals, and real runs of torchft replicas on this machine: without a
 failure they give the simulator's numbers; with replicas SIGKILLed at chosen points they end
 normally, every live replica with the same global model, every synchronisation applied once."""
 
@@ -19,7 +19,7 @@ from torch import Tensor
 from torch.utils.data import TensorDataset
 
 from exogym import Trainer
-from exogym.run.ft import (
+from exogym.run.ft.manager import (
     FTCommunicator,
     FTUnavailable,
     KillPoint,
@@ -124,7 +124,7 @@ def test_kill_points_are_checked() -> None:
 # -- the command line --------------------------------------------------------------------------
 def test_kill_specs_parse() -> None:
     from exogym.cli.ft import parse_kill
-    from exogym.run.ft_launch import Kill
+    from exogym.run.ft.launch import Kill
 
     assert parse_kill("1@40") == Kill(1, 40, "step", 0.0)
     assert parse_kill("2@90:collective+5") == Kill(2, 90, "collective", 5.0)
@@ -153,7 +153,7 @@ def test_cli_refuses_what_ft_does_not_take(argv: list[str], message: str,
 # -- real replicas ----------------------------------------------------------------------------
 torchft = pytest.importorskip("torchft", reason="--ft needs torchft (pip install 'exogym[ft]')")
 
-from exogym.run.ft_launch import FTResult, Kill, fit_ft  # noqa: E402
+from exogym.run.ft.launch import FTResult, Kill, fit_ft  # noqa: E402
 
 STEPS, BATCH, REPLICAS = 12, 4, 3
 
@@ -291,7 +291,7 @@ def _write_events(folder: Path, events: list[dict[str, Any]]) -> Path:
 
 
 def test_a_real_runs_outages_become_a_world(tmp_path: Path) -> None:
-    from exogym.run.ft_replay import outages, world_of
+    from exogym.run.ft.replay import outages, world_of
 
     events = [
         {"event": "fail", "node": 1, "step": 5}, {"event": "fail", "node": 2, "step": 7},
@@ -308,7 +308,7 @@ def test_a_real_runs_outages_become_a_world(tmp_path: Path) -> None:
 
 
 def test_a_replayed_run_has_the_real_runs_outages_and_its_losses(tmp_path: Path) -> None:
-    from exogym.run.ft_replay import compare, world_of
+    from exogym.run.ft.replay import compare, world_of
 
     strategy = make("diloco", H=4, **{"optim.lr": 0.05})
     ft_run(strategy, tmp_path / "real", kills=[Kill(2, 5, restart_after_s=None)])

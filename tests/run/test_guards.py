@@ -23,7 +23,7 @@ from torch.utils.data import Dataset, TensorDataset
 from exogym import Classifier, Trainer
 from exogym.cli import main
 from exogym.lab.compare import compare
-from exogym.run.result import NonFiniteLossError
+from exogym.run.output.result import NonFiniteLossError
 from exogym.sim import engine as engine_module
 from exogym.sim.sharding import FixedSubset, iterate_batches
 from exogym.strategy import DDP, DiLoCo, FedAvg

@@ -1,5 +1,5 @@
-"""Virtual nodes (exogym.run.paging): a run with ``resident=K`` computes its nodes a group of K
-at a time, the other groups paged out to host memory or disk, and gives the numbers of the run
+"""Virtual nodes (exogym.run.nodes.paging): a run with ``resident=K`` computes its nodes a group of
+K at a time, the other groups paged out to host memory or disk, and gives the numbers of the run
 with every node in memory, bit for bit (one machine).
 
 Groups of 8: the fused CPU optimizers compute an element in a SIMD vector or in a loop's scalar
@@ -20,8 +20,8 @@ from support.runs import check_run
 
 from exogym import Trainer
 from exogym.lab.check import TinyNet, tiny_data
-from exogym.run.checkpoint import CheckpointError, checkpoint_steps
-from exogym.run.paging import Paged, PageStore, PagingError, parse_offload
+from exogym.run.nodes.paging import Paged, PageStore, PagingError, parse_offload
+from exogym.run.output.checkpoint import CheckpointError, checkpoint_steps
 from exogym.sim.comm import InProcessCommunicator
 from exogym.sim.sharding import NodeBatches
 from exogym.strategy import Strategy, get, make, registry
@@ -56,7 +56,7 @@ def test_a_paged_run_gives_the_in_memory_numbers_bit_for_bit(sid: str) -> None:
 
 def test_engine_auto_pages_with_the_loop_engine_where_it_would_pick_vmap(monkeypatch) -> None:
     # on CUDA engine="auto" picks vmap, which a paged run cannot use: it pages with the loop
-    monkeypatch.setattr("exogym.run.holders.auto_engine", lambda device, n: "vmap")
+    monkeypatch.setattr("exogym.run.nodes.holders.auto_engine", lambda device, n: "vmap")
     b = fit("diloco", engine="auto", resident=8)
     assert rows(b) == rows(fit("diloco", engine="loop", resident=8))
 

@@ -1,8 +1,8 @@
-"""Populations (exogym.run.population): a run with partial participation holds the round's K
+"""Populations (exogym.run.nodes.population): a run with partial participation holds the round's K
 clients in seats, and gives the numbers of the run with a row per client: the same draws,
 bytes, collectives (in client ids), events, losses and model, bit for bit; a million clients
 start and train; the data of a population (exogym.sim.client_data); the client store
-(exogym.run.client_store) and exact resume."""
+(exogym.run.nodes.client_store) and exact resume."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from support.resume_cases import Labelled, Net, data
 from support.runs import client_run
 
 from exogym import Trainer
-from exogym.run.client_store import ClientStore, parse_client_store
-from exogym.run.population import client_records
-from exogym.run.result import NonFiniteLossError
+from exogym.run.nodes.client_store import ClientStore, parse_client_store
+from exogym.run.nodes.population import client_records
+from exogym.run.output.result import NonFiniteLossError
 from exogym.sim.client_data import ClientBatches, shard_mode
 from exogym.sim.participation import Participation
 from exogym.sim.sharding import NodeBatches

@@ -29,10 +29,15 @@ from support.resume_cases import (
 )
 from support.scripts import child_env
 
-from exogym.run import checkpoint as checkpoint_module
 from exogym.run import trainer as trainer_module
-from exogym.run.checkpoint import Checkpointer, CheckpointError, checkpoint_steps, load_checkpoint
-from exogym.run.state import RunInterrupted
+from exogym.run.loop.run import RunInterrupted
+from exogym.run.output import checkpoint as checkpoint_module
+from exogym.run.output.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    checkpoint_steps,
+    load_checkpoint,
+)
 from exogym.strategy import make
 
 
@@ -263,7 +268,7 @@ def test_csv_and_tensorboard_continue_without_duplicates(tmp_path: Path) -> None
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from exogym.run.sinks import CSVSink, TensorBoardSink
+    from exogym.run.output.sinks import CSVSink, TensorBoardSink
 
     def fit(**kw: Any) -> None:
         build(cases()["ddp"]).fit(progress=False, sinks=[CSVSink(), TensorBoardSink()], **kw)

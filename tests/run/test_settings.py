@@ -25,6 +25,7 @@ from support.scripts import ROOT
 from exogym import Trainer
 from exogym.cli import build_parser
 from exogym.cli.run import _check_resume_options, _run_fit_args
+from exogym.run.loop.run import RUN_CONFIG_KEYS
 from exogym.run.options import (
     FitOptions,
     cli_default_of,
@@ -33,7 +34,6 @@ from exogym.run.options import (
     settings,
     settings_table,
 )
-from exogym.run.state import RUN_CONFIG_KEYS
 from exogym.run.trainer import Trainer as CoreTrainer
 from exogym.strategy import make
 from exogym.utils.config import ConfigError

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from exogym.run.sinks import (
+from exogym.run.output.sinks import (
     CSVSink,
     MultiSink,
     Sink,

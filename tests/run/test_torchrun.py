@@ -24,7 +24,7 @@ from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
 from exogym import Trainer
-from exogym.run.dist import torchrun_env
+from exogym.run.dist.ranks import torchrun_env
 from exogym.run.launch import free_port
 
 

@@ -21,7 +21,7 @@ from exogym.cli import main
 from exogym.lab.compare import compare
 from exogym.lab.sweep import sweep
 from exogym.run.launch import fit_processes
-from exogym.run.trace import MAX_BYTES, run_trace
+from exogym.run.output.trace import MAX_BYTES, run_trace
 from exogym.sim.clock import ClockTrace
 from exogym.sim.comm import CommRecord
 from exogym.sim.network import Network

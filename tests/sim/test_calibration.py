@@ -13,7 +13,7 @@ import pytest
 from support.scripts import load_script
 
 from exogym.cli import main
-from exogym.run.calibrate import FIRST_BYTES, CalibrateOptions, next_size
+from exogym.run.dist.calibrate import FIRST_BYTES, CalibrateOptions, next_size
 from exogym.sim.calibration import STREAM_EFFICIENCY, Sample, fit_line, fit_network
 from exogym.sim.network import (
     Network,

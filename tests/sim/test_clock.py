@@ -575,7 +575,7 @@ def test_a_collectives_cpu_time_is_transport_not_compute(monkeypatch) -> None:
     # burns 40 ms of CPU stands for one, counted (wrapped) or not.
     import threading
 
-    from exogym.run.dist import _transport
+    from exogym.run.dist.communicator import _transport
     from exogym.sim.comm import InProcessCommunicator
     from exogym.sim.compute import thread_done, work_cpu_mark, work_cpu_since
 

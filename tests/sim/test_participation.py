@@ -16,7 +16,7 @@ from support.runs import client_run
 
 from exogym import Trainer
 from exogym.cli import main
-from exogym.run.checkpoint import load_checkpoint
+from exogym.run.output.checkpoint import load_checkpoint
 from exogym.sim.participation import Participation, parse_participation
 from exogym.strategy import make
 from exogym.strategy.optim import OptimSpec

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 import exogym.run.trainer
-from exogym.run.dist import local_batch
+from exogym.run.dist.communicator import local_batch
 from exogym.sim.partition import (
     MAX_DRAWS,
     Partition,

@@ -27,7 +27,7 @@ from support.resume_cases import Net, data
 from support.runs import small
 
 from exogym import Trainer
-from exogym.run.checkpoint import load_checkpoint
+from exogym.run.output.checkpoint import load_checkpoint
 from exogym.sim.world import parse_world
 from exogym.strategy import get, make, registry
 
@@ -231,8 +231,9 @@ def test_a_rejoin_in_another_unit_than_its_failure_is_refused_by_name() -> None:
           suppress_health_check=[HealthCheck.too_slow])
 @given(d=paged_worlds())
 def test_drawn_worlds_paged_give_the_in_memory_numbers(d: Drawn) -> None:
-    """The same drawn world, every node in memory and paged in groups of 8 (exogym.run.paging):
-    the same rows, events, bytes, clock and model, or the same clear error."""
+    """The same drawn world, every node in memory and paged in groups of 8
+    (exogym.run.nodes.paging): the same rows, events, bytes, clock and model, or the same clear
+    error."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:  # a row per client, as paging holds them (tests/run/test_population.py: seats)

@@ -1,4 +1,4 @@
-"""Asynchronous methods on per-node timelines (exogym.run.events, exogym.strategy.server):
+"""Asynchronous methods on per-node timelines (exogym.run.loop.events, exogym.strategy.server):
 hand-computed traces of which update reaches the server when, from which model version, and the
 parameters that result; the reductions the papers state; the server's link and bytes.
 

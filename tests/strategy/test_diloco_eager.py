@@ -20,7 +20,7 @@ from support.by_hand import TOL, Heard, build, sgd, step_with, t
 from support.resume_cases import WALL, Net, assert_same_state, data, run_rows, run_summary
 
 from exogym import Trainer
-from exogym.run.checkpoint import load_checkpoint
+from exogym.run.output.checkpoint import load_checkpoint
 from exogym.strategy import make
 from exogym.strategy.diloco_eager import DiLoCoEager
 from exogym.utils.config import ConfigError

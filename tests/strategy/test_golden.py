@@ -20,7 +20,7 @@ rounding errors (1.1e-16 each), not float32 ones (6e-8). What is compared (:data
   times the tolerance (docs/design.md, "Golden trajectories").
 - ``metrics``: the logged train losses, eval losses and accuracies, and the final evaluation:
   within 5e-7 relative. The engine accumulates these in float32 whatever the model's dtype
-  (``RunState.loss_sum`` and ``_evaluate``'s ``.float()`` in ``exogym/run/state.py``): a float64
+  (``RunState.loss_sum`` and ``_evaluate``'s ``.float()`` in ``exogym/run/loop/run.py``): a float64
   drift of 1e-13 can, rarely, flip one float32 rounding; 5e-7 is four float32 ulps.
 
 ``EXOGYM_GOLDEN_THREADS`` (default 1) sets the intra-op threads of the runs.

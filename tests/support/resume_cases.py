@@ -21,7 +21,7 @@ from torch.utils.data import TensorDataset
 
 from exogym import Trainer
 from exogym.lab.check import short_period
-from exogym.run.result import FitResult
+from exogym.run.output.result import FitResult
 from exogym.strategy import get, make, registry
 
 T = 4  # steps before the checkpoint that is resumed from; the runs take 2T

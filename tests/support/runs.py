@@ -26,7 +26,7 @@ from torch.utils.data import TensorDataset
 
 from exogym import Trainer
 from exogym.lab.check import TinyNet, short_period, tiny_data
-from exogym.run.result import FitResult
+from exogym.run.output.result import FitResult
 from exogym.strategy import Strategy, get, make
 from support.resume_cases import Net, data
 

@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import Subset, TensorDataset
 
 from exogym.cli import main
-from exogym.run.population import client_records
+from exogym.run.nodes.population import client_records
 from exogym.run.trainer import Trainer
 from exogym.sim.partition import Partition, natural_shards, parse_partition
 from exogym.sim.sharding import NodeBatches
@@ -292,7 +292,7 @@ def test_fedavg_with_participation_over_real_roles(shakespeare_data: Path,
     assert math.isfinite(result.final["eval_loss"])
     assert result.final["eval_loss"] < math.log(65) + 0.2  # about an untrained model's
     assert result.samples == 4 * 4 * 4  # 4 participants x 4 steps x batch 4
-    # the round's 4 clients in seats (exogym.run.population), its log in client ids
+    # the round's 4 clients in seats (exogym.run.nodes.population), its log in client ids
     reduces = [rec for rec in client_records(result.comm_log, result.rounds, 2)
                if rec.op == "all_reduce"]
     assert [rec.step for rec in reduces] == [1, 3]  # a round every H = 2 steps

@@ -15,10 +15,10 @@ when it is **EXO Gym's**: its strategy is one of EXO Gym's built-ins (``DiLoCoSt
 position, any of EXO Gym's own argument names (``val_interval``, ``run_name``, ...), or both
 ``num_epochs`` and ``max_steps`` (exogym's own form takes one of them). Such a
 call returns what EXO Gym's returns, the trained model (an ``nn.Module``: exogym's global
-model), and keeps the full :class:`exogym.run.result.FitResult` as ``trainer.result``; exogym's
-own arguments (``network``, ``world``, ``engine``, ``out_dir``, ...) may be added to it. A
+model), and keeps the full :class:`exogym.run.output.result.FitResult` as ``trainer.result``;
+exogym's own arguments (``network``, ``world``, ``engine``, ``out_dir``, ...) may be added to it. A
 per-node strategy of one's own with exogym's arguments only is an exogym call (a
-:class:`~exogym.run.result.FitResult`, exogym's defaults), so that it compares with the
+:class:`~exogym.run.output.result.FitResult`, exogym's defaults), so that it compares with the
 built-ins under the same settings.
 
 How each EXO Gym argument maps (EXO Gym's defaults apply when it is not given):
@@ -49,7 +49,8 @@ How each EXO Gym argument maps (EXO Gym's defaults apply when it is not given):
   ``validation.csv`` (``step``, ``local_loss``, ``local_perplexity``, ``global_loss``,
   ``global_perplexity``) and ``config.json``; ``local_*``, node 0's own model, is not evaluated
   by exogym and stays empty;
-- ``wandb_project``: a :class:`exogym.run.sinks.WandbSink` (named ``run_name``) instead of the
+- ``wandb_project``: a :class:`exogym.run.output.sinks.WandbSink` (named ``run_name``) instead of
+the
   CSVs, as EXO Gym chose; ``log_x_axis="examples"``: W&B's step is the samples trained
   (``"step"``, the default: the step); ``disable_logging``: neither, and no progress bar;
 - ``correlation_interval`` has no equivalent: an error (None: nothing to do);
@@ -77,11 +78,11 @@ from exogym.compat.exo_gym.conversions import BuiltinStrategy, ExoGymWarning
 from exogym.compat.exo_gym.logs import ExamplesAxisWandb, ExoGymCSVLogs
 from exogym.compat.exo_gym.per_node import as_exogym
 from exogym.compat.exo_gym.simple_reduce import SimpleReduceStrategy
-from exogym.run.sinks import WandbSink
+from exogym.run.output.sinks import WandbSink
 from exogym.strategy.per_node_base import PerNodeStrategy
 
 if TYPE_CHECKING:
-    from exogym.run.result import FitResult
+    from exogym.run.output.result import FitResult
     from exogym.run.trainer import Trainer
 
 __all__ = ["EXO_GYM_ONLY", "fit", "is_exo_gym_call"]

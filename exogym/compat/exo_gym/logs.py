@@ -3,8 +3,8 @@
 EXO Gym (github.com/exo-explore/gym at commit 9fa323c, ``exogym/aux/logger.py``) wrote a run's
 rows to ``logs/RUN_NAME/train.csv`` and ``validation.csv`` (its ``CSVLogger``), or to W&B with the
 step or the examples trained as x axis (its ``WandbLogger(x_axis=)``). These are exogym sinks
-(:mod:`exogym.run.sinks`) that write the same, from exogym's rows; :mod:`exogym.compat.exo_gym.
-fit_form` adds them to a ``fit`` call in EXO Gym's form.
+(:mod:`exogym.run.output.sinks`) that write the same, from exogym's rows;
+:mod:`exogym.compat.exo_gym. fit_form` adds them to a ``fit`` call in EXO Gym's form.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import math
 from pathlib import Path
 from typing import Any
 
-from exogym.run.sinks import CSVSink, WandbSink
+from exogym.run.output.sinks import CSVSink, WandbSink
 
 __all__ = ["ExamplesAxisWandb", "ExoGymCSVLogs"]
 
 
 class ExoGymCSVLogs:
     """EXO Gym's ``logs/RUN_NAME`` folder: ``train.csv``, ``validation.csv`` (EXO Gym's
-    columns, written row by row by two :class:`exogym.run.sinks.CSVSink`) and ``config.json``
+    columns, written row by row by two :class:`exogym.run.output.sinks.CSVSink`) and ``config.json``
     (exogym's config). A folder that already holds them is an error (EXO Gym overwrote them)."""
 
     def __init__(self, folder: str | Path) -> None:

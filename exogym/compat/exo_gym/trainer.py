@@ -27,7 +27,7 @@ from torch.utils.data import Dataset
 
 from exogym.compat.exo_gym import fit_form
 from exogym.compat.exo_gym.per_node import as_exogym
-from exogym.run.result import FitResult
+from exogym.run.output.result import FitResult
 from exogym.run.trainer import Trainer as CoreTrainer
 from exogym.sim.sharding import DatasetFactory
 from exogym.strategy.base import Strategy as StackedStrategy

@@ -20,8 +20,8 @@ from torch.func import functional_call
 from torch.utils._pytree import tree_map
 from torch.utils.data import Dataset
 
-from exogym.run.dist import RankContext
-from exogym.run.result import NonFiniteLossError
+from exogym.run.dist.ranks import RankContext
+from exogym.run.output.result import NonFiniteLossError
 from exogym.sim.engine import metrics_of
 from exogym.sim.sharding import FixedSubset, iterate_batches
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from exogym.run.ft_replica import ReplicaSpec
+from exogym.run.ft.replica import ReplicaSpec
 
 __all__ = ["FTResult", "collect", "last_step", "read_jsonl"]
 

@@ -29,7 +29,7 @@ re-implemented here):
 A step that certainly makes no collective (DiLoCo's inner steps) runs without a quorum, as
 torchft's own DiLoCo does; a restarted replica therefore waits for the others' next
 synchronisation to heal. Every replica records its quorums, heals and discarded steps
-(:class:`ReplicaLog`); :mod:`exogym.run.ft_launch` merges them into the run's events.
+(:class:`ReplicaLog`); :mod:`exogym.run.ft.launch` merges them into the run's events.
 
 Strategies: those whose collectives are all-reduces among all nodes and whose nodes, after a
 synchronisation, hold one global model (:data:`FT_STRATEGIES`); the others are refused by name
@@ -50,8 +50,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from exogym.run.checkpoint import to_host
-from exogym.run.dist import _accumulator, _flat_groups
+from exogym.run.dist.communicator import _accumulator, _flat_groups
+from exogym.run.output.checkpoint import to_host
 from exogym.sim.codecs import Codec
 from exogym.sim.comm import (
     Communicator,
@@ -120,7 +120,7 @@ def check_ft_strategy(strategy: Strategy) -> None:
 
 @dataclass(frozen=True)
 class KillPoint:
-    """Where a chaos harness kills a replica with SIGKILL (:mod:`exogym.run.ft_launch`).
+    """Where a chaos harness kills a replica with SIGKILL (:mod:`exogym.run.ft.launch`).
 
     Attributes:
         step: the training step at which it dies.

@@ -1,4 +1,4 @@
-"""One torchft replica's training loop (a process of a ``--ft`` run; :mod:`exogym.run.ft`).
+"""One torchft replica's training loop (a process of a ``--ft`` run; :mod:`exogym.run.ft.manager`).
 
 :func:`run_replica` builds the replica's nodes, data order and strategy exactly as a process of
 ``--engine process`` does (the run's :class:`NodeBatches` over all ``N`` nodes with the run's
@@ -32,8 +32,9 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from exogym.run.dist import keep_freed_memory, local_batch, local_node_ids
-from exogym.run.ft import (
+from exogym.run.dist.communicator import local_batch
+from exogym.run.dist.ranks import keep_freed_memory, local_node_ids
+from exogym.run.ft.manager import (
     FTCommunicator,
     KillPoint,
     ReplicaLog,
@@ -52,7 +53,7 @@ __all__ = ["ReplicaSpec", "checkpoint_path", "newest_checkpoint", "run_replica"]
 
 @dataclass(frozen=True)
 class ReplicaSpec:
-    """What one replica process is told (picklable; :func:`exogym.run.ft_launch.fit_ft`).
+    """What one replica process is told (picklable; :func:`exogym.run.ft.launch.fit_ft`).
 
     Attributes:
         replica: its index; replicas: how many the run has; nodes_per_replica: ``n_local``.

@@ -241,11 +241,11 @@ class FitResult:
         clock: the simulated time on it (:class:`exogym.sim.clock.ClockReport`): total, compute,
             communication, idle, utilization.
         trace: what re-costing needs (:meth:`recost`): compute per step and the collectives.
-        population: a run holding its clients in seats (:mod:`exogym.run.population`): its
+        population: a run holding its clients in seats (:mod:`exogym.run.nodes.population`): its
             clients, seats (``per_round``; an asynchronous server's clients in flight), client
             state, rounds, clients that trained, joins (their bytes and seconds) and the client
             store; None otherwise. ``bytes_sent``/``bytes_received`` are then per client, and
-            ``comm_log`` is in seats (:func:`exogym.run.population.client_records` gives it in
+            ``comm_log`` is in seats (:func:`exogym.run.nodes.population.client_records` gives it in
             client ids).
         rounds: each round's clients, in seat order (an asynchronous server: its first
             clients, then each client drawn, one at a time); ``draw_seats``: the seat each of

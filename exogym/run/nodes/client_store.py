@@ -1,6 +1,6 @@
 """Where the clients of a population keep their own state between their rounds.
 
-``client_state="keep"`` (:mod:`exogym.run.population`): a client's own state (its rows of the
+``client_state="keep"`` (:mod:`exogym.run.nodes.population`): a client's own state (its rows of the
 inner optimizer's state, the strategy's per-node tensors, error-feedback residuals, and its step
 count: :meth:`exogym.strategy.base.Strategy.client_state`) is stored once the client has trained,
 and read back into its seat when it is drawn again. A client that never trained has no record.

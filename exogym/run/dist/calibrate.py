@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from exogym.run.dist import RankContext
+from exogym.run.dist.ranks import RankContext
 from exogym.sim.calibration import Fit, Sample, fit_network
 from exogym.sim.network import write_network_file
 

@@ -1,5 +1,5 @@
 """A run's timeline as a picture: ``timeline.png``, drawn from its Chrome trace
-(:mod:`exogym.run.trace`).
+(:mod:`exogym.run.output.trace`).
 
 One row per node (for more than :data:`MAX_ROWS` nodes a sample, named on the axis: evenly
 spaced nodes plus those that were down or idle the longest), and the server's two links for an

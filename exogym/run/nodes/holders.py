@@ -1,14 +1,14 @@
 """Where a run's nodes live: one interface for every node in memory, paged groups, and a
 population's seats.
 
-:class:`~exogym.run.state.Run` asks a *holder* for the rows to compute and where their state is,
+:class:`~exogym.run.loop.run.Run` asks a *holder* for the rows to compute and where their state is,
 and never branches on which holder it has (docs/design.md, "Populations": the
 nodes behind one interface):
 
 - :class:`InMemory`: the ``N`` nodes (or a process's share of them) as node-stacked tensors;
-- :class:`PagedNodes`: groups of ``K`` nodes paged in and out (:mod:`exogym.run.paging`),
+- :class:`PagedNodes`: groups of ``K`` nodes paged in and out (:mod:`exogym.run.nodes.paging`),
   local-SGD rounds computed a group at a time ahead of the run, handed out step by step;
-- :class:`Seats`: a population's ``K`` seats (:mod:`exogym.run.population`), whose clients
+- :class:`Seats`: a population's ``K`` seats (:mod:`exogym.run.nodes.population`), whose clients
   change every round (or, for an asynchronous server, whenever it receives an update).
 
 What a holder does for the run: one training step of the given nodes (:meth:`InMemory.step`),
@@ -25,11 +25,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from exogym.run.checkpoint import Parts
-from exogym.run.client_store import ClientStore, parse_client_store
-from exogym.run.dist import DistributedCommunicator, RankContext, gather_global_state, local_batch
-from exogym.run.paging import Paged
-from exogym.run.population import Population
+from exogym.run.dist.communicator import DistributedCommunicator, gather_global_state, local_batch
+from exogym.run.dist.ranks import RankContext
+from exogym.run.nodes.client_store import ClientStore, parse_client_store
+from exogym.run.nodes.paging import Paged
+from exogym.run.nodes.population import Population
+from exogym.run.output.checkpoint import Parts
 from exogym.sim.client_data import ClientBatches
 from exogym.sim.comm import Communicator, InProcessCommunicator
 from exogym.sim.engine import NodeStack, auto_engine
@@ -37,7 +38,7 @@ from exogym.sim.sharding import NodeBatches
 from exogym.strategy.base import Strategy
 
 if TYPE_CHECKING:
-    from exogym.run.clocking import ClockFeed
+    from exogym.run.loop.clocking import ClockFeed
     from exogym.sim.clock import SimClock
 
 __all__ = ["Holder", "InMemory", "PagedNodes", "Seats", "hold", "load_nodes", "nodes_state"]
@@ -136,7 +137,7 @@ class InMemory:
         return None
 
     def result(self) -> dict[str, Any]:
-        """The holder's fields of the :class:`~exogym.run.result.FitResult`."""
+        """The holder's fields of the :class:`~exogym.run.output.result.FitResult`."""
         sent, received = self.bytes()
         return {"bytes_sent": sent, "bytes_received": received}
 
@@ -157,7 +158,7 @@ class InMemory:
 
 
 class Seats(InMemory):
-    """A population's ``K`` seats (:mod:`exogym.run.population`): ``K`` rows (a process's
+    """A population's ``K`` seats (:mod:`exogym.run.nodes.population`): ``K`` rows (a process's
     share in a multi-process run) whose clients change every round; bytes per client.
 
     Args:
@@ -202,7 +203,7 @@ class Seats(InMemory):
             next_change=s.world.next_availability_change)
         return cls(population, nodes, comm, strategy, batches, ranks, s.total_steps)
 
-    # -- rounds (exogym.run.schedule.Rounds) and an asynchronous server's clients -------------
+    # -- rounds (exogym.run.loop.schedule.Rounds) and an asynchronous server's clients -------------
     @property
     def active(self) -> list[bool] | None:
         """The seats that compute in this round (None: all)."""
@@ -284,7 +285,7 @@ class Seats(InMemory):
 
 
 class PagedNodes(InMemory):
-    """Groups of ``K`` nodes, one in memory at a time (:mod:`exogym.run.paging`). A step is
+    """Groups of ``K`` nodes, one in memory at a time (:mod:`exogym.run.nodes.paging`). A step is
     computed now, with the steps up to the next synchronisation when the strategy says none of
     them communicates and no world can change who computes (each group then computes the round
     while it is in memory), or was computed earlier with its round: its losses, learning rate,
@@ -292,7 +293,7 @@ class PagedNodes(InMemory):
     at its last step.
 
     Args:
-        paged: the groups (:class:`~exogym.run.paging.Paged`).
+        paged: the groups (:class:`~exogym.run.nodes.paging.Paged`).
         hub: the run's communicator (the groups' counters and log).
         batches: the run's data.
         worldly: whether a world (or a deadline) may change who computes at any step (then
@@ -369,7 +370,7 @@ class PagedNodes(InMemory):
         return {"groups": {"files": self.paged.group_files()}}  # the groups: the parts
 
     def load_state_dict(self, state: Mapping[str, Any], folder: Path | None) -> None:
-        from exogym.run.checkpoint import read_part
+        from exogym.run.output.checkpoint import read_part
 
         if folder is None or "groups" not in state:
             raise ValueError("a paged run resumes from a checkpoint folder of a paged run "
@@ -394,7 +395,7 @@ Holder = InMemory  # the interface: InMemory's methods, overridden by Seats and 
 def hold(model: torch.nn.Module, strategy: Strategy, settings: Any,
          batches: NodeBatches | ClientBatches, ranks: RankContext | None, device: torch.device,
          out_dir: Path | None, until_evaluation: Callable[[int], int]) -> Holder:
-    """Where a run's nodes live, by its settings (:class:`~exogym.run.state.RunSettings`): a
+    """Where a run's nodes live, by its settings (:class:`~exogym.run.loop.run.RunSettings`): a
     population's seats (``seats``), paged groups (``resident``, one process), or in memory;
     ``until_evaluation``: :class:`PagedNodes`' argument."""
     s = settings

@@ -1,6 +1,6 @@
 """Where a run's metrics go besides ``metrics.jsonl``: CSV, TensorBoard, Weights & Biases.
 
-A sink receives the rows the trainer writes to ``metrics.jsonl`` (:class:`exogym.run.result.
+A sink receives the rows the trainer writes to ``metrics.jsonl`` (:class:`exogym.run.output.result.
 MetricsWriter` stays the default and is always on when there is an output folder):
 
 >>> sinks = [CSVSink(), TensorBoardSink(), WandbSink("exogym", mode="offline")]
@@ -423,7 +423,7 @@ class MultiSink:
         for i, sink in enumerate(sinks):
             if not isinstance(sink, Sink):
                 raise TypeError(f"sinks[{i}] must have start, log and finish "
-                                f"(exogym.run.sinks.Sink), got {type(sink).__name__}")
+                                f"(exogym.run.output.sinks.Sink), got {type(sink).__name__}")
         self.sinks: tuple[Sink, ...] = tuple(sinks)
 
     def start(self, config: dict[str, Any], run_dir: Path | None) -> None:

@@ -3,12 +3,12 @@
 
 A scheduler takes the run from one step to the next (:meth:`Scheduler.advance`); the run keeps
 the state and does the work it is asked for, through the narrow protocol :class:`Stepped`
-(:class:`exogym.run.state.Run` implements it; ``compute``: the given nodes compute one step,
+(:class:`exogym.run.loop.run.Run` implements it; ``compute``: the given nodes compute one step,
 the strategy updates and communicates):
 
 - :class:`Lockstep` (synchronous strategies): step ``k`` of every node that computes is step
   ``k``; in a world, the world decides before each step who is up (and who recovers first);
-- :class:`Rounds` (a population's seats, :mod:`exogym.run.population`): a round's clients are
+- :class:`Rounds` (a population's seats, :mod:`exogym.run.nodes.population`): a round's clients are
   seated at its first step and every seat computes its steps;
 - :class:`PerNodeTimelines` (asynchronous strategies): each node on its own simulated clock; the
   event loop below decides which nodes compute next and when a push reaches the server.
@@ -20,10 +20,10 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from exogym.run.events import Timelines, same_or_before
+from exogym.run.loop.events import Timelines, same_or_before
 
 if TYPE_CHECKING:
-    from exogym.run.dist import RankContext
+    from exogym.run.dist.ranks import RankContext
     from exogym.sim.clock import SimClock
     from exogym.sim.network import Network
     from exogym.sim.participation import Participation
@@ -35,7 +35,7 @@ Select = Callable[[int, list[bool]], tuple[list[bool], dict[int, int], list[int]
 
 
 class Stepped(Protocol):
-    """What a scheduler asks of the run (:class:`exogym.run.state.Run`)."""
+    """What a scheduler asks of the run (:class:`exogym.run.loop.run.Run`)."""
 
     step: int
 
@@ -95,7 +95,7 @@ class Scheduler(Protocol):
 class Lockstep:
     """Synchronous runs: every node that computes takes the step together. ``worldly``: nodes
     may be absent (a world that is not perfect, a deadline, partial participation): the run's
-    world decides before each step who is up (:meth:`exogym.run.state.Run.world_step`), and
+    world decides before each step who is up (:meth:`exogym.run.loop.run.Run.world_step`), and
     with ``participation`` only the round's participants among them compute
     (:mod:`exogym.sim.participation`; a round is ``period`` steps)."""
 
@@ -146,8 +146,8 @@ class Lockstep:
 
 
 class Rounds:
-    """A population's rounds (:mod:`exogym.run.population`): at a round's first step the run
-    seats the round's clients (:meth:`exogym.run.state.Run.start_round`), every seat computes
+    """A population's rounds (:mod:`exogym.run.nodes.population`): at a round's first step the run
+    seats the round's clients (:meth:`exogym.run.loop.run.Run.start_round`), every seat computes
     each step of the round, and at its end clients that keep state write it back."""
 
     def __init__(self, period: int) -> None:
@@ -170,7 +170,7 @@ class Rounds:
 
 
 class PerNodeTimelines:
-    """Asynchronous strategies: per-node timelines (:mod:`exogym.run.events`). Events run in
+    """Asynchronous strategies: per-node timelines (:mod:`exogym.run.loop.events`). Events run in
     simulated time order until the fastest node has taken one more step: the next event is the
     earliest of the free nodes' clocks and the pushes in flight; an arrival due no later than
     every free node's clock is applied first, else the free nodes due at that instant compute

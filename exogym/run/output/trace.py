@@ -311,7 +311,7 @@ def rebuild(run_dir: str | Path) -> dict[str, Any]:
             ``fit(trace=True)``, ``exogym run --trace``).
         ValueError: not a finished run with a simulated clock.
     """
-    from exogym.run.result import read_json
+    from exogym.run.output.result import read_json
 
     run_dir = Path(run_dir)
     summary = read_json(run_dir / "summary.json", "RUN_DIR must be a finished run's folder")

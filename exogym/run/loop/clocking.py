@@ -14,8 +14,8 @@ gives it every step's compute and every collective of the communicator's log, in
 
 In a world with absent nodes the operations are recorded in order (``ops``) for re-costing.
 
-Asked for the run's timeline (``spans``: a trace or its picture, :mod:`exogym.run.trace`), the
-clock records its spans (:class:`~exogym.sim.spans.SpanLog`); asked for the trace of a real
+Asked for the run's timeline (``spans``: a trace or its picture, :mod:`exogym.run.output.trace`),
+the clock records its spans (:class:`~exogym.sim.spans.SpanLog`); asked for the trace of a real
 process run (``wall``), each rank times its steps and real collectives
 (:class:`~exogym.run.dist.WallSpans`).
 """
@@ -32,8 +32,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from exogym.run.dist import DistributedCommunicator, RankContext, WallSpans
-from exogym.run.trace import node_names, real_trace, run_trace, trace_meta
+from exogym.run.dist.communicator import DistributedCommunicator, WallSpans
+from exogym.run.dist.ranks import RankContext
+from exogym.run.output.trace import node_names, real_trace, run_trace, trace_meta
 from exogym.sim.clock import ClockTrace, SimClock, node_processes
 from exogym.sim.comm import Communicator
 from exogym.sim.compute import OptimizerBuilder, StepMeter, calibrate_step_time, host_cores
@@ -296,8 +297,8 @@ class ClockFeed:
     # -- the timeline ----------------------------------------------------------------------
     def timeline(self, trace: ClockTrace | None, events: list[dict[str, Any]], strategy: str,
                  replayable: bool) -> dict[str, Any] | None:
-        """The run's Chrome trace (:func:`exogym.run.trace.run_trace`) from the spans its clock
-        recorded (after :meth:`SimClock.finish`), or from ``trace`` replayed where they do not
+        """The run's Chrome trace (:func:`exogym.run.output.trace.run_trace`) from the spans its
+        clock recorded (after :meth:`SimClock.finish`), or from ``trace`` replayed where they do not
         cover the whole run (``replayable``: a synchronous run); None: no spans recorded, or
         an asynchronous run resumed from a checkpoint written without them (a warning says
         so: its clock is not replayable, and the run itself is done)."""
@@ -319,8 +320,8 @@ class ClockFeed:
         return run_trace(log, events, node_names(clock.speeds), meta)
 
     def real_timeline(self, strategy: str, steps: int) -> dict[str, Any] | None:
-        """A process run's real trace (:func:`exogym.run.trace.real_trace`): every rank's wall
-        spans, gathered on rank 0 (a collective: every rank calls it); None elsewhere, or
+        """A process run's real trace (:func:`exogym.run.output.trace.real_trace`): every rank's
+        wall spans, gathered on rank 0 (a collective: every rank calls it); None elsewhere, or
         when none is recorded."""
         if self.wall is None or self.ranks is None:
             return None

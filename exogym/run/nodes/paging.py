@@ -50,7 +50,7 @@ and FedOpt's local steps) needs no other group: with the threads engine and no w
 change who computes, the run has each group compute the steps up to the next synchronisation
 while it is in memory (:meth:`Paged.round_length`, :meth:`Paged.compute`), so a local-SGD method
 is paged once per round, not once per step; the round's collectives are counted when the run
-reaches its last step (:meth:`Paged.flush`), and :class:`exogym.run.state.Run` hands out the
+reaches its last step (:meth:`Paged.flush`), and :class:`exogym.run.loop.run.Run` hands out the
 round's per-step losses, learning rates and prices as the run reaches each step.
 
 Costs. Each round (each step, stepping group by group) reads and writes every group's state once

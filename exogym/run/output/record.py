@@ -1,6 +1,6 @@
 """What a run leaves behind: its metrics rows, its world's events, the run folder, the sinks,
-the progress bar and its timeline (``trace.json``, ``timeline.png``: :mod:`exogym.run.trace`)
-(docs/design.md, "The parts of a run"; checkpoints are :mod:`exogym.run.checkpoint`).
+the progress bar and its timeline (``trace.json``, ``timeline.png``: :mod:`exogym.run.output.trace`)
+(docs/design.md, "The parts of a run"; checkpoints are :mod:`exogym.run.output.checkpoint`).
 
 One :class:`Recorder` per run. Rank 0 alone writes (the run folder, the sinks, the bar); every
 rank keeps the rows and events, so that every rank returns the same result and a checkpoint of
@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from exogym.run.result import MetricsWriter
-from exogym.run.sinks import MultiSink
-from exogym.run.trace import PICTURE_FILE, REAL_TRACE_FILE, TRACE_FILE, write_trace
+from exogym.run.output.result import MetricsWriter
+from exogym.run.output.sinks import MultiSink
+from exogym.run.output.trace import PICTURE_FILE, REAL_TRACE_FILE, TRACE_FILE, write_trace
 
 __all__ = ["Recorder"]
 
@@ -91,16 +91,16 @@ class Recorder:
             self.writer.save_model(state)
 
     def timeline(self, trace: dict[str, Any] | None, real: dict[str, Any] | None) -> None:
-        """The run's timeline in its folder (:mod:`exogym.run.trace`): ``trace.json`` if the run
-        was asked for it, ``timeline.png`` (:mod:`exogym.run.trace_plot`) whenever its clock
-        recorded one, and a real process run's ``trace_real.json``."""
+        """The run's timeline in its folder (:mod:`exogym.run.output.trace`): ``trace.json`` if the
+        run was asked for it, ``timeline.png`` (:mod:`exogym.run.output.trace_plot`) whenever its
+        clock recorded one, and a real process run's ``trace_real.json``."""
         if self.writer is None:
             return
         if trace is not None:
             if self.trace:
                 write_trace(trace, self.writer.dir / TRACE_FILE)
             try:
-                from exogym.run.trace_plot import plot_trace
+                from exogym.run.output.trace_plot import plot_trace
 
                 plot_trace(trace, self.writer.dir / PICTURE_FILE)
             except ImportError as err:  # matplotlib is a core dependency: a broken install

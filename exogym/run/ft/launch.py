@@ -1,7 +1,7 @@
 """A ``--ft`` run on this machine: a Lighthouse, one process per torchft replica, restarts.
 
 :func:`fit_ft` starts a torchft Lighthouse in this process (bound to 127.0.0.1), spawns one
-process per replica (:func:`exogym.run.ft_replica.run_replica`) and watches them: a replica
+process per replica (:func:`exogym.run.ft.replica.run_replica`) and watches them: a replica
 that dies is recorded (``fail``, at the step after its last committed one) and started again
 (a new generation, which heals from a live peer) after its restart delay, up to
 ``max_restarts`` times; no replica is restarted once another has finished (no peer would be
@@ -34,9 +34,9 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from exogym.run.ft import KillPoint, ReplicaLog, check_ft_strategy, require_torchft
-from exogym.run.ft_record import FTResult, collect, last_step, read_jsonl
-from exogym.run.ft_replica import ReplicaSpec, run_replica
+from exogym.run.ft.manager import KillPoint, ReplicaLog, check_ft_strategy, require_torchft
+from exogym.run.ft.record import FTResult, collect, last_step, read_jsonl
+from exogym.run.ft.replica import ReplicaSpec, run_replica
 from exogym.sim.engine import EngineName
 from exogym.sim.sharding import DatasetFactory
 from exogym.strategy.base import Strategy

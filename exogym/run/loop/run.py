@@ -15,10 +15,10 @@ The trainer (:meth:`exogym.Trainer.fit`) drives it with a few calls::
     result = run.finish()
 
 The run is four parts, each in its own room (docs/design.md, "The parts of a run"), that
-:class:`Run` drives and whose state it holds: who computes next (:mod:`exogym.run.schedule`:
+:class:`Run` drives and whose state it holds: who computes next (:mod:`exogym.run.loop.schedule`:
 lockstep or per-node timelines), who is up, late, cut or recovering (:mod:`exogym.sim.presence`),
-what it costs (:mod:`exogym.run.clocking` feeding :mod:`exogym.sim.clock`), and what is recorded
-(:mod:`exogym.run.record`).
+what it costs (:mod:`exogym.run.loop.clocking` feeding :mod:`exogym.sim.clock`), and what is
+recorded (:mod:`exogym.run.output.record`).
 
 :meth:`Run.state_dict` is the checkpoint: restored with :meth:`Run.load_state_dict` into a Run
 built with the same settings, the run continues bit for bit as if it had never stopped (every
@@ -50,18 +50,18 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
-from exogym.run.checkpoint import Parts
-from exogym.run.clocking import ClockFeed, not_recostable
-from exogym.run.dist import RankContext
-from exogym.run.evaluation import Evaluation, describe_eval_set, load_state
-from exogym.run.events import Timelines
-from exogym.run.holders import Seats, hold
+from exogym.run.dist.ranks import RankContext
+from exogym.run.loop.clocking import ClockFeed, not_recostable
+from exogym.run.loop.evaluation import Evaluation, describe_eval_set, load_state
+from exogym.run.loop.events import Timelines
+from exogym.run.loop.schedule import Lockstep, PerNodeTimelines, Rounds, Scheduler
+from exogym.run.nodes.holders import Seats, hold
 from exogym.run.options import settings
-from exogym.run.record import Recorder
-from exogym.run.result import FitResult, NonFiniteLossError
-from exogym.run.schedule import Lockstep, PerNodeTimelines, Rounds, Scheduler
-from exogym.run.sinks import MultiSink
-from exogym.run.trace import picture_due
+from exogym.run.output.checkpoint import Parts
+from exogym.run.output.record import Recorder
+from exogym.run.output.result import FitResult, NonFiniteLossError
+from exogym.run.output.sinks import MultiSink
+from exogym.run.output.trace import picture_due
 from exogym.sim.client_data import ClientBatches
 from exogym.sim.clock import ClockReport, ClockTrace, SimClock
 from exogym.sim.comm import Communicator
@@ -129,9 +129,9 @@ class RunSettings:
     world: World = PERFECT
     participation: Participation | None = None
     trace: bool = False
-    resident: int | None = None  # nodes in memory at once (exogym.run.paging); None: all
+    resident: int | None = None  # nodes in memory at once (exogym.run.nodes.paging); None: all
     offload: str = "host"
-    seats: bool = False  # only the round's participants in memory (exogym.run.population)
+    seats: bool = False  # only the round's participants in memory (exogym.run.nodes.population)
     client_store: str = "512MB"  # where clients that keep state keep it (seats)
 
     @classmethod
@@ -305,7 +305,7 @@ class Run:
         self.feed.feed()
         self.record.advanced()
 
-    # -- what the schedulers ask (exogym.run.schedule.Stepped) ---------------------------------
+    # -- what the schedulers ask (exogym.run.loop.schedule.Stepped) --------------------------------
     @property
     def total_steps(self) -> int:
         return self.settings.total_steps

@@ -12,7 +12,7 @@ client is a seat's occupant for one round. At a round's first step (:meth:`Popul
    order (seat ``j`` holds the ``j``-th smallest id, so reductions add the clients' rows in the
    order a run with every client in memory adds them);
 2. each seat's own state starts afresh (``client_state="fresh"``: nothing is stored per client)
-   or is read back from the client store (``"keep"``: :mod:`exogym.run.client_store`);
+   or is read back from the client store (``"keep"``: :mod:`exogym.run.nodes.client_store`);
 3. each client that did not take part in the previous round receives the global model, as in
    a run with every client in memory (:meth:`exogym.strategy.base.Strategy.recover`, the
    ``recovery`` the client state implies): from a client of the previous round, in turn, point
@@ -49,7 +49,7 @@ from exogym.sim.participation import Participation
 from exogym.strategy.base import Strategy
 
 if TYPE_CHECKING:
-    from exogym.run.client_store import ClientStore
+    from exogym.run.nodes.client_store import ClientStore
     from exogym.sim.client_data import ClientBatches
     from exogym.sim.clock import SimClock
     from exogym.sim.engine import NodeStack
