@@ -280,7 +280,8 @@ def profile(model: str, n: int, engine: str, steps: int, warmup: int) -> dict[st
 
 
 # Timed samples per run, about 3 s of plain PyTorch at batch 64 on the 2-core machine of
-# docs/benchmarks/engines-cpu2-202611.md: a fixed step count would time 0.1 s of a small model at N = 2 (noise).
+# docs/benchmarks/engines-cpu2-202611.md: a fixed step count would time 0.1 s of a small model at N
+# = 2 (noise).
 TIMED_SAMPLES = {"exo_cnn": 1024, "gpt": 1024, "bn_cnn": 6144, "mnist_cnn": 15360,
                  "dropout_mlp": 28672}
 

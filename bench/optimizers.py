@@ -5,7 +5,8 @@ a CPU), foreach and fused, ms per ``step()``.
 For each model of ``bench/engines.py`` and each N: N replicas' parameters stacked as
 ``[N, *shape]`` tensors (as exogym's engine holds them), random gradients, 3 untimed steps,
 then the mean of ``--steps`` timed steps; the implementations alternate per (model, N). Why:
-``OptimSpec.build`` builds the fused kernel where torch has one (docs/benchmarks/engines-cpu2-202611.md).
+``OptimSpec.build`` builds the fused kernel where torch has one
+(docs/benchmarks/engines-cpu2-202611.md).
 
 Usage::
 

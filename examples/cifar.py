@@ -3,7 +3,7 @@
 Trains the CIFAR-10 CNN on one node (AdamW) and on two nodes with DiLoCo, the same number of
 steps per node from the same seed, and prints the test loss and accuracy of each; the post found
 that the two-node DiLoCo run, seeing twice the data, ends ahead. ``python examples/cifar.py
---steps 2000``; ``docs/benchmarks.md`` has a full-length run.
+--steps 2000``; ``docs/benchmarks/exo-gym-post-cpu2-202611.md`` has a full-length run.
 """
 
 from __future__ import annotations

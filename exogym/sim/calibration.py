@@ -34,7 +34,7 @@ from the largest sizes and its intercept from the smallest (:func:`fit_line`):
    transfers pay a fixed cost small ones do not: ``ramp_s`` (per collective, from
    ``ramp_bytes``, the smaller of the two sizes; :attr:`~exogym.sim.network.Network.ramp_s`).
    Looked for because BBR's raw all-reduces on low-delay links sometimes show one; none of the
-   calibrations of docs/network.md found one;
+   calibrations of docs/benchmarks/clock-fidelity-cpu2-202611.md found one;
 5. latencies: ``latency_s = min(m, h)`` (``m`` the median over pairs) and ``hop_latency_s = h -
    latency_s``, so that ``L = latency + hop_latency = h``, the measured per-hop cost of the
    collective the clock prices most.

@@ -23,7 +23,7 @@ broadcast      source: ``(N-1) * S``, others: 0 (star)    source: 0, others: ``S
 With one node nothing is sent. Every call is also appended to :attr:`Communicator.log` as a
 :class:`CommRecord`, which a network model can turn into time.
 
-Members (the world's absent nodes, docs/design.md, "The world"). Every collective takes
+Members (the world's absent nodes, docs/design/world.md). Every collective takes
 ``members=``: a sequence of ``N`` booleans (global node order, the same on every process), the
 nodes that take part; None means all. Only members' rows are reduced (a mean divides by their
 number ``M``) or gathered (the others' rows come back as zeros); the bytes are those of a ring

@@ -22,8 +22,8 @@ fewer intra-op threads and may sum in another order) for models without randomne
 dropout, the loop engine consumes the global RNG node by node, exactly like N separate
 ``nn.Module`` copies run one after the other, and vmap and threads draw other masks of the same
 distribution. On a GPU vmap turns N small models into one batched kernel stream; on a CPU with
-several cores, threads is the fastest (docs/benchmarks.md, "Engines"). ``auto`` picks vmap on
-CUDA, threads on a CPU for N >= 2 when torch has 2 or more intra-op threads, else the loop. If
+several cores, threads is the fastest (docs/benchmarks/engines-cpu2-202611.md). ``auto`` picks vmap
+on CUDA, threads on a CPU for N >= 2 when torch has 2 or more intra-op threads, else the loop. If
 the model cannot run under vmap (``.item()``, data-dependent control flow, in-place writes of
 batched values into fresh tensors), the first step falls back to the loop with a warning; if it
 draws from the global generator where threads cannot give each node its own
@@ -446,9 +446,9 @@ class NodeStack:
         Why: after each parallel region, the OpenMP threads of the thread that opened it spin
         for some milliseconds waiting for the next (libgomp's default); when the workers start
         right after the optimizer step, that spinning takes a worker's core. Measured on the
-        2-core machine of docs/benchmarks.md, MNIST CNN, N = 2: the threads engine at 4,600
-        samples/s, 5,800 with the spinning off (``OMP_WAIT_POLICY=PASSIVE``, which in turn
-        slows every single-process run). The step's own tensor work in the calling thread
+        2-core machine of docs/benchmarks/engines-cpu2-202611.md, MNIST CNN, N = 2: the threads
+        engine at 4,600 samples/s, 5,800 with the spinning off (``OMP_WAIT_POLICY=PASSIVE``, which
+        in turn slows every single-process run). The step's own tensor work in the calling thread
         (an optimizer step over the stacked tensors, a reduction over the nodes) is small
         beside the nodes' forward and backward. The numbers are the same run after run; they
         may differ from a step taken outside this context at round-off (a reduction split

@@ -262,7 +262,7 @@ def tree_broadcast_time(payload_bytes: float, num_nodes: int, bps: float, latenc
 
 # -- calibration -------------------------------------------------------------------------------
 # Measured with real gloo processes over links shaped by Linux tbf (bench/clock_fidelity.py;
-# docs/network.md, "Validation against a real network"). Every transfer is TCP over IPv4 over
+# docs/benchmarks/clock-fidelity-cpu2-202611.md). Every transfer is TCP over IPv4 over
 # Ethernet with the default MTU of 1500 bytes.
 
 #: Payload bytes of a full TCP segment: MTU 1500 - 20 (IPv4 header) - 20 (TCP header) - 12

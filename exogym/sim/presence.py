@@ -2,8 +2,8 @@
 
 :class:`~exogym.sim.world.World` says what the world is (speeds, failure laws, explicit events,
 loss, the quorum); :class:`Presence` is what it did so far in a run and decides, before each
-step and at each synchronisation, with the nodes' simulated clocks (docs/design.md,
-"The world" and "The parts of a run"):
+step and at each synchronisation, with the nodes' simulated clocks (docs/design/world.md;
+docs/design.md, "The parts of a run"):
 
 - before a step (:meth:`Presence.before_step`): nodes fail by their own clocks, down nodes
   whose return has come rejoin, the run waits for a quorum (the up nodes' clocks jump to the

@@ -1,7 +1,7 @@
 """The world a run trains in: how fast each node computes, when it is up, which messages get lost,
 and the rules of the run (a quorum).
 
-Its design: docs/design.md, "The world: who computes, when, and who is heard". A perfect world (the
+Its design: docs/design/world.md. A perfect world (the
 default, :data:`PERFECT`) has every node up at speed 1 and loses nothing: a run in it gives exactly
 the numbers of a run without a world. Any other world changes the training, not only the bill: a
 node that is down computes nothing and sends nothing, a lost message is missing from the average,

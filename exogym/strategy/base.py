@@ -26,7 +26,7 @@ hyperparameters alone (a cache, an index layout) is listed in the class attribut
 ``derived_state`` and not saved; any other kind of object is an error naming the attribute, so a
 strategy can never be checkpointed incompletely without saying so.
 
-Absent nodes (a world, docs/design.md, "The world"). When some nodes do not compute a step
+Absent nodes (a world, docs/design/world.md). When some nodes do not compute a step
 (down, recovering) the trainer sets ``comm.active`` (``N`` booleans; None: all) and :attr:`Strategy.
 active` gives this process's rows of it; :meth:`Strategy.inner_step` then steps only those rows,
 each node with its own step count (:mod:`exogym.strategy.masked`). At a synchronisation,

@@ -3,7 +3,7 @@
 The inner optimizer is one ``torch.optim`` optimizer over node-stacked parameters, so one
 ``step()`` moves every node's row and counts one step for all of them (the ``step`` in Adam's
 bias correction is one number per parameter tensor). In a world where nodes fail, or fall behind
-(docs/design.md, "The world"), only the nodes that computed may move, and a node that missed
+(docs/design/world.md), only the nodes that computed may move, and a node that missed
 steps must keep its own count: its bias correction ``1 - beta ** t`` uses its own ``t``.
 
 :func:`masked_step` does that for :class:`torch.optim.AdamW`, :class:`torch.optim.Adam` and

@@ -179,7 +179,7 @@ class OptimSpec:
             kwargs.update(momentum=self.momentum, nesterov=self.nesterov)
         # torch's fused kernel where it has one for these tensors: the same update (to one ulp:
         # Adam's division is ordered otherwise), 4-12x faster than torch's default over stacked
-        # CPU tensors (bench/optimizers.py; docs/benchmarks.md, "Engines")
+        # CPU tensors (bench/optimizers.py; docs/benchmarks/engines-cpu2-202611.md)
         try:
             return OPTIMIZERS[self.name](params, **kwargs, fused=True)
         except (RuntimeError, ValueError):  # no fused kernel for this device or dtype

@@ -1,7 +1,7 @@
 """Asynchronous methods with a parameter server: nodes at their own pace, updates that arrive late.
 
 The base of :mod:`~exogym.strategy.async_local_sgd` and :mod:`~exogym.strategy.fedbuff`
-(docs/design.md, "Per-node timelines: asynchronous methods"). Each node trains on
+(docs/design/async.md). Each node trains on
 its own timeline: it starts from the server's model (version ``v``), takes its ``H_i`` local
 steps, pushes its pseudo-gradient ``Delta_i = theta_base_i - theta_i`` to the server and waits
 for the server's reply; the server applies it when it *arrives* (by the simulated network,

@@ -1,4 +1,4 @@
-"""The world changes the training (docs/design.md, "The world"): absent nodes, lost messages,
+"""The world changes the training (docs/design/world.md): absent nodes, lost messages,
 deadlines, failures and live recovery, the quorum, and the world model's own parsing.
 
 Closed-form tests set the world's view by hand on a tiny float64 model (``comm.active``, a

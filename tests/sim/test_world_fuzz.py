@@ -4,7 +4,7 @@ exception), charge no bytes to a node while it is down, and resume bit for bit f
 taken mid-run.
 
 The budget is small by default (CI); ``EXOGYM_FUZZ_EXAMPLES=500`` runs a large one with a random
-seed (docs/design.md, "The world fuzzer", records what it found). A failure prints the drawn
+seed (docs/design/world.md, "The world fuzzer", records what it found). A failure prints the drawn
 example, which reproduces it.
 """
 

@@ -17,7 +17,7 @@ rounding errors (1.1e-16 each), not float32 ones (6e-8). What is compared (:data
   flat indices 0, n//2 and n-1 (integer tensors: the values, exactly): within 1e-8 relative plus
   1e-12 absolute (for sums near zero). Measured over kernel choices and thread counts: at most
   1.7e-13 relative; the mildest mutation of ``bench/golden_mutations.py`` moves a number 3,000
-  times the tolerance (docs/design.md, "Golden trajectories").
+  times the tolerance (docs/design/golden.md).
 - ``metrics``: the logged train losses, eval losses and accuracies, and the final evaluation:
   within 5e-7 relative. The engine accumulates these in float32 whatever the model's dtype
   (``RunState.loss_sum`` and ``_evaluate``'s ``.float()`` in ``exogym/run/loop/run.py``): a float64

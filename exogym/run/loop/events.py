@@ -1,8 +1,8 @@
 """Per-node timelines: which node computes next, and when a pushed update reaches the server.
 
-The state of the run's event loop for asynchronous strategies (docs/design.md,
-"Per-node timelines"; :mod:`exogym.strategy.server`). The loop in :meth:`exogym.run.loop.run.Run.
-train_step` repeats, in simulated time order:
+The state of the run's event loop for asynchronous strategies (docs/design/async.md;
+:mod:`exogym.strategy.server`). The loop (:class:`exogym.run.loop.schedule.PerNodeTimelines`)
+repeats, in simulated time order:
 
 1. the next event is the earliest of (a) the clocks of the nodes that are free (not waiting for
    the server's reply) and (b) the arrival times of the pushes in flight;

@@ -2,7 +2,7 @@
 population's seats.
 
 :class:`~exogym.run.loop.run.Run` asks a *holder* for the rows to compute and where their state is,
-and never branches on which holder it has (docs/design.md, "Populations": the
+and never branches on which holder it has (docs/design/populations.md: the
 nodes behind one interface):
 
 - :class:`InMemory`: the ``N`` nodes (or a process's share of them) as node-stacked tensors;

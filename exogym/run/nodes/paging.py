@@ -1,6 +1,6 @@
 """Virtual nodes: a run with more nodes than fit in memory, a group of them at a time.
 
-``fit(resident=K)`` / ``--resident K`` (docs/design.md, "Virtual nodes") splits the ``N`` nodes into
+``fit(resident=K)`` / ``--resident K`` (docs/design/paging.md) splits the ``N`` nodes into
 groups of ``K`` consecutive nodes. Each group is built like one process of a multi-process run:
 its own node-stacked replicas (:class:`~exogym.sim.engine.NodeStack` of ``K`` rows), its own
 copy of the strategy set up over them, and a communicator whose rows are the group's
@@ -713,7 +713,8 @@ def _give_back() -> None:
     """Return the freed group's memory to the operating system (glibc's ``malloc_trim``):
     glibc keeps large freed blocks once it has raised its mmap threshold past their size, and
     a paged run would otherwise hold the memory of every group it freed (measured: FedAvg,
-    1,000 MNIST clients in groups of 16, peak RSS 2.2 GB without, see docs/benchmarks.md)."""
+    1,000 MNIST clients in groups of 16, peak RSS 2.2 GB without; the paging study,
+    docs/benchmarks/paging-cpu2-202611.md, measures paged runs with it)."""
     trim = getattr(_LIBC, "malloc_trim", None)
     if trim is not None:
         trim(0)

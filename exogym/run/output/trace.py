@@ -1,5 +1,5 @@
 """A run's timeline as a Chrome trace: ``trace.json``, opened in https://ui.perfetto.dev or
-chrome://tracing (docs/design.md, "A run's timeline").
+chrome://tracing (docs/design/trace.md).
 
 The format is the trace event format's JSON object form (``{"traceEvents": [...],
 "displayTimeUnit": "ms", "otherData": {...}}``; times in microseconds, to the nanosecond, a
