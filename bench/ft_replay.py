@@ -24,13 +24,13 @@ from exogym import Trainer
 from exogym.run.ft.launch import Kill, fit_ft
 from exogym.run.ft.replay import compare, losses, world_of
 from exogym.strategy import make
-from exogym.strategy.base import Strategy
+from exogym.strategy.base import StackedStrategy
 from exogym.tasks import Task, get_task
 
 STEPS, BATCH, REPLICAS = 200, 32, 3
 
 
-def strategy() -> Strategy:
+def strategy() -> StackedStrategy:
     return make("diloco", H=20)
 
 

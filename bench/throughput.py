@@ -62,7 +62,7 @@ from torch import Tensor
 
 from exogym.sim.comm import InProcessCommunicator
 from exogym.sim.engine import ENGINES, NodeStack, loss_of
-from exogym.strategy import Strategy, make, registry
+from exogym.strategy import StackedStrategy, make, registry
 from exogym.tasks.models import Classifier, MnistCNN
 
 RESULT_MARK = "@@throughput-result@@ "
@@ -220,8 +220,8 @@ def _time_baseline(
 
 
 def _time_exogym(
-    nodes: NodeStack, strategy: Strategy, comm: InProcessCommunicator, xs: Tensor, ys: Tensor,
-    warmup: int, steps: int, device: torch.device, profiler: cProfile.Profile | None,
+    nodes: NodeStack, strategy: StackedStrategy, comm: InProcessCommunicator, xs: Tensor,
+    ys: Tensor, warmup: int, steps: int, device: torch.device, profiler: cProfile.Profile | None,
 ) -> tuple[float, float]:
     """``warmup + steps`` steps of all nodes, as Trainer.fit takes them; (seconds, mean loss)."""
     n, pool = nodes.num_nodes, xs.shape[0]
@@ -305,8 +305,8 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _paired(
-    args: argparse.Namespace, side: str, model: torch.nn.Module, strategy: Strategy, xs: Tensor,
-    ys: Tensor, n: int, device: torch.device,
+    args: argparse.Namespace, side: str, model: torch.nn.Module, strategy: StackedStrategy,
+    xs: Tensor, ys: Tensor, n: int, device: torch.device,
 ) -> dict[str, Any]:
     """Both sides in this process, alternating timed rounds; per-round samples/s of each."""
     base_model = copy.deepcopy(model).to(device).train()

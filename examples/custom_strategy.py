@@ -26,12 +26,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from exogym.strategy import Strategy
+from exogym.strategy import StackedStrategy
 from exogym.strategy.base import positive_int, restart_rows
 
 
 @dataclass(kw_only=True)
-class GrowingLocalSGD(Strategy):
+class GrowingLocalSGD(StackedStrategy):
     """Local steps of the inner optimizer; the nodes' parameters averaged at the end of rounds
     of ``H, rho H, rho^2 H, ...`` steps (each rounded up, at most ``H_max``).
 

@@ -1,11 +1,12 @@
 """Two methods written for ONE node (EXO Gym's form), next to exogym's node-stacked ones.
 
-``PerNodeDDP`` and ``PerNodeDiLoCo`` subclass the per-node base
-``exogym.strategy.PerNodeStrategy`` (EXO Gym's ``exogym.strategy.strategy.Strategy``) and are
+``PerNodeDDP`` and ``PerNodeDiLoCo`` subclass the per-node base ``exogym.strategy.Strategy``
+(EXO Gym's name; also ``exogym.strategy.PerNodeStrategy``) and are
 torch.distributed-style code: ``self.model`` is this node's replica, the collectives of
 :mod:`exogym.strategy.communicate` meet the other nodes'. ``exogym.Trainer.fit`` runs them on N
 simulated nodes (or as real processes: under torchrun, or with ``fit_processes(...,
-strategy=as_exogym(PerNodeDDP(spec)))``, ``exogym.run.launch``'s and ``exogym.compat.exo_gym``'s);
+strategy=as_stacked(PerNodeDDP(spec)))``, ``exogym.run.launch``'s and
+``exogym.strategy.per_node``'s);
 they compute the same updates as exogym's ``ddp`` and ``diloco``
 (``tests/compat/test_per_node.py``), and ``bench/per_node.py`` measures what the per-node form
 costs.
@@ -27,12 +28,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from exogym.strategy import PerNodeStrategy
+from exogym.strategy import Strategy
 from exogym.strategy.communicate import ReduceOp, all_reduce
 from exogym.strategy.optim import OptimSpec
 
 
-class PerNodeDDP(PerNodeStrategy):
+class PerNodeDDP(Strategy):
     """Data parallelism for one node: average every gradient over the nodes, then step."""
 
     def __init__(self, optim_spec: OptimSpec) -> None:
@@ -46,7 +47,7 @@ class PerNodeDDP(PerNodeStrategy):
         super().step()
 
 
-class PerNodeDiLoCo(PerNodeStrategy):
+class PerNodeDiLoCo(Strategy):
     """DiLoCo for one node (see the module docstring)."""
 
     def __init__(self, optim_spec: OptimSpec, H: int, outer_lr: float = 0.7) -> None:

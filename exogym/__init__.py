@@ -2,13 +2,14 @@
 
 The layers, bottom up: :mod:`exogym.sim` (N nodes on one machine: engine, communicator, codecs,
 network, clock, data shards), :mod:`exogym.strategy` (one method per file, inner optimizers),
-:mod:`exogym.tasks` (models and datasets), :mod:`exogym.run` (one training run: trainer, result,
-sinks, real processes), :mod:`exogym.compat` (the interfaces exogym grew out of: EXO Gym's, the
-whole of it in :mod:`exogym.compat.exo_gym`), :mod:`exogym.lab` (many runs: compare, estimate,
-sample) and :mod:`exogym.cli`. Nothing imports upwards but EXO Gym's import paths
-(``exogym.strategy.diloco.DiLoCoStrategy``, ...), which hand its names on from
-:mod:`exogym.compat.exo_gym`. ``exogym.Trainer`` is that package's trainer: exogym's, taking EXO
-Gym's strategies and call form too.
+:mod:`exogym.tasks` (models and datasets), :mod:`exogym.run` (one training run: the trainer,
+its loop, where its nodes live, what it writes, real processes), :mod:`exogym.compat` (the
+interfaces exogym grew out of, EXO Gym's and diloco-sim's names and forms only),
+:mod:`exogym.lab` (many runs: compare, estimate, sample) and :mod:`exogym.cli`. Nothing imports
+upwards but EXO Gym's names under exogym's paths (``exogym.strategy.diloco.DiLoCoStrategy``,
+...: :mod:`exogym.strategy._exo_gym`) and EXO Gym's form of the ``fit`` call, each loaded on
+first use (pyproject.toml lists them). ``exogym.Trainer`` is :class:`exogym.run.trainer.Trainer`,
+which takes EXO Gym's strategies and call form too.
 
 >>> from exogym import Trainer
 >>> from exogym.strategy import DiLoCo
@@ -29,8 +30,8 @@ import exogym._aliases  # noqa: F401  (EXO Gym's module paths: exogym.trainer, e
 
 if TYPE_CHECKING:
     from exogym.compat import DilocoSimulator
-    from exogym.compat.exo_gym.trainer import Trainer
     from exogym.run.output.result import FitResult
+    from exogym.run.trainer import Trainer
     from exogym.strategy import register
     from exogym.strategy.optim import LRSchedule, OptimSpec
     from exogym.tasks.models import Classifier, MnistCNN
@@ -56,7 +57,7 @@ _EXPORTS: dict[str, str] = {
     "LRSchedule": "exogym.strategy.optim",
     "MnistCNN": "exogym.tasks.models",
     "OptimSpec": "exogym.strategy.optim",
-    "Trainer": "exogym.compat.exo_gym.trainer",  # the core trainer, EXO Gym's form too
+    "Trainer": "exogym.run.trainer",  # the trainer (EXO Gym's forms too)
     "register": "exogym.strategy",
 }
 

@@ -1,5 +1,5 @@
 """EXO Gym's module paths that name whole modules stay importable: ``exogym.trainer`` is
-:mod:`exogym.compat.exo_gym.trainer` (whose ``Trainer`` takes EXO Gym's form too) and
+:mod:`exogym.run.trainer` (whose ``Trainer`` takes EXO Gym's forms too) and
 ``exogym.aux`` (with ``exogym.aux.utils``, ...) is :mod:`exogym.compat.exo_gym.auxiliary` (a
 folder named ``aux`` being impossible on Windows), each the very module object of its home, so
 EXO Gym's scripts keep working without a second copy of any module. These are the only aliases:
@@ -23,7 +23,7 @@ from types import ModuleType
 __all__ = ["ALIASES"]
 
 ALIASES: dict[str, str] = {
-    "exogym.trainer": "exogym.compat.exo_gym.trainer",  # EXO Gym's path of exogym.Trainer
+    "exogym.trainer": "exogym.run.trainer",  # EXO Gym's path of exogym.Trainer
     "exogym.aux": "exogym.compat.exo_gym.auxiliary",  # EXO Gym's helpers (get_device)
     "exogym.aux.": "exogym.compat.exo_gym.auxiliary.",
 }

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from torch.utils.data import Dataset
 
     from exogym.run.output.result import FitResult
-    from exogym.strategy import Strategy
+    from exogym.strategy import StackedStrategy
     from exogym.tasks import Task
 
 __all__ = ["add_arguments", "add_parser", "command"]
@@ -139,7 +139,7 @@ def _run_overrides(args: argparse.Namespace, task_lr: float) -> dict[str, str]:
     return overrides
 
 
-def _check_run(args: argparse.Namespace, strategy: Strategy, model: nn.Module, *,
+def _check_run(args: argparse.Namespace, strategy: StackedStrategy, model: nn.Module, *,
                under_torchrun: bool) -> None:
     """Check, before the data loads, that the nodes' copies fit the device's memory (in one
     process, not under torchrun) and that the run is at least one period ``H`` of the strategy
@@ -196,7 +196,8 @@ def _run_fit_args(args: argparse.Namespace, task: Task, out: Path, sinks: list[A
 
 
 def _fit_run(args: argparse.Namespace, model: nn.Module, train: Dataset, test: Dataset,
-             strategy: Strategy, fit_args: dict[str, Any], *, under_torchrun: bool) -> FitResult:
+             strategy: StackedStrategy, fit_args: dict[str, Any], *,
+             under_torchrun: bool) -> FitResult:
     """Train: ``--engine process`` spawns one process per node (gloo on the CPU, nccl with
     one GPU per process), any other engine runs in this process, as one rank of torchrun's job
     when under torchrun (:meth:`exogym.Trainer.fit` joins its process group).

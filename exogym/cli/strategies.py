@@ -26,7 +26,7 @@ def command(args: argparse.Namespace) -> int:
 
     chosen = list(args.ids) or strategies.registry()
     classes = {sid: strategies.get(sid) for sid in chosen}  # an unknown id: error, listing all
-    common = config_fields(strategies.Strategy)
+    common = config_fields(strategies.StackedStrategy)
 
     def show(spec: dict[str, tuple[object, object, str]], keys: list[str]) -> None:
         width = max(len(k) for k in keys)

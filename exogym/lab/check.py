@@ -53,7 +53,7 @@ from torch.utils.data import TensorDataset
 
 from exogym import strategy as strategies
 from exogym.sim.comm import CommRecord, all_gather_bytes, all_reduce_bytes
-from exogym.strategy.base import Strategy
+from exogym.strategy.base import StackedStrategy
 from exogym.utils.config import ConfigError, config_fields
 
 if TYPE_CHECKING:
@@ -276,7 +276,7 @@ class _Runs:
     seeded alike every time. Each check method returns what went wrong, "" when it passed
     (:func:`_compare`'s contract); an exception is the check's failure too."""
 
-    def __init__(self, spec: str, cls: type[Strategy], settings: Mapping[str, Any]) -> None:
+    def __init__(self, spec: str, cls: type[StackedStrategy], settings: Mapping[str, Any]) -> None:
         self.spec, self.cls, self.settings = spec, cls, dict(settings)
 
     def fit(self, seed: int = 0, engine: str = "loop", dtype: torch.dtype = torch.float32,
@@ -370,7 +370,7 @@ class _Runs:
         cls = self.cls
         original = cls.step
 
-        def watched(strategy: Strategy, step: int) -> None:
+        def watched(strategy: StackedStrategy, step: int) -> None:
             with reads:
                 original(strategy, step)
 
@@ -385,7 +385,7 @@ class _Runs:
         return ""
 
 
-def short_period(cls: type[Strategy]) -> dict[str, Any]:
+def short_period(cls: type[StackedStrategy]) -> dict[str, Any]:
     """Settings that make a built-in strategy synchronise within a 6-step run: ``H=2``;
     Streaming DiLoCo's ``H=4, P=2, tau=1``; SPARTA's fraction ``p=0.25`` (the tiny model)."""
     fields = config_fields(cls)

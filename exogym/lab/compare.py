@@ -53,7 +53,7 @@ from exogym.sim.engine import PRECISIONS, Precision
 from exogym.sim.network import Network, parse_duration, parse_network
 from exogym.sim.partition import Partition, parse_partition
 from exogym.sim.world import World, parse_world
-from exogym.strategy import Strategy
+from exogym.strategy import StackedStrategy
 from exogym.tasks.registry import get_task
 from exogym.utils.config import ConfigError, config_fields
 
@@ -263,7 +263,8 @@ def _plan(
         allow_unsynced=allow_unsynced, allow_nonfinite=allow_nonfinite, trace=trace)
 
 
-def _check_synced(built: Mapping[str, Strategy], max_steps: int, allow_unsynced: bool) -> None:
+def _check_synced(built: Mapping[str, StackedStrategy], max_steps: int,
+                  allow_unsynced: bool) -> None:
     """Raise ConfigError for a strategy whose period ``H`` is longer than the run, unless
     ``allow_unsynced``: its global model would stay the initial one."""
     for label, strategy in built.items():
@@ -276,7 +277,7 @@ def _check_synced(built: Mapping[str, Strategy], max_steps: int, allow_unsynced:
 
 
 def _train_all(plan: _Plan, train: Dataset, test: Dataset,
-               ) -> tuple[dict[str, list[RunOutcome]], dict[str, Strategy], FitResult]:
+               ) -> tuple[dict[str, list[RunOutcome]], dict[str, StackedStrategy], FitResult]:
     """Train every label with every seed, seed by seed (every label with the first seed, then
     the next), each run into ``OUT/runs/LABEL-seedS``; the strategies are built again for every
     seed, so that no state is shared between runs.
@@ -288,7 +289,7 @@ def _train_all(plan: _Plan, train: Dataset, test: Dataset,
         caller of :func:`compare`.
     """
     outcomes: dict[str, list[RunOutcome]] = {label: [] for label in plan.labels}
-    built: dict[str, Strategy] = {}
+    built: dict[str, StackedStrategy] = {}
     total = len(plan.seeds) * len(plan.labels)
     result: FitResult | None = None
     for r, s in enumerate(plan.seeds):
@@ -308,7 +309,7 @@ def _train_all(plan: _Plan, train: Dataset, test: Dataset,
     return outcomes, built, result
 
 
-def _train_one(plan: _Plan, strategy: Strategy, seed: int, run_dir: Path, train: Dataset,
+def _train_one(plan: _Plan, strategy: StackedStrategy, seed: int, run_dir: Path, train: Dataset,
                test: Dataset) -> tuple[FitResult, tuple[str, ...]]:
     """One run, exactly as ``exogym run`` trains it (the model built after
     ``torch.manual_seed(seed)``), into ``run_dir``; its result and the distinct texts of the
@@ -378,7 +379,7 @@ def _write(comparison: Comparison) -> Comparison:
     return comparison
 
 
-def _aggregate(label: str, strategy: Strategy, runs: list[RunOutcome],
+def _aggregate(label: str, strategy: StackedStrategy, runs: list[RunOutcome],
                target: float | None) -> ComparisonRow:
     keys = [k for k in runs[0].final if all(k in o.final for o in runs)]
     metrics = {k: Stat(tuple(o.final[k] for o in runs)) for k in keys}

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from exogym import strategy as strategies
-from exogym.strategy import Strategy
+from exogym.strategy import StackedStrategy
 from exogym.utils.config import ConfigError, config_fields
 from exogym.utils.plugins import is_spec
 
@@ -54,7 +54,7 @@ def label_of_spec(label: str) -> str:
     return strategies.get(f"{source}:{name}").id + dash + suffix
 
 
-def _canonical(cls: type[Strategy], key: str) -> str | None:
+def _canonical(cls: type[StackedStrategy], key: str) -> str | None:
     """``key`` as the full config key of ``cls`` (``lr`` -> ``optim.lr``); None if unknown."""
     keys = list(config_fields(cls))
     if key in keys:
@@ -78,7 +78,7 @@ def resolve_strategies(
     overrides: Mapping[str, Any] | Iterable[tuple[str, Any]] = (),
     *,
     lr: float | None = None,
-) -> dict[str, Strategy]:
+) -> dict[str, StackedStrategy]:
     """Build every labelled strategy with its settings; ``{label: strategy}`` in order.
 
     Args:
@@ -121,7 +121,7 @@ def resolve_strategies(
                               f"compared{hint}; labels: {', '.join(labels)} (a setting for "
                               f"every strategy has no label: {rest}={value})")
         common[key] = _once(common, key, value, f"{key}={value}", None)
-    built: dict[str, Strategy] = {}
+    built: dict[str, StackedStrategy] = {}
     for label, sid in ids.items():
         cls = strategies.get(sid)
         merged: dict[str, Any] = {}

@@ -50,7 +50,7 @@ from exogym.run.trainer import Trainer, defer_stop_signals, seats_of
 from exogym.sim.comm import CommRecord
 from exogym.sim.engine import EngineName, NodeStack
 from exogym.sim.sharding import DatasetFactory, NodeBatches
-from exogym.strategy.base import Strategy
+from exogym.strategy.base import StackedStrategy
 from exogym.utils.signals import Stopped, StopSignals
 
 __all__ = [
@@ -353,7 +353,7 @@ class WorkerResult:
 
 def fit_worker(
     ctx: RankContext, model: nn.Module, train_dataset: Dataset | DatasetFactory,
-    strategy: Strategy, *, max_steps: int, batch_size: int, seed: int = 0,
+    strategy: StackedStrategy, *, max_steps: int, batch_size: int, seed: int = 0,
     engine: EngineName = "auto",
 ) -> WorkerResult:
     """Train this process's ``ctx.nodes_per_process`` nodes for ``max_steps`` steps.
@@ -390,7 +390,7 @@ def fit_worker(
 
 def fit_strategies(
     ctx: RankContext, model: nn.Module, train_dataset: Dataset | DatasetFactory,
-    strategies: Sequence[Strategy], max_steps: int, batch_size: int, seed: int,
+    strategies: Sequence[StackedStrategy], max_steps: int, batch_size: int, seed: int,
 ) -> list[WorkerResult]:
     """:func:`fit_worker` for each strategy in turn, in the same processes (a ``launch`` job)."""
     return [fit_worker(ctx, model, train_dataset, s, max_steps=max_steps, batch_size=batch_size,
@@ -400,9 +400,9 @@ def fit_strategies(
 # -- a whole run on local processes (the `--engine process` of `exogym run`) --------------------
 def fit_processes(
     model: nn.Module, train_dataset: Dataset | DatasetFactory, val_dataset: Dataset | None, *,
-    strategy: Strategy | None, num_nodes: int, nodes_per_process: int = 1, backend: str = "auto",
-    timeout_s: float = 300.0, threads: int | None = None, port: int | None = None,
-    **fit_args: Any,
+    strategy: StackedStrategy | None, num_nodes: int, nodes_per_process: int = 1,
+    backend: str = "auto", timeout_s: float = 300.0, threads: int | None = None, port: int | None =
+    None, **fit_args: Any,
 ) -> FitResult:
     """:meth:`exogym.Trainer.fit` on ``num_nodes / nodes_per_process`` local processes.
 
@@ -416,7 +416,7 @@ def fit_processes(
     processes) and are checked against its signature before any process starts. ``port``: the
     processes' rendezvous port on 127.0.0.1 (:func:`launch`; None: a free one). ``strategy`` is
     an exogym strategy (``Trainer.fit`` in each process is exogym's own): EXO Gym's per-node and
-    built-in strategies enter as ``exogym.compat.exo_gym.as_exogym(strategy)``.
+    built-in strategies enter as ``exogym.compat.exo_gym.as_stacked(strategy)``.
     """
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
         raise ValueError(f"num_nodes must be an integer >= 1, got {num_nodes!r}")
@@ -451,7 +451,7 @@ def fit_processes(
 
 def _fit_rank(
     ctx: RankContext, model: nn.Module, train_dataset: Dataset | DatasetFactory,
-    val_dataset: Dataset | None, strategy: Strategy | None, fit_args: dict[str, Any],
+    val_dataset: Dataset | None, strategy: StackedStrategy | None, fit_args: dict[str, Any],
 ) -> FitResult | None:
     """One rank of :func:`fit_processes`; rank 0 returns the result, the others None."""
     if strategy is not None:

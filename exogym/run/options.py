@@ -29,7 +29,7 @@ from exogym.sim.engine import ENGINES, PRECISIONS, EngineName, Precision
 from exogym.sim.network import Network
 from exogym.sim.partition import Partition
 from exogym.sim.world import World
-from exogym.strategy import Strategy
+from exogym.strategy import StackedStrategy
 from exogym.utils.validation import check_int
 
 __all__ = ["RESUME_RULES", "FitOptions", "Setting", "changeable_records", "cli_default_of",
@@ -111,7 +111,7 @@ class FitOptions:
     """The arguments of :meth:`exogym.Trainer.fit`.
 
     Attributes:
-        strategy: a :class:`Strategy` instance, or a registry id (``"diloco"``).
+        strategy: a :class:`StackedStrategy` instance, or a registry id (``"diloco"``).
         num_nodes: N, the simulated nodes.
         max_steps: training steps (each node takes one batch per step); or give
         num_epochs: passes over each node's shard (may be fractional).
@@ -241,8 +241,8 @@ class FitOptions:
     The simulated clock (:mod:`exogym.sim.clock`) never changes a training number: every row
     gains ``sim_time_s``, the result its :class:`exogym.sim.clock.ClockReport`.
 
-    ``exogym.Trainer`` (:class:`exogym.compat.exo_gym.trainer.Trainer`, a subclass) also
-    takes EXO Gym's strategies and its form of this call (its arguments, the model returned).
+    ``exogym.Trainer`` also takes a per-node strategy (:class:`exogym.strategy.Strategy`),
+    EXO Gym's built-ins and EXO Gym's form of this call (its arguments, the model returned).
 
     In a multi-process run every rank returns the same :class:`FitResult`; rank 0 alone
     shows progress, evaluates the global model (once per evaluation step, the metrics sent
@@ -253,9 +253,9 @@ class FitOptions:
     # flag of ``exogym run``, the key that records it in ``config.json`` and what a resumed run
     # does with it. The command line, the resume checks and docs/settings.md derive from these;
     # tests/run/test_settings.py checks that ``fit``'s signature, the CLI and the config agree.
-    strategy: Strategy | str = setting(
-        "ddp", "the strategy: a Strategy, or a registry id (exogym run: --strategy, made with "
-        "its --set and --lr)", record="strategy")
+    strategy: StackedStrategy | str = setting(
+        "ddp", "the strategy: a StackedStrategy (or a per-node Strategy), or a registry id "
+        "(exogym run: --strategy, made with its --set and --lr)", record="strategy")
     num_nodes: int = setting(
         1, "simulated nodes N (default 4)", flag="--nodes", parse="positive_int", cli_default=4,
         record="num_nodes")

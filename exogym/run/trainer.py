@@ -1,8 +1,21 @@
-"""The training loop: N simulated nodes, one strategy, periodic evaluation of the global model.
+"""``exogym.Trainer``: N simulated nodes, one strategy, periodic evaluation of the global model.
 
 >>> trainer = Trainer(model, train_dataset, val_dataset)    # model(batch) -> scalar loss
 >>> result = trainer.fit(strategy=DiLoCo(H=100), num_nodes=4, max_steps=500, batch_size=64)
 >>> print(result.summary())
+
+:meth:`Trainer.fit` checks its arguments (:class:`exogym.run.options.FitOptions`), builds the
+run (:class:`exogym.run.loop.run.Run`) and drives it (:mod:`exogym.run.loop.drive`), or resumes
+one. It takes either kind of strategy: node-stacked (:class:`exogym.strategy.StackedStrategy`,
+or a registry id) or per-node (:class:`exogym.strategy.Strategy`, run through
+:func:`exogym.strategy.per_node.as_stacked`).
+
+EXO Gym's scripts use this same class (``from exogym import Trainer``, its path
+``exogym.trainer.Trainer``): its constructor's ``start_port``, ``device`` and ``devices`` are
+arguments here, and its form of the ``fit`` call (arguments by position or by EXO Gym's names,
+EXO Gym's defaults, the model returned) is recognised and handed to
+:mod:`exogym.compat.exo_gym.fit_form`, which is imported only for such a call
+(docs/from-exo-gym.md).
 """
 
 from __future__ import annotations
@@ -44,25 +57,31 @@ from exogym.sim.engine import (
     Precision,
     check_memory,
     resolve_device,
+    same_device,
 )
 from exogym.sim.network import Network, parse_duration, parse_network
 from exogym.sim.participation import Participation, parse_participation
 from exogym.sim.partition import Partition, parse_partition
 from exogym.sim.sharding import DatasetFactory, NodeBatches
 from exogym.sim.world import World, parse_world, speeds_of
-from exogym.strategy import Strategy, make
+from exogym.strategy import StackedStrategy, make
 from exogym.strategy import get as get_strategy
+from exogym.strategy.per_node import PerNodeStrategy, as_stacked
 from exogym.utils.config import ConfigError, apply_overrides, config_fields
 from exogym.utils.signals import STOP_SIGNALS, StopSignals
 from exogym.utils.validation import check_int
 
 __all__ = ["Trainer"]
 
+_FIT_ARGUMENTS = frozenset(f.name for f in dataclasses.fields(FitOptions))
+"""The keyword arguments of exogym's :meth:`Trainer.fit` (one per setting)."""
+
 
 def _records_given_arguments(fit: Callable[..., FitResult]) -> Callable[..., FitResult]:
     """Remember which keyword arguments a call passed (``self._given``): a resumed run checks
-    exactly those against its checkpoint, and takes every other setting from it. A call that a
-    subclass takes in another form (:meth:`Trainer._call_form`) is handed to it, with ``run``."""
+    exactly those against its checkpoint, and takes every other setting from it. A call in
+    another form (:meth:`Trainer._call_form`: EXO Gym's, a per-node strategy, the trainer's own
+    device) is handed to that form, with ``run``."""
     @functools.wraps(fit)
     def wrapper(self: Trainer, *args: Any, **kwargs: Any) -> Any:
         def run(**given: Any) -> FitResult:
@@ -94,6 +113,16 @@ class Trainer:
             ``dataset_factory(rank, num_nodes, train) -> Dataset`` building each node's own part.
         val_dataset: the evaluation set, or a factory (called as ``factory(0, 1, False)``);
             None disables evaluation.
+        start_port: EXO Gym's first rendezvous port of the processes it spawned per ``fit``.
+            Accepted and unused: the simulated nodes of a run live in one process and open no
+            port. Kept as ``self.start_port`` (an int in [1, 65535] or None); real processes
+            take their port from ``exogym.run.launch.fit_processes(..., port=)``.
+        device: the device of this trainer's runs (EXO Gym's ``Trainer(device=)``); a
+            ``fit(device=)`` given as well must agree with it. None or ``""``: ``fit``'s, else
+            ``"auto"``.
+        devices: EXO Gym's CUDA device indices, node ``i`` on ``devices[i % len(devices)]``.
+            exogym's simulated nodes share one device: one index (the runs' device is then
+            ``cuda:INDEX``) or None.
     """
 
     def __init__(
@@ -101,6 +130,9 @@ class Trainer:
         model: nn.Module,
         train_dataset: Dataset | DatasetFactory,
         val_dataset: Dataset | DatasetFactory | None = None,
+        start_port: int | None = None,
+        device: str | None = None,
+        devices: Sequence[int] | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -115,22 +147,60 @@ class Trainer:
             val_dataset = val_dataset(0, 1, False)
         self.val_dataset: Dataset | None = val_dataset
         self._given: frozenset[str] = frozenset()
-        #: The last :meth:`fit`'s result (a subclass's call form may return something else).
+        #: The last :meth:`fit`'s result (EXO Gym's form of the call returns its model).
         self.result: FitResult | None = None
+        if start_port is not None and (isinstance(start_port, bool)
+                                       or not isinstance(start_port, int)
+                                       or not 1 <= start_port <= 65535):
+            raise ValueError(f"start_port must be an integer in [1, 65535] or None, got "
+                             f"{start_port!r}")
+        self.start_port = start_port
+        if device is not None and not isinstance(device, str):
+            raise TypeError(f"device must be a device name or None, got {device!r}")
+        self.device = _device(device or None, devices)
 
     def _call_form(self, args: tuple[Any, ...], kwargs: dict[str, Any]
                    ) -> Callable[[Callable[..., FitResult]], Any] | None:
-        """How this trainer runs a :meth:`fit` call in a form other than exogym's: a function of
-        ``run`` (``run(**kwargs)`` is exogym's ``fit``) that runs it, or None for exogym's own
-        form. This class takes no other form; a subclass may (EXO Gym's,
-        :class:`exogym.compat.exo_gym.trainer.Trainer`)."""
-        return None
+        """How this trainer runs a :meth:`fit` call that is not exogym's own form with
+        exogym's arguments as given: a function of ``run`` (``run(**kwargs)`` is exogym's
+        ``fit``) that runs it, or None for exogym's own call, run as it is.
+
+        The other forms: EXO Gym's (arguments by position, an EXO Gym-only argument, an EXO Gym
+        strategy: :mod:`exogym.compat.exo_gym.fit_form`, imported only when a call may be in
+        it: positional arguments, an argument ``fit`` does not have, or a per-node strategy); a
+        per-node strategy in exogym's form (run through :func:`as_stacked`); this trainer's own
+        ``device``."""
+        strategy = kwargs.get("strategy", args[1] if len(args) > 1 else None)
+        if args or not set(kwargs) <= _FIT_ARGUMENTS or isinstance(strategy, PerNodeStrategy):
+            import exogym.compat.exo_gym.fit_form as fit_form  # EXO Gym's (the docstring)
+
+            if fit_form.is_exo_gym_call(args, kwargs):
+                return functools.partial(fit_form.fit, self, args=args, kwargs=kwargs,
+                                         device=self.device)
+        strategy = kwargs.get("strategy", "ddp")
+        if not isinstance(strategy, (str, StackedStrategy, PerNodeStrategy)):
+            raise TypeError(
+                "strategy must be a node-stacked strategy (exogym.strategy.StackedStrategy, "
+                "every registered one), a registry id, a per-node strategy "
+                "(exogym.strategy.Strategy, EXO Gym's form) or one of EXO Gym's built-ins "
+                f"(exogym.strategy.diloco.DiLoCoStrategy, ...), got {type(strategy).__name__}")
+        given = dict(kwargs)
+        if isinstance(strategy, PerNodeStrategy):
+            given["strategy"] = as_stacked(strategy, kwargs.get("num_nodes", 1))
+        if self.device is not None:
+            if given.get("device") is not None and not same_device(given["device"], self.device):
+                raise ValueError(f"fit(device={given['device']!r}) and Trainer(device="
+                                 f"{self.device!r}) differ: give one of them")
+            given["device"] = self.device
+        if given.keys() == kwargs.keys() and all(given[k] is kwargs[k] for k in kwargs):
+            return None  # exogym's own call, run inline (its warnings point at the caller)
+        return lambda run: run(**given)
 
     @_records_given_arguments
     def fit(
         self,
         *,
-        strategy: Strategy | str = "ddp",
+        strategy: StackedStrategy | str = "ddp",
         num_nodes: int = 1,
         max_steps: int | None = None,
         num_epochs: float | None = None,
@@ -183,9 +253,10 @@ class Trainer:
         ``step_time``, or FLOPs), ``out_dir`` and ``sinks``, checkpoints and ``resume``, and
         ``trace`` (the run's timeline as a Chrome trace).
 
-        ``exogym.Trainer`` (:class:`exogym.compat.exo_gym.trainer.Trainer`, a subclass) also
-        takes EXO Gym's strategies and its form of this call (its arguments, the model
-        returned). In a multi-process run every rank returns the same :class:`FitResult`.
+        It also takes a per-node strategy (:class:`exogym.strategy.Strategy`), EXO Gym's
+        built-in strategies and EXO Gym's form of this call (its arguments, the model
+        returned; :meth:`_call_form`). In a multi-process run every rank returns the same
+        :class:`FitResult`.
         """
         options = FitOptions(**{k: v for k, v in locals().items() if k != "self"})
         if options.resume is not None:
@@ -310,8 +381,23 @@ class Trainer:
                 close_group(clean=clean)
 
 
+def _device(device: str | None, devices: Sequence[int] | None) -> str | None:
+    """EXO Gym's ``Trainer(device=, devices=)`` as one device for the simulated nodes."""
+    if devices is None:
+        return device
+    indices = list(devices)
+    if len(indices) != 1 or isinstance(indices[0], bool) or not isinstance(indices[0], int):
+        raise ValueError(f"devices={devices!r}: exogym simulates every node of a run on one "
+                         "device; give one CUDA index (devices=[0]) or None (EXO Gym placed "
+                         "node i on devices[i % len(devices)])")
+    if device not in (None, "cuda"):
+        raise ValueError(f"devices={devices!r} names CUDA devices, but device={device!r}; "
+                         "give device='cuda' or None")
+    return f"cuda:{indices[0]}"
+
+
 def _resumed_settings(o: FitOptions, given: frozenset[str], saved: dict[str, Any],
-                      strategy: Strategy, num_nodes: int, step: int,
+                      strategy: StackedStrategy, num_nodes: int, step: int,
                       where: Path) -> RunSettings:
     """A resumed run's settings: the checkpoint's config, overridden by what was ``given``
     (:meth:`FitOptions.resumed`), resolved as a new run's are."""
@@ -338,7 +424,7 @@ def _resumed_settings(o: FitOptions, given: frozenset[str], saved: dict[str, Any
 
 
 def _participation(participation: Any, concurrency: int | None, client_state: str, seed: int,
-                   strategy: Strategy) -> Participation | None:
+                   strategy: StackedStrategy) -> Participation | None:
     """Partial participation (a synchronous strategy's ``K`` per round), or an asynchronous
     one's ``concurrency`` (its clients in flight), as one :class:`Participation`."""
     if concurrency is None:
@@ -371,7 +457,7 @@ def _resumed_population(v: dict[str, Any], given: frozenset[str],
     return {"seats": seats, "client_store": _check_client_store(v["client_store"])}
 
 
-def seats_of(strategy: Strategy, num_nodes: int, fit_args: Mapping[str, Any],
+def seats_of(strategy: StackedStrategy, num_nodes: int, fit_args: Mapping[str, Any],
              data: Any) -> int | None:
     """How many seats a run of :meth:`Trainer.fit`'s ``fit_args`` holds (its round's clients,
     :mod:`exogym.run.nodes.population`), or None when it holds a row per node: how many processes a
@@ -407,7 +493,7 @@ def _check_client_store(spec: str) -> str:
 
 
 def _seats(asked: str, participation: Participation | None, world: World,
-           net: Network | None, strategy: Strategy, resident: int | None,
+           net: Network | None, strategy: StackedStrategy, resident: int | None,
            ranks: RankContext | None, data: Any) -> bool:
     """Whether a run holds only the round's clients (:mod:`exogym.run.nodes.population`): asked
     (``"round"``: an error naming what prevents it), allowed (``"auto"``), or not
@@ -444,7 +530,7 @@ def _seats(asked: str, participation: Participation | None, world: World,
     return False
 
 
-def _resumed_paging(v: dict[str, Any], num_nodes: int, strategy: Strategy) -> dict[str, Any]:
+def _resumed_paging(v: dict[str, Any], num_nodes: int, strategy: StackedStrategy) -> dict[str, Any]:
     """A resumed run pages as recorded (``resident`` must then be the checkpoint's: its
     groups); ``offload`` may change (where the pages live is not the run's state)."""
     return {"resident": _check_paging(v["resident"], v["offload"], num_nodes, strategy,
@@ -452,7 +538,7 @@ def _resumed_paging(v: dict[str, Any], num_nodes: int, strategy: Strategy) -> di
             "offload": v["offload"]}
 
 
-def _check_paging(resident: int | None, offload: str, num_nodes: int, strategy: Strategy,
+def _check_paging(resident: int | None, offload: str, num_nodes: int, strategy: StackedStrategy,
                   engine: str) -> int | None:
     """``resident`` validated (None: every node in memory, also when ``resident >= N``)."""
     parse_offload(offload)
@@ -471,7 +557,7 @@ def _check_paging(resident: int | None, offload: str, num_nodes: int, strategy: 
 
 
 def _resumed_participation(v: dict[str, Any], given: frozenset[str],
-                           strategy: Strategy) -> Participation | None:
+                           strategy: StackedStrategy) -> Participation | None:
     """The recorded partial participation, or an asynchronous strategy's clients in flight
     (``concurrency``), or the ones given (which must then agree)."""
     participation = v["participation"]
@@ -516,7 +602,7 @@ def _join(
 
 
 def _check_world(world: World, num_nodes: int, net: Network | None,
-                 strategy: Strategy) -> World:
+                 strategy: StackedStrategy) -> World:
     """A world fits the run: per-node settings of N nodes; failures by simulated time and a
     straggler deadline need a simulated network (the clock); node speeds are not given twice."""
     world.check_nodes(num_nodes)
@@ -532,7 +618,7 @@ def _check_world(world: World, num_nodes: int, net: Network | None,
     return world
 
 
-def _check_sync(strategy: Strategy, total_steps: int, allow_unsynced: bool, *,
+def _check_sync(strategy: StackedStrategy, total_steps: int, allow_unsynced: bool, *,
                 warn: bool, stacklevel: int = 2) -> None:
     """A run shorter than the strategy's period H is an error (the global model would never be
     fully updated) unless allowed; a run that is not a multiple of H gets a warning naming the
@@ -688,7 +774,7 @@ def _interrupted_message(run: Run, checkpointer: Checkpointer | None) -> str:
             f"Trainer(...).fit(resume={str(run.out_dir)!r}))")
 
 
-def _strategy_from_config(config: dict[str, Any], where: Path) -> Strategy:
+def _strategy_from_config(config: dict[str, Any], where: Path) -> StackedStrategy:
     """The strategy a run recorded: its class and every hyperparameter, by the full keys it
     recorded (never read as a short name: a key the class no longer has would set another
     field).
@@ -748,11 +834,11 @@ def _total_steps(max_steps: int | None, num_epochs: float | None, steps_per_epoc
     return max(math.ceil(num_epochs * steps_per_epoch), 1)
 
 
-def _as_strategy(strategy: Any, engine: EngineName) -> tuple[Strategy, EngineName]:
+def _as_strategy(strategy: Any, engine: EngineName) -> tuple[StackedStrategy, EngineName]:
     """The strategy ``fit`` was given (a strategy, or a registry id: made), and the engine."""
     if isinstance(strategy, str):
         strategy = make(strategy)
-    if not isinstance(strategy, Strategy):
-        raise TypeError(f"strategy must be a Strategy (exogym.strategy) or a registry id, got "
-                        f"{type(strategy).__name__}")
+    if not isinstance(strategy, StackedStrategy):
+        raise TypeError(f"strategy must be a StackedStrategy (exogym.strategy) or a registry "
+                        f"id, got {type(strategy).__name__}")
     return strategy, engine

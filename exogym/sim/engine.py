@@ -81,7 +81,7 @@ from exogym.sim.threads import (
 
 __all__ = [
     "ENGINES", "PRECISIONS", "EngineName", "NodeStack", "Precision", "available_memory",
-    "check_memory", "loss_of", "metrics_of", "resolve_device", "stack_bytes",
+    "check_memory", "loss_of", "metrics_of", "resolve_device", "same_device", "stack_bytes",
 ]
 
 EngineName = Literal["auto", "loop", "vmap", "threads"]
@@ -115,6 +115,17 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 
 _CONTRACT = ("model(batch) must return a scalar loss tensor, a mapping with a scalar 'loss' entry "
              "(a dict, or a Hugging Face ModelOutput), or an object with a scalar .loss attribute")
+
+
+def same_device(a: Any, b: Any) -> bool:
+    """Whether two device specs name the same device (``"cpu"`` and ``torch.device("cpu")``);
+    ``"auto"`` and ``""`` name themselves."""
+    if str(a) in ("auto", "") or str(b) in ("auto", ""):
+        return str(a) == str(b)
+    try:
+        return torch.device(a) == torch.device(b)
+    except (RuntimeError, TypeError):
+        return a == b
 
 
 def _entries(out: Any) -> Mapping[str, Any] | None:

@@ -13,9 +13,18 @@ A strategy outside exogym is named where an id is accepted by ``path/to/file.py:
 ``exogym.strategies`` (``topk_diloco = "my_pkg.methods:TopKDiLoCo"`` in its ``pyproject.toml``
 under ``[project.entry-points."exogym.strategies"]``), found on first use.
 
-The two bases: :class:`Strategy` (node-stacked: ``step(self, step)`` updates all the nodes at
-once; every registered strategy) and :class:`PerNodeStrategy` (code for ONE node, ``step(self)``
-with collectives, EXO Gym's form; ``exogym.Trainer.fit`` runs it).
+The two bases, each chosen by name (docs/writing-a-strategy.md, docs/per-node.md):
+
+- :class:`StackedStrategy` (:mod:`exogym.strategy.base`): node-stacked, ``step(self, step)``
+  updates all the nodes of a process at once (tensors ``[N, ...]``); every registered strategy,
+  and the one a new method for the simulator's fast path subclasses;
+- :class:`Strategy`, also named :class:`PerNodeStrategy` (:mod:`exogym.strategy.per_node`): code
+  for ONE node, ``step(self)`` with collectives, as EXO Gym writes it (``from exogym.strategy
+  import Strategy``, its README's custom algorithm, runs unchanged); ``exogym.Trainer.fit`` runs
+  it on N simulated nodes, and it runs unchanged under torchrun.
+
+A class that writes the other base's ``step`` is refused when it is defined, naming the base it
+meant (no base is ever swapped behind the user's back).
 """
 
 from __future__ import annotations
@@ -25,8 +34,8 @@ import inspect
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from exogym.strategy.base import Strategy
-from exogym.strategy.per_node_base import PerNodeStrategy
+from exogym.strategy.base import StackedStrategy
+from exogym.strategy.per_node.base import PerNodeStrategy
 from exogym.utils.config import ConfigError, apply_overrides, config_fields
 from exogym.utils.plugins import is_spec, load_object, source_of
 
@@ -35,8 +44,11 @@ if TYPE_CHECKING:
     from exogym.strategy.diloco import DiLoCo
     from exogym.strategy.fedavg import FedAvg
 
-__all__ = ["DDP", "DiLoCo", "FedAvg", "PerNodeStrategy", "Strategy", "get", "make", "register",
-           "registry"]
+__all__ = ["DDP", "DiLoCo", "FedAvg", "PerNodeStrategy", "StackedStrategy", "Strategy", "get",
+           "make", "register", "registry"]
+
+Strategy = PerNodeStrategy
+"""EXO Gym's name of the per-node base (``from exogym.strategy import Strategy``)."""
 
 _ENTRY_POINTS: dict[str, str] = {}
 _EXPORTS = {"DDP": "ddp", "DiLoCo": "diloco", "FedAvg": "fedavg"}
@@ -86,22 +98,22 @@ def registry() -> list[str]:
     return sorted(_ENTRY_POINTS)
 
 
-def _strategy_class(obj: Any, spec: str) -> type[Strategy]:
-    if not (isinstance(obj, type) and issubclass(obj, Strategy)):
+def _strategy_class(obj: Any, spec: str) -> type[StackedStrategy]:
+    if not (isinstance(obj, type) and issubclass(obj, StackedStrategy)):
         kind = f"class {obj.__name__}" if isinstance(obj, type) else type(obj).__name__
         raise ConfigError(f"strategy {spec!r} is a {kind}, not a subclass of "
-                          "exogym.strategy.Strategy")
+                          "exogym.strategy.StackedStrategy")
     if inspect.isabstract(obj):
         missing = ", ".join(sorted(obj.__abstractmethods__))
         raise ConfigError(f"strategy {spec!r} is abstract: it does not define {missing}")
     return obj
 
 
-def get(strategy_id: str) -> type[Strategy]:
+def get(strategy_id: str) -> type[StackedStrategy]:
     """The class registered under ``strategy_id``, or named by a ``SOURCE:Class`` spec.
 
-    A class loaded from a spec is registered under its :attr:`Strategy.id` (its class name unless
-    it sets ``id``), so that ``--set ID.KEY=VALUE`` and later look-ups find it.
+    A class loaded from a spec is registered under its :attr:`StackedStrategy.id` (its class name
+    unless it sets ``id``), so that ``--set ID.KEY=VALUE`` and later look-ups find it.
     """
     if is_spec(strategy_id):
         cls = _strategy_class(load_object(strategy_id, "strategy"), strategy_id)
@@ -118,7 +130,7 @@ def get(strategy_id: str) -> type[Strategy]:
     return _strategy_class(load_object(_ENTRY_POINTS[strategy_id], "strategy"), strategy_id)
 
 
-def make(strategy_id: str, **overrides: Any) -> Strategy:
+def make(strategy_id: str, **overrides: Any) -> StackedStrategy:
     """Build a registered (or ``SOURCE:Class``) strategy; ``overrides`` use the keys of
     ``exogym strategies``."""
     return apply_overrides(get(strategy_id), overrides)

@@ -1,46 +1,51 @@
-"""The ``Strategy`` interface: what a distributed-training method must define.
+"""The node-stacked base, :class:`StackedStrategy`: what a distributed-training method defines.
 
 A strategy is a small keyword-only dataclass (its fields are its hyperparameters, validated in
 ``__post_init__``) that also owns the inner optimizer and decides what to communicate when. The
 trainer owns the loop and calls, in order:
 
-1. :meth:`Strategy.setup` once (the base builds the inner optimizer over the node-stacked
-   parameters, then calls the subclass's :meth:`Strategy.init_state`);
-2. per step, after every node's backward has filled ``nodes.grads``: :meth:`Strategy.step`, which
-   must update the parameters (usually by calling :meth:`Strategy.inner_step`) and communicate
-   through ``self.comm`` only; the trainer zeroes the gradients afterwards;
-3. :meth:`Strategy.global_state` whenever the global model is evaluated.
+1. :meth:`~StackedStrategy.setup` once (the base builds the inner optimizer over the
+   node-stacked parameters, then calls the subclass's :meth:`~StackedStrategy.init_state`);
+2. per step, after every node's backward has filled ``nodes.grads``:
+   :meth:`~StackedStrategy.step`, which must update the parameters (usually by calling
+   :meth:`~StackedStrategy.inner_step`) and communicate through ``self.comm`` only; the
+   trainer zeroes the gradients afterwards;
+3. :meth:`~StackedStrategy.global_state` whenever the global model is evaluated.
 
 Code written for ONE node (EXO Gym's form, ``step(self)`` on ``self.model``, with collectives) has
-its own base, :class:`exogym.strategy.PerNodeStrategy` (:mod:`exogym.strategy.per_node_base`); a
-subclass of this base, at any depth, that defines such a ``step(self)`` is refused when it is
-defined (a ``TypeError`` naming that base).
+its own base, :class:`exogym.strategy.Strategy` (also named ``PerNodeStrategy``,
+:mod:`exogym.strategy.per_node`); a subclass of this base, at any depth, that defines such a
+``step(self)`` is refused when it is defined (a ``TypeError`` naming that base), and so is a
+node-stacked ``step(self, step)`` on the per-node base.
 
 State (checkpoints, live recovery): everything a strategy sets on itself at run time is its
-state, saved by :meth:`Strategy.state_dict` and restored by :meth:`Strategy.load_state_dict`
-without any code in the subclass: tensors (restored in place, so optimizers keep their
-references), dicts and lists of them, ``torch.optim`` optimizers and schedulers, codecs,
-``torch.Generator`` objects, plain Python values, and any object with ``state_dict()`` /
-``load_state_dict()``. An attribute that :meth:`Strategy.init_state` rebuilds from the
-hyperparameters alone (a cache, an index layout) is listed in the class attribute
-``derived_state`` and not saved; any other kind of object is an error naming the attribute, so a
-strategy can never be checkpointed incompletely without saying so.
+state, saved by :meth:`~StackedStrategy.state_dict` and restored by
+:meth:`~StackedStrategy.load_state_dict` without any code in the subclass: tensors (restored in
+place, so optimizers keep their references), dicts and lists of them, ``torch.optim``
+optimizers and schedulers, codecs, ``torch.Generator`` objects, plain Python values, and any
+object with ``state_dict()`` / ``load_state_dict()``. An attribute that
+:meth:`~StackedStrategy.init_state` rebuilds from the hyperparameters alone (a cache, an index
+layout) is listed in the class attribute ``derived_state`` and not saved; any other kind of
+object is an error naming the attribute, so a strategy can never be checkpointed incompletely
+without saying so.
 
-Absent nodes (a world, docs/design/world.md). When some nodes do not compute a step
-(down, recovering) the trainer sets ``comm.active`` (``N`` booleans; None: all) and :attr:`Strategy.
-active` gives this process's rows of it; :meth:`Strategy.inner_step` then steps only those rows,
-each node with its own step count (:mod:`exogym.strategy.masked`). At a synchronisation,
-:meth:`Strategy.arrivals` says whose contributions arrive (the active nodes, minus lost messages
-and the ones a ``deadline`` cuts); the strategy passes it as ``members=`` to its collectives and
-defines in its docstring what a node that did not take part does. A node that comes back up, or
-that a strategy reports out of sync (:meth:`Strategy.request_recovery`), is brought back by
-:meth:`Strategy.recover` from a live peer, point to point, its bytes counted and timed. With no
-absent node every one of these is None or empty and the code paths are exactly those without a
-world.
+Absent nodes (a world, docs/design/world.md). When some nodes do not compute a step (down,
+recovering) the communicator knows who computed (``comm.active``: ``N`` booleans; None: all,
+set by the run through the communicator's :class:`~exogym.sim.comm.Attendance`) and
+:attr:`~StackedStrategy.active` gives this process's rows of it;
+:meth:`~StackedStrategy.inner_step` then steps only those rows, each node with its own step
+count (:mod:`exogym.strategy.masked`). At a synchronisation, :meth:`~StackedStrategy.arrivals`
+says whose contributions arrive (the active nodes, minus lost messages and the ones a
+``deadline`` cuts); the strategy passes it as ``members=`` to its collectives and defines in its
+docstring what a node that did not take part does. A node that comes back up, or that a
+strategy reports out of sync (:meth:`~StackedStrategy.request_recovery`), is brought back by
+:meth:`~StackedStrategy.recover` from a live peer, point to point, its bytes counted and timed.
+With no absent node every one of these is None or empty and the code paths are exactly those
+without a world.
 
 Compressed communication: the fields ``codec`` (a spec of :func:`exogym.sim.codecs.make_codec`,
 ``"int8"``, ``"topk:0.1"``, ...), ``error_feedback`` and ``codec_seed`` select a transport codec;
-:meth:`Strategy.setup` builds it afresh for every run as ``self.transport_codec`` (``None``
+:meth:`StackedStrategy.setup` builds it afresh for every run as ``self.transport_codec`` (``None``
 without a codec), and the strategy passes it to its main collective
 (``self.comm.all_reduce_(..., codec=self.transport_codec)``). A strategy whose communication
 cannot go through a codec sets the class attribute ``supports_codec = False``; it then rejects a
@@ -67,7 +72,7 @@ from exogym.strategy.masked import masked_step
 from exogym.strategy.optim import LRSchedule, OptimSpec
 from exogym.utils.validation import check_number, in_range, positive_int
 
-__all__ = ["Strategy", "in_range", "positive_int", "restart_rows"]
+__all__ = ["StackedStrategy", "in_range", "positive_int", "restart_rows"]
 
 
 def _per_node_step(namespace: dict[str, Any]) -> bool:
@@ -76,7 +81,7 @@ def _per_node_step(namespace: dict[str, Any]) -> bool:
 
 
 @dataclass(kw_only=True)
-class Strategy(metaclass=abc.ABCMeta):
+class StackedStrategy(metaclass=abc.ABCMeta):
     """Base class of every strategy.
 
     Attributes:
@@ -125,8 +130,8 @@ class Strategy(metaclass=abc.ABCMeta):
             raise TypeError(
                 f"{cls.__name__} defines a per-node step(self), but it subclasses {parents}, "
                 "a node-stacked strategy whose step(self, step) updates all the nodes at once; "
-                "for code written for one node, subclass exogym.strategy.PerNodeStrategy (EXO "
-                "Gym's exogym.strategy.strategy.Strategy) instead")
+                "for code written for one node, subclass exogym.strategy.Strategy (the per-node "
+                "base, EXO Gym's) instead")
         if "id" not in cls.__dict__:  # a class of its own is not its parent's strategy
             cls.id = cls.__name__
 
@@ -457,7 +462,7 @@ class Strategy(metaclass=abc.ABCMeta):
         communicates is an error there."""
         return None
 
-    def _communicates_every_H(self, step: int, owner: type[Strategy]) -> bool | None:
+    def _communicates_every_H(self, step: int, owner: type[StackedStrategy]) -> bool | None:
         """:meth:`communicates` of a method whose ``owner.step`` makes collectives only at the
         last step of every ``H``-step round (DiLoCo, FedAvg, FedOpt): False at the other steps;
         None for a subclass with a ``step`` of its own."""

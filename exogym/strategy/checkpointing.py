@@ -1,8 +1,8 @@
 """Checkpointing a strategy's run-time attributes: values to saved data and back.
 
 A strategy's state is whatever it sets on itself at run time (the node-stacked base
-:class:`exogym.strategy.base.Strategy` and the per-node base
-:class:`exogym.strategy.per_node_base.PerNodeStrategy` both save it this way, without code in
+:class:`exogym.strategy.base.StackedStrategy` and the per-node base
+:class:`exogym.strategy.per_node.base.PerNodeStrategy` both save it this way, without code in
 the subclass). :func:`save_value` turns one attribute's value into
 checkpointable data, :func:`restore_value` puts saved data back into the fresh run's value. The
 kinds: tensors (saved by reference, restored in place so that optimizers keep their references),

@@ -17,7 +17,7 @@ quorum's mean, as torchft's ``Manager`` computes it: a ring all-reduce among tho
 ``2 (M-1)/M * P`` bytes each), and those nodes take the optimizer step with it. A node that is
 down computes and sends nothing. A node that computed but whose gradient was lost, or cut by a
 ``deadline``, did not take part: it skips the step, is out of sync, and heals from a live peer
-before the next one (:meth:`Strategy.recover`: parameters, buffers and optimizer state), as a
+before the next one (:meth:`StackedStrategy.recover`: parameters, buffers and optimizer state), as a
 torchft replica that did not commit heals. The buffers are broadcast from the lowest-numbered
 node that took part.
 
@@ -35,13 +35,13 @@ from dataclasses import dataclass
 
 import torch
 
-from exogym.strategy.base import Strategy, restart_rows
+from exogym.strategy.base import StackedStrategy, restart_rows
 
 __all__ = ["DDP"]
 
 
 @dataclass(kw_only=True)
-class DDP(Strategy):
+class DDP(StackedStrategy):
     """Synchronous data parallelism (gradient all-reduce every step).
 
     Attributes:

@@ -64,7 +64,8 @@ import torch
 from torch import Tensor
 
 from exogym.strategy._dct import ChunkLayout, dct_matrix
-from exogym.strategy.base import Strategy, in_range, positive_int
+from exogym.strategy._exo_gym import exo_gym_name
+from exogym.strategy.base import StackedStrategy, in_range, positive_int
 from exogym.strategy.optim import OptimSpec
 
 __all__ = ["DeMo"]
@@ -74,7 +75,7 @@ _UNUSED_OPTIM = ("name", "betas", "eps", "momentum", "nesterov")
 
 
 @dataclass(kw_only=True)
-class DeMo(Strategy):
+class DeMo(StackedStrategy):
     """Decoupled momentum: signum step on the all-gathered top-k DCT components of the momenta.
 
     The step size ``eta`` is ``optim.lr`` (scheduled by ``schedule.*``) and the decoupled weight
@@ -213,11 +214,6 @@ def _rows(mask: Tensor, like: Tensor) -> Tensor:
 
 
 def __getattr__(name: str) -> Any:
-    """EXO Gym's ``DeMoStrategy`` under its path, this module (its class is
-    in :mod:`exogym.compat.exo_gym.builtins`), imported on first use: importing this module does
-    not load EXO Gym's compatibility."""
-    if name == "DeMoStrategy":
-        from exogym.compat.exo_gym.builtins import DeMoStrategy
-
-        return DeMoStrategy
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    """EXO Gym's ``DeMoStrategy`` under its path, this module, imported on first use
+    (:mod:`exogym.strategy._exo_gym`)."""
+    return exo_gym_name(__name__, name, ("DeMoStrategy",))

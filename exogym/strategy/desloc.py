@@ -59,7 +59,7 @@ Absent nodes (a world), as in SPARTA: each due average is the mean over the node
 messages arrive (a ring among those ``M``, one draw of message losses per step with an average),
 written into their rows only; a node that is down, lost its message or was cut by a ``deadline``
 keeps its own values. A node back up copies a live peer's parameters, buffers and optimizer state
-(:meth:`Strategy.recover`).
+(:meth:`StackedStrategy.recover`).
 
 The global model (evaluated, deployed) is the mean of the nodes' parameters and float buffers
 (what a final parameter sync would give; node 0's integer buffers): between two parameter
@@ -85,7 +85,7 @@ from typing import ClassVar, Literal
 import torch
 from torch import Tensor
 
-from exogym.strategy.base import Strategy, positive_int, restart_rows
+from exogym.strategy.base import StackedStrategy, positive_int, restart_rows
 
 __all__ = ["DESLOC", "FIRST_MOMENTS", "SECOND_MOMENTS"]
 
@@ -100,7 +100,7 @@ PLACEMENTS: tuple[Placement, ...] = ("after", "before")
 
 
 @dataclass(kw_only=True)
-class DESLOC(Strategy):
+class DESLOC(StackedStrategy):
     """Local Adam with desynchronised averaging of parameters (K_x), u (K_u) and v (K_v).
 
     Attributes:

@@ -75,8 +75,9 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor
 
+from exogym.strategy._exo_gym import exo_gym_name
 from exogym.strategy.base import (
-    Strategy,
+    StackedStrategy,
     in_range,
     optimizer_tensors,
     positive_int,
@@ -90,7 +91,7 @@ OUTER_OPTIMIZERS: tuple[str, ...] = ("nesterov", "sgd", "adam")
 
 
 @dataclass(kw_only=True)
-class DiLoCo(Strategy):
+class DiLoCo(StackedStrategy):
     """Distributed low-communication training (inner AdamW, outer optimizer every H steps).
 
     Attributes:
@@ -234,11 +235,6 @@ class DiLoCo(Strategy):
 
 
 def __getattr__(name: str) -> Any:
-    """EXO Gym's ``DiLoCoStrategy`` under its path, this module (its class is
-    in :mod:`exogym.compat.exo_gym.builtins`), imported on first use: importing this module does
-    not load EXO Gym's compatibility."""
-    if name == "DiLoCoStrategy":
-        from exogym.compat.exo_gym.builtins import DiLoCoStrategy
-
-        return DiLoCoStrategy
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    """EXO Gym's ``DiLoCoStrategy`` under its path, this module, imported on first use
+    (:mod:`exogym.strategy._exo_gym`)."""
+    return exo_gym_name(__name__, name, ("DiLoCoStrategy",))

@@ -38,13 +38,13 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from exogym.strategy.base import Strategy, positive_int, restart_rows
+from exogym.strategy.base import StackedStrategy, positive_int, restart_rows
 
 __all__ = ["FedAvg"]
 
 
 @dataclass(kw_only=True)
-class FedAvg(Strategy):
+class FedAvg(StackedStrategy):
     """Federated averaging of parameters every ``H`` local steps.
 
     Attributes:

@@ -56,13 +56,13 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from exogym.strategy.base import Strategy, in_range, positive_int, restart_rows
+from exogym.strategy.base import StackedStrategy, in_range, positive_int, restart_rows
 
 __all__ = ["AdaptiveFedOpt", "FedOpt"]
 
 
 @dataclass(kw_only=True)
-class FedOpt(Strategy):
+class FedOpt(StackedStrategy):
     """Rounds of H local steps, then a server optimizer step on the mean client update.
 
     Attributes:

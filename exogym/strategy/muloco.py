@@ -76,8 +76,8 @@ class MuLoCo(DiLoCo):
                              "strategy 'diloco')")
 
     def init_state(self) -> None:
-        # Strategy.setup builds the inner optimizer from the parameter tensors alone; Muon needs
-        # their names to send the embeddings and the LM head to AdamW (optim.muon_exclude).
+        # StackedStrategy.setup builds the inner optimizer from the parameter tensors alone; Muon
+        # needs their names to send the embeddings and the LM head to AdamW (optim.muon_exclude).
         self.optimizer = self.optim.build(list(self.nodes.params.values()),
                                           names=list(self.nodes.params))
         self.scheduler = self.schedule.scheduler(self.optimizer, self.total_steps)

@@ -53,9 +53,9 @@ view, not traffic.
 Absent nodes (a world): the pairing is drawn over all ``N`` nodes whatever the world, so it does
 not depend on who is up. A node that did not compute the step (down, recovering) takes no outer
 step and sends nothing; an active node averages over itself and the members of its group whose
-messages arrive (:meth:`Strategy.arrivals`: lost messages and a ``deadline`` cut only the sender's
-contribution, so a pair can hear each other asymmetrically); a node that hears nobody takes the
-step with a group of one (no pull term, its own pseudo-gradient). A node back up copies its
+messages arrive (:meth:`StackedStrategy.arrivals`: lost messages and a ``deadline`` cut only the
+sender's contribution, so a pair can hear each other asymmetrically); a node that hears nobody takes
+the step with a group of one (no pull term, its own pseudo-gradient). A node back up copies its
 donor's fast and slow weights, momentum and inner optimizer state (the default recovery).
 
 Sent per outer step by each node of a group whose members all take part, ``P`` = parameter bytes,
@@ -78,14 +78,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from exogym.strategy.base import Strategy, in_range, positive_int
+from exogym.strategy.base import StackedStrategy, in_range, positive_int
 from exogym.utils.validation import check_int
 
 __all__ = ["NoLoCo"]
 
 
 @dataclass(kw_only=True)
-class NoLoCo(Strategy):
+class NoLoCo(StackedStrategy):
     """Local steps, then a modified Nesterov outer step averaged with a random partner.
 
     Attributes:

@@ -220,7 +220,7 @@ class LRSchedule:
     def scheduler(self, optimizer: torch.optim.Optimizer,
                   total_steps: int) -> torch.optim.lr_scheduler.LambdaLR | None:
         """A ``LambdaLR`` that multiplies every group's lr by :meth:`factor` (None if inactive):
-        the schedule :meth:`Strategy.setup` attaches to the inner optimizer."""
+        the schedule :meth:`StackedStrategy.setup` attaches to the inner optimizer."""
         if not self.active:
             return None
         return torch.optim.lr_scheduler.LambdaLR(optimizer,

@@ -43,13 +43,13 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from exogym.strategy.base import Strategy, positive_int
+from exogym.strategy.base import StackedStrategy, positive_int
 
 __all__ = ["ServerStrategy"]
 
 
 @dataclass(kw_only=True)
-class ServerStrategy(Strategy):
+class ServerStrategy(StackedStrategy):
     """A parameter server and nodes on their own timelines (module docstring).
 
     Attributes:

@@ -78,7 +78,7 @@ import torch
 from torch import Tensor
 
 from exogym.strategy._dct import ChunkLayout
-from exogym.strategy.base import Strategy, in_range, positive_int, restart_rows
+from exogym.strategy.base import StackedStrategy, in_range, positive_int, restart_rows
 
 __all__ = ["AGGREGATIONS", "SparseLoCo", "index_bits", "pack_bits", "quantize", "unpack_bits"]
 
@@ -157,7 +157,7 @@ def _unchunk(c: Tensor, lay: ChunkLayout) -> Tensor:
 
 
 @dataclass(kw_only=True)
-class SparseLoCo(Strategy):
+class SparseLoCo(StackedStrategy):
     """DiLoCo with per-node error feedback in place of outer momentum, chunked top-k, 2-bit values.
 
     Attributes:

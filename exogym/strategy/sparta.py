@@ -34,7 +34,7 @@ Absent nodes (a world): the selected entries are averaged over the nodes whose v
 ring among those ``M``) and written into their rows only; a node that lost its message or was
 cut by a ``deadline`` keeps its own values (SPARTA's replicas are never identical anyway, and the
 next steps pull them together). A node back up copies a live peer's parameters and optimizer
-state (:meth:`Strategy.recover`).
+state (:meth:`StackedStrategy.recover`).
 
 Sent per step by each node: the ``k`` selected values, ``S = k * s`` bytes (``s`` = bytes per
 element, 4 in fp32; indices are not sent), in a ring all-reduce: ``2 (N-1)/N * k * s`` bytes. MNIST
@@ -57,7 +57,8 @@ import torch
 from torch import Tensor
 
 from exogym.sim.comm import Communicator
-from exogym.strategy.base import Strategy, in_range
+from exogym.strategy._exo_gym import exo_gym_name
+from exogym.strategy.base import StackedStrategy, in_range
 
 __all__ = ["POLICIES", "SPARTA", "SparseAverager", "check_sparta_config",
            "step_seed"]
@@ -206,7 +207,7 @@ class SparseAverager:
 
 
 @dataclass(kw_only=True)
-class SPARTA(Strategy):
+class SPARTA(StackedStrategy):
     """Sparse parameter averaging: the inner step, then the node mean of a fraction p of entries.
 
     Attributes:
@@ -244,11 +245,6 @@ class SPARTA(Strategy):
 
 
 def __getattr__(name: str) -> Any:
-    """EXO Gym's ``SPARTAStrategy`` under its path, this module (its class is
-    in :mod:`exogym.compat.exo_gym.builtins`), imported on first use: importing this module does
-    not load EXO Gym's compatibility."""
-    if name == "SPARTAStrategy":
-        from exogym.compat.exo_gym.builtins import SPARTAStrategy
-
-        return SPARTAStrategy
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    """EXO Gym's ``SPARTAStrategy`` under its path, this module, imported on first use
+    (:mod:`exogym.strategy._exo_gym`)."""
+    return exo_gym_name(__name__, name, ("SPARTAStrategy",))

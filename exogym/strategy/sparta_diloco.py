@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from exogym.strategy._exo_gym import exo_gym_name
 from exogym.strategy.diloco import DiLoCo
 from exogym.strategy.sparta import Policy, SparseAverager, check_sparta_config
 
@@ -83,11 +84,6 @@ class SPARTADiLoCo(DiLoCo):
 
 
 def __getattr__(name: str) -> Any:
-    """EXO Gym's ``SPARTADiLoCoStrategy`` under its path, this module (its class is
-    in :mod:`exogym.compat.exo_gym.builtins`), imported on first use: importing this module does
-    not load EXO Gym's compatibility."""
-    if name == "SPARTADiLoCoStrategy":
-        from exogym.compat.exo_gym.builtins import SPARTADiLoCoStrategy
-
-        return SPARTADiLoCoStrategy
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    """EXO Gym's ``SPARTADiLoCoStrategy`` under its path, this module, imported on first use
+    (:mod:`exogym.strategy._exo_gym`)."""
+    return exo_gym_name(__name__, name, ("SPARTADiLoCoStrategy",))

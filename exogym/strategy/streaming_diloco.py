@@ -78,7 +78,7 @@ import torch
 from torch import Tensor
 
 from exogym.sim.codecs import Codec, make_codec
-from exogym.strategy.base import Strategy, in_range, optimizer_tensors, positive_int
+from exogym.strategy.base import StackedStrategy, in_range, optimizer_tensors, positive_int
 
 __all__ = ["StreamingDiLoCo", "strided_fragments"]
 
@@ -110,7 +110,7 @@ def _group_by_owner(names: list[str]) -> dict[str, list[str]]:
 
 
 @dataclass(kw_only=True)
-class StreamingDiLoCo(Strategy):
+class StreamingDiLoCo(StackedStrategy):
     """DiLoCo with P strided fragments synced in turn, FP4 pseudo-gradients, overlapped syncs.
 
     Attributes:

@@ -277,12 +277,12 @@ def test_importing_the_cli_or_the_package_imports_no_torch() -> None:
         f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({_HEAVY!r})))\n"
         "print(sorted(set(exogym.__all__) - set(dir(exogym))))\n"
         "from exogym import Trainer, FitResult, register\n"
-        "import exogym.compat.exo_gym.trainer, exogym.run.output.result, exogym.strategy\n"
+        "import exogym.run.trainer, exogym.run.output.result, exogym.strategy\n"
         "import exogym.trainer\n"
-        "print('torch' in sys.modules, Trainer is exogym.compat.exo_gym.trainer.Trainer,\n"
+        "print('torch' in sys.modules, Trainer is exogym.run.trainer.Trainer,\n"
         "      FitResult is exogym.run.output.result.FitResult,\n"
         "      register is exogym.strategy.register,\n"
-        "      exogym.trainer is exogym.compat.exo_gym.trainer)\n"
+        "      exogym.trainer is exogym.run.trainer)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=600)

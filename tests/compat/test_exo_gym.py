@@ -22,13 +22,13 @@ from torch.utils.data import TensorDataset
 
 from exogym import Trainer
 from exogym.compat.exo_gym.conversions import ExoGymWarning, schedule
-from exogym.compat.exo_gym.per_node import as_exogym
 from exogym.run.launch import fit_processes
 from exogym.strategy.demo import DeMo, DeMoStrategy
 from exogym.strategy.diloco import DiLoCo, DiLoCoStrategy
 from exogym.strategy.fedavg import FedAvg
 from exogym.strategy.federated_averaging import FedAvgStrategy
 from exogym.strategy.optim import LRSchedule, OptimSpec
+from exogym.strategy.per_node.runner import as_stacked
 from exogym.strategy.sparta import SPARTA, SPARTAStrategy
 from exogym.strategy.sparta_diloco import SPARTADiLoCo, SPARTADiLoCoStrategy
 from exogym.strategy.strategy import SimpleReduceStrategy
@@ -102,23 +102,32 @@ def test_readme_custom_training_runs_unchanged() -> None:
     assert first["step"] == 0 and last["eval_loss"] < first["eval_loss"]
 
 
-def test_readme_custom_algorithm_runs_on_the_per_node_base() -> None:
-    from exogym.strategy import Strategy as Stacked
+def test_each_base_refuses_the_other_s_step_naming_the_one_meant() -> None:
+    from exogym.strategy import StackedStrategy, Strategy
 
-    # EXO Gym's README imports its per-node base as `from exogym.strategy import Strategy`, which
-    # is exogym's node-stacked base: a per-node step(self) on it is refused when defined
-    with pytest.raises(TypeError, match=r"^QuantizationStrategy defines a per-node step\(self\), "
-                                        r"but it subclasses Strategy, a node-stacked strategy .* "
-                                        r"subclass exogym.strategy.PerNodeStrategy \(EXO Gym's "
-                                        r"exogym.strategy.strategy.Strategy\) instead$"):
-        class QuantizationStrategy(Stacked):
+    with pytest.raises(TypeError, match=r"^Quantize defines a per-node step\(self\), but it "
+                                        r"subclasses StackedStrategy, a node-stacked strategy .* "
+                                        r"subclass exogym.strategy.Strategy \(the per-node base, "
+                                        r"EXO Gym's\) instead$"):
+        class Quantize(StackedStrategy):
             def step(self) -> None:  # type: ignore[override]
                 pass
 
-    from exogym.strategy.communicate import all_reduce
-    from exogym.strategy.strategy import Strategy  # EXO Gym's path of its per-node base
+    with pytest.raises(TypeError, match=r"^Quantize defines step\(self, step\), a node-stacked "
+                                        r"step .* subclasses exogym.strategy.Strategy, the "
+                                        r"per-node base .* subclass "
+                                        r"exogym.strategy.StackedStrategy instead$"):
+        class Quantize(Strategy):  # type: ignore[no-redef]
+            def step(self, step: int) -> None:  # type: ignore[override]
+                pass
 
-    # README "Custom Algorithms", to the letter but for that import
+
+def test_readme_custom_algorithm_runs_unchanged() -> None:
+    # EXO Gym's imports (its exogym/strategy/__init__.py exports its per-node base)
+    from exogym.strategy import Strategy
+    from exogym.strategy.communicate import all_reduce
+
+    # README "Custom Algorithms", to the letter
     class QuantizationStrategy(Strategy):
         def __init__(self, optim_spec, quantization_level: Literal['int8']):
             super().__init__()
@@ -291,34 +300,34 @@ def test_built_ins_convert_to_exogym_s_strategies() -> None:
     sched = LRSchedule(warmup_steps=4, cosine=True, min_lr_ratio=0.1)
     outer = OptimSpec(torch.optim.SGD, lr=0.5, momentum=0.8, nesterov=True)
     assert DiLoCoStrategy(optim_spec=adam, outer_optim_spec=outer, H=7, max_norm=1.0,
-                          **cos).to_exogym() == DiLoCo(
+                          **cos).to_stacked() == DiLoCo(
         H=7, optim=adam, schedule=sched, max_grad_norm=1.0, outer_optimizer="nesterov",
         outer_lr=0.5, outer_momentum=0.8)
     # EXO Gym's defaults: AdamW (lr 1e-3, weight decay 0.01), outer Nesterov SGD 0.7 / 0.9
-    d = DiLoCoStrategy().to_exogym()
+    d = DiLoCoStrategy().to_stacked()
     assert (d.H, d.optim, d.outer_optimizer, d.outer_lr, d.outer_momentum) == (
         100, OptimSpec("adamw", lr=1e-3, weight_decay=0.01), "nesterov", 0.7, 0.9)
     assert DiLoCoStrategy(outer_optim_spec=OptimSpec(torch.optim.Adam, lr=0.1, eps=0.1)) \
-        .to_exogym().outer_optimizer == "adam"
-    assert SPARTAStrategy(optim_spec=adam, p_sparta=0.1).to_exogym() == SPARTA(
+        .to_stacked().outer_optimizer == "adam"
+    assert SPARTAStrategy(optim_spec=adam, p_sparta=0.1).to_stacked() == SPARTA(
         p=0.1, policy="random", optim=adam)
-    assert FedAvgStrategy(inner_optim=adam, H=3).to_exogym() == FedAvg(H=3, optim=adam)
-    assert FedAvgStrategy(optim_spec=adam).to_exogym() == FedAvg(H=1, optim=adam)
+    assert FedAvgStrategy(inner_optim=adam, H=3).to_stacked() == FedAvg(H=3, optim=adam)
+    assert FedAvgStrategy(optim_spec=adam).to_stacked() == FedAvg(H=1, optim=adam)
     # DeMo: optim_spec's lr is eta (EXO Gym's DeMo kept torch SGD's 1e-3 whatever it was given)
     assert DeMoStrategy(compression_decay=0.9, compression_topk=4, compression_chunk=8,
                         weight_decay=0.1, optim_spec=OptimSpec(torch.optim.SGD, lr=0.05),
-                        **cos).to_exogym() == DeMo(
+                        **cos).to_stacked() == DeMo(
         beta=0.9, k=4, s=8, optim=OptimSpec(lr=0.05, weight_decay=0.1), schedule=sched)
-    assert DeMoStrategy().to_exogym().optim.lr == 1e-3
+    assert DeMoStrategy().to_stacked().optim.lr == 1e-3
     # optim_spec's other settings are not DeMo's: said, not swallowed (AdamW's class form
     # brings torch's weight decay 0.01)
     with pytest.warns(ExoGymWarning, match=r"DeMoStrategy: optim_spec's weight_decay=0\.01, "
                                            r"betas=\(0\.5, 0\.9\) not used"):
         d = DeMoStrategy(optim_spec=OptimSpec(torch.optim.AdamW, lr=0.05, betas=(0.5, 0.9)))
-    assert d.to_exogym().optim == OptimSpec(lr=0.05)
-    assert SPARTADiLoCoStrategy(inner_optim_spec=adam, p_sparta=0.2, H=5).to_exogym() == \
+    assert d.to_stacked().optim == OptimSpec(lr=0.05)
+    assert SPARTADiLoCoStrategy(inner_optim_spec=adam, p_sparta=0.2, H=5).to_stacked() == \
         SPARTADiLoCo(H=5, p=0.2, policy="random", optim=adam)
-    assert SimpleReduceStrategy(adam, max_norm=2.0).to_exogym().max_grad_norm == 2.0
+    assert SimpleReduceStrategy(adam, max_norm=2.0).to_stacked().max_grad_norm == 2.0
 
 
 def test_lambda_cosine_becomes_exogym_s_schedule() -> None:
@@ -345,7 +354,7 @@ def test_diloco_strategy_trains_as_diloco() -> None:
 
 def test_built_in_arguments_are_checked() -> None:
     # island_size: None or at least N (EXO Gym then averaged all the nodes, as FedAvg does)
-    assert as_exogym(FedAvgStrategy(island_size=4, H=2), 4) == FedAvg(
+    assert as_stacked(FedAvgStrategy(island_size=4, H=2), 4) == FedAvg(
         H=2, optim=OptimSpec("adamw", lr=1e-3, weight_decay=0.01))
     with pytest.raises(ValueError, match=r"island_size=2 with 4 nodes: exogym's FedAvg "
                                          r"averages all .* allowed: None or an island_size >= 4"):
@@ -589,7 +598,7 @@ def test_a_per_node_class_gives_the_same_numbers_as_2_processes() -> None:
     spec = OptimSpec("adamw", lr=1e-2)
     here = Trainer(BNNet(), data(256), data(64, 1)).fit(strategy=GatherAverage(spec), **kw)
     # exogym's own process launcher takes exogym's strategies: the per-node class converted
-    procs = fit_processes(BNNet(), data(256), data(64, 1), strategy=as_exogym(GatherAverage(spec)),
+    procs = fit_processes(BNNet(), data(256), data(64, 1), strategy=as_stacked(GatherAverage(spec)),
                           backend="gloo", timeout_s=60.0, threads=1, **kw)
     assert procs.processes == 2 and here.processes == 1
     same(params(here.model), params(procs.model), atol=1e-6)
@@ -625,12 +634,12 @@ def test_the_processes_meet_at_the_port_given(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_as_exogym_without_n_refuses_an_island_size_it_cannot_check() -> None:
-    # through fit_processes(strategy=as_exogym(s)) an island_size below N went unchecked and
+    # through fit_processes(strategy=as_stacked(s)) an island_size below N went unchecked and
     # was ignored (found in review)
     with pytest.raises(ValueError, match=r"island_size=2\) depends on the run's N: give "
-                                         r"as_exogym\(strategy, num_nodes=N\)"):
-        as_exogym(FedAvgStrategy(island_size=2, H=2))
-    assert isinstance(as_exogym(FedAvgStrategy(H=2)), FedAvg)
+                                         r"as_stacked\(strategy, num_nodes=N\)"):
+        as_stacked(FedAvgStrategy(island_size=2, H=2))
+    assert isinstance(as_stacked(FedAvgStrategy(H=2)), FedAvg)
 
 
 def test_the_same_device_in_two_spellings_is_not_a_conflict() -> None:

@@ -16,11 +16,11 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from exogym import Classifier, Trainer
-from exogym.compat.exo_gym.rendezvous import CollectiveMismatch
 from exogym.strategy.communicate import ReduceOp, all_gather, all_reduce, broadcast
 from exogym.strategy.ddp import DDP
 from exogym.strategy.diloco import DiLoCo
 from exogym.strategy.optim import OptimSpec
+from exogym.strategy.per_node.rendezvous import CollectiveMismatch
 from exogym.strategy.strategy import SimpleReduceStrategy, Strategy
 
 PerNodeDiLoCo = load_script("examples/per_node.py").PerNodeDiLoCo
@@ -130,26 +130,25 @@ def test_engine_auto_runs_the_nodes_steps_on_the_loop_engine() -> None:
         fit(PerNodeReduce(), engine="threads")
 
 
-def test_the_core_trainer_takes_exogym_s_strategies_only() -> None:
-    # exogym.run.trainer.Trainer knows nothing of EXO Gym: exogym.Trainer (its subclass in
-    # exogym.compat.exo_gym) converts EXO Gym's strategies, or they enter through as_exogym
-    from exogym.compat.exo_gym import PerNode, as_exogym
+def test_the_trainer_runs_a_per_node_strategy_as_its_stacked_form() -> None:
+    # exogym.Trainer is exogym's own trainer; a per-node strategy runs as as_stacked's PerNode
+    import exogym
     from exogym.run.trainer import Trainer as CoreTrainer
+    from exogym.strategy.per_node import PerNode, as_stacked
 
-    core = CoreTrainer(model(), DATA, DATA)
-    with pytest.raises(TypeError, match=r"strategy must be a Strategy \(exogym.strategy\) or a "
-                                        r"registry id, got PerNodeReduce"):
-        core.fit(strategy=PerNodeReduce(), **FIT)
-    with pytest.raises(TypeError, match="fit\\(\\) takes keyword arguments only, got 3"):
-        core.fit(1, PerNodeReduce(), 4)
-    converted = as_exogym(PerNodeReduce(OptimSpec("adamw", lr=1e-2)))
+    assert exogym.Trainer is CoreTrainer
+    converted = as_stacked(PerNodeReduce(OptimSpec("adamw", lr=1e-2)))
     assert isinstance(converted, PerNode)
-    same_parameters(core.fit(strategy=converted, **FIT),
+    same_parameters(CoreTrainer(model(), DATA, DATA).fit(strategy=converted, **FIT),
                     fit(PerNodeReduce(OptimSpec("adamw", lr=1e-2))), atol=0.0)
-    assert as_exogym(SimpleReduceStrategy()) == DDP(
+    # arguments by position are EXO Gym's form, which takes EXO Gym's kind of strategy
+    with pytest.raises(TypeError, match=r"fit\(\) got EXO Gym's form \(arguments by position\), "
+                                        r"which takes an EXO Gym strategy"):
+        CoreTrainer(model(), DATA, DATA).fit(1, DDP(), 4)
+    assert as_stacked(SimpleReduceStrategy()) == DDP(
         optim=OptimSpec("adamw", lr=1e-3, weight_decay=0.01), broadcast_buffers=False)
     ddp = DDP()
-    assert as_exogym(ddp) is ddp and as_exogym("ddp") == "ddp"
+    assert as_stacked(ddp) is ddp and as_stacked("ddp") == "ddp"
 
 
 def test_a_per_node_optimizer_is_elementwise() -> None:
@@ -258,16 +257,16 @@ def test_the_two_bases_are_not_mixed() -> None:
     from dataclasses import dataclass
 
     from exogym.strategy import PerNodeStrategy
-    from exogym.strategy import Strategy as Stacked
+    from exogym.strategy import StackedStrategy as Stacked
 
-    # EXO Gym's `from exogym.strategy import Strategy` with a step(self): refused when defined,
-    # naming the per-node base; the same code on that base runs per-node
+    # a per-node step(self) on the node-stacked base: refused when defined, naming the per-node
+    # base; the same code on that base runs per-node
     with pytest.raises(TypeError, match=r"^ExoGymStyle defines a per-node step\(self\), but it "
-                                        r"subclasses Strategy, a node-stacked strategy whose "
-                                        r"step\(self, step\) updates all the nodes at once; for "
-                                        r"code written for one node, subclass "
-                                        r"exogym.strategy.PerNodeStrategy \(EXO Gym's "
-                                        r"exogym.strategy.strategy.Strategy\) instead$"):
+                                        r"subclasses StackedStrategy, a node-stacked strategy "
+                                        r"whose step\(self, step\) updates all the nodes at once; "
+                                        r"for code written for one node, subclass "
+                                        r"exogym.strategy.Strategy \(the per-node base, EXO "
+                                        r"Gym's\) instead$"):
         class ExoGymStyle(Stacked):
             def step(self) -> None:  # type: ignore[override]
                 pass
@@ -289,13 +288,13 @@ def test_the_two_bases_are_not_mixed() -> None:
     # a step(self) under a node-stacked method: the same rule at any depth
     with pytest.raises(TypeError, match=r"^Mixed defines a per-node step\(self\), but it "
                                         r"subclasses DiLoCo, a node-stacked strategy .* subclass "
-                                        r"exogym.strategy.PerNodeStrategy \(EXO Gym's "
-                                        r"exogym.strategy.strategy.Strategy\) instead$"):
+                                        r"exogym.strategy.Strategy \(the per-node base, EXO "
+                                        r"Gym's\) instead$"):
         @dataclass(kw_only=True)
         class Mixed(DiLoCo):
             def step(self) -> None:  # type: ignore[override]
                 pass
-    with pytest.raises(TypeError, match=r"a per-node strategy \(exogym.strategy.PerNodeStrategy"):
+    with pytest.raises(TypeError, match=r"a per-node strategy \(exogym.strategy.Strategy, EXO"):
         fit(object())
 
 

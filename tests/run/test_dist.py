@@ -44,7 +44,7 @@ from exogym.sim.compute import host_cores
 from exogym.sim.engine import NodeStack
 from exogym.sim.sharding import NodeBatches
 from exogym.strategy import get, make, registry
-from exogym.strategy.base import Strategy
+from exogym.strategy.base import StackedStrategy
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -57,9 +57,9 @@ def dataset() -> TensorDataset:
     return TensorDataset(torch.randn(96, 6, generator=g), torch.randint(0, 3, (96,), generator=g))
 
 
-def strategies() -> dict[str, Strategy]:
+def strategies() -> dict[str, StackedStrategy]:
     """Every registered strategy with a short sync period, plus codec and drop variants."""
-    out: dict[str, Strategy] = {}
+    out: dict[str, StackedStrategy] = {}
     for sid in registry():
         if getattr(get(sid), "asynchronous", False):
             continue  # simulation only: refused by the process engine (test below)
@@ -86,7 +86,7 @@ def strategies() -> dict[str, Strategy]:
 STRATEGIES = strategies()
 
 
-def reference(strategy: Strategy, num_nodes: int) -> tuple[Any, dict[str, Tensor]]:
+def reference(strategy: StackedStrategy, num_nodes: int) -> tuple[Any, dict[str, Tensor]]:
     """The simulator's result, and every node's final parameters from the same loop by hand."""
     result = Trainer(TinyBN(), dataset()).fit(
         strategy=copy.deepcopy(strategy), num_nodes=num_nodes, max_steps=STEPS, batch_size=BATCH,
@@ -106,7 +106,7 @@ def reference(strategy: Strategy, num_nodes: int) -> tuple[Any, dict[str, Tensor
     return result, {k: p.detach().clone() for k, p in nodes.params.items()}
 
 
-def _job(ctx: RankContext, strategies: list[Strategy]) -> dict[int, dict[str, Any]]:
+def _job(ctx: RankContext, strategies: list[StackedStrategy]) -> dict[int, dict[str, Any]]:
     """Everything one process does, for 1 and then 2 nodes per process in the same 2-process
     group (spawning costs seconds, so it happens once)."""
     out = {}

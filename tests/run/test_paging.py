@@ -24,13 +24,13 @@ from exogym.run.nodes.paging import Paged, PageStore, PagingError, parse_offload
 from exogym.run.output.checkpoint import CheckpointError, checkpoint_steps
 from exogym.sim.comm import InProcessCommunicator
 from exogym.sim.sharding import NodeBatches
-from exogym.strategy import Strategy, get, make, registry
+from exogym.strategy import StackedStrategy, get, make, registry
 from exogym.strategy.optim import LRSchedule
 
 SYNCHRONOUS = [s for s in registry() if not getattr(get(s), "asynchronous", False)]
 
 
-def fit(strategy: Strategy | str, **kw: Any) -> Any:
+def fit(strategy: StackedStrategy | str, **kw: Any) -> Any:
     """exogym check's run (:func:`support.runs.check_run`) on 20 nodes, batch 4, 1 ms a step."""
     return check_run(strategy, **{"num_nodes": 20, "batch_size": 4, "step_time": "1ms", **kw})
 
@@ -209,7 +209,7 @@ def test_only_the_group_computing_is_in_memory(engine: str, reads: int) -> None:
 
 def test_groups_that_make_other_collectives_are_an_error() -> None:
     @dataclass(kw_only=True)
-    class Uneven(Strategy):
+    class Uneven(StackedStrategy):
         id = "uneven_paging"
 
         def step(self, step: int) -> None:
@@ -224,7 +224,7 @@ def test_groups_that_make_other_collectives_are_an_error() -> None:
 
 def test_a_step_that_says_it_is_silent_and_communicates_is_an_error() -> None:
     @dataclass(kw_only=True)
-    class Liar(Strategy):
+    class Liar(StackedStrategy):
         id = "liar_paging"
 
         def communicates(self, step: int) -> bool | None:

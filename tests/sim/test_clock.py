@@ -26,7 +26,7 @@ from exogym.sim.clock import (
 from exogym.sim.comm import CommRecord
 from exogym.sim.compute import host_cores
 from exogym.sim.network import Network, parse_network
-from exogym.strategy.base import Strategy
+from exogym.strategy.base import StackedStrategy
 from exogym.strategy.ddp import DDP
 from exogym.strategy.diloco import DiLoCo
 from exogym.strategy.optim import OptimSpec
@@ -191,7 +191,7 @@ def model(dropout: float = 0.0) -> Classifier:
     return Classifier(Tiny(dropout))
 
 
-def fit(strategy: Strategy, **kwargs):
+def fit(strategy: StackedStrategy, **kwargs):
     kwargs = {"num_nodes": 3, "max_steps": 6, "batch_size": 8, "log_interval": 1,
               "device": "cpu", "progress": False, **kwargs}
     train = kwargs.pop("trainer_data", TRAIN)
@@ -249,7 +249,7 @@ def test_stragglers_lengthen_synchronous_steps() -> None:
 
 
 @dataclass(kw_only=True)
-class OverlapAverage(Strategy):
+class OverlapAverage(StackedStrategy):
     """Test strategy: broadcasts the model at set-up, then every 2 steps an overlapped
     all-reduce of the parameters whose result is due ``tau`` steps later.
 

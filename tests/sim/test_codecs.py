@@ -31,7 +31,7 @@ from exogym.sim.codecs import (
 )
 from exogym.sim.comm import CommRecord, InProcessCommunicator
 from exogym.sim.engine import NodeStack
-from exogym.strategy.base import Strategy
+from exogym.strategy.base import StackedStrategy
 from exogym.strategy.ddp import DDP
 from exogym.strategy.fedavg import FedAvg
 from exogym.strategy.optim import OptimSpec
@@ -442,7 +442,7 @@ class TinyNet(nn.Module):
         return self.fc2(torch.relu(self.fc1(x)))
 
 
-def tiny_fit(strategy: Strategy, num_nodes: int = 4, steps: int = 6):
+def tiny_fit(strategy: StackedStrategy, num_nodes: int = 4, steps: int = 6):
     gen = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(256, 6, generator=gen), torch.randint(0, 3, (256,),
                                                                           generator=gen))

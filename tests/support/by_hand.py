@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from exogym.sim.comm import InProcessCommunicator
 from exogym.sim.engine import NodeStack
-from exogym.strategy.base import Strategy
+from exogym.strategy.base import StackedStrategy
 from exogym.strategy.optim import OptimSpec
 
 F64 = torch.float64
@@ -39,7 +39,7 @@ def sgd(lr: float, momentum: float = 0.0) -> OptimSpec:
 
 
 def stack(
-    strategy: Strategy, model: nn.Module, n: int = 2, total_steps: int = 100
+    strategy: StackedStrategy, model: nn.Module, n: int = 2, total_steps: int = 100
 ) -> tuple[NodeStack, InProcessCommunicator]:
     """``model`` on ``n`` nodes (loop engine), set up with ``strategy`` for ``total_steps``."""
     nodes = NodeStack(model, n, engine="loop")
@@ -49,7 +49,7 @@ def stack(
 
 
 def build(
-    strategy: Strategy, values, *, n: int = 2, bn: bool = False, total_steps: int = 100
+    strategy: StackedStrategy, values, *, n: int = 2, bn: bool = False, total_steps: int = 100
 ) -> tuple[NodeStack, InProcessCommunicator]:
     """:func:`stack` of a :class:`Vec` holding ``values``."""
     return stack(strategy, Vec(values, bn=bn), n, total_steps)
@@ -60,7 +60,7 @@ def set_rows(tensor: Tensor, rows) -> None:
     tensor.copy_(torch.tensor(rows, dtype=tensor.dtype))
 
 
-def step_with(strategy: Strategy, nodes: NodeStack, grads, step: int) -> None:
+def step_with(strategy: StackedStrategy, nodes: NodeStack, grads, step: int) -> None:
     """Write the per-node gradients of ``w`` by hand, then the strategy's step ``step``."""
     set_rows(nodes.grads["w"], grads)
     with torch.no_grad():

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from exogym.sim.comm import InProcessCommunicator
 from exogym.sim.engine import NodeStack
-from exogym.strategy.base import Strategy
+from exogym.strategy.base import StackedStrategy
 
 F64 = torch.float64
 
@@ -32,7 +32,7 @@ class _TinyBN(nn.Module):
         return F.cross_entropy(self.fc2(torch.tanh(self.bn(self.fc1(x)))), y)
 
 
-def _fresh(make_strategy: Callable[[], Strategy], n: int, steps: int):
+def _fresh(make_strategy: Callable[[], StackedStrategy], n: int, steps: int):
     torch.manual_seed(0)
     strategy = make_strategy()
     nodes = NodeStack(_TinyBN().to(F64), n, engine="loop")
@@ -41,7 +41,7 @@ def _fresh(make_strategy: Callable[[], Strategy], n: int, steps: int):
     return strategy, nodes, comm
 
 
-def _train(strategy: Strategy, nodes: NodeStack, comm: InProcessCommunicator,
+def _train(strategy: StackedStrategy, nodes: NodeStack, comm: InProcessCommunicator,
            steps: range) -> None:
     for step in steps:  # the batch of a step depends on the step only, so a resumed run sees it
         g = torch.Generator().manual_seed(1000 + step)
@@ -52,14 +52,14 @@ def _train(strategy: Strategy, nodes: NodeStack, comm: InProcessCommunicator,
         nodes.zero_grad()
 
 
-def _snapshot(strategy: Strategy, nodes: NodeStack) -> dict[str, Tensor]:
+def _snapshot(strategy: StackedStrategy, nodes: NodeStack) -> dict[str, Tensor]:
     out = {f"node.{k}": v.detach().clone() for k, v in nodes.params.items()}
     out.update({f"node.{k}": v.clone() for k, v in nodes.buffers.items()})
     out.update({f"global.{k}": v.clone() for k, v in strategy.global_state().items()})
     return out
 
 
-def check_checkpoint_resume(make_strategy: Callable[[], Strategy], tmp_path: Path, *,
+def check_checkpoint_resume(make_strategy: Callable[[], StackedStrategy], tmp_path: Path, *,
                             steps: int = 12, stop: int = 5, n: int = 3) -> None:
     """Train ``steps`` steps straight; train ``stop`` steps, save the strategy's state_dict and the
     nodes' tensors (torch.save), load them with ``weights_only=True`` into a fresh set-up, train

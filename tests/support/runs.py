@@ -27,7 +27,7 @@ from torch.utils.data import TensorDataset
 from exogym import Trainer
 from exogym.lab.check import TinyNet, short_period, tiny_data
 from exogym.run.output.result import FitResult
-from exogym.strategy import Strategy, get, make
+from exogym.strategy import StackedStrategy, get, make
 from support.resume_cases import Net, data
 
 
@@ -36,7 +36,7 @@ def small(sid: str) -> dict[str, Any]:
     return short_period(get(sid))
 
 
-def check_run(strategy: Strategy | str, *, dtype: torch.dtype = torch.float32,
+def check_run(strategy: StackedStrategy | str, *, dtype: torch.dtype = torch.float32,
               **settings: Any) -> FitResult:
     """``strategy`` (an id: made with :func:`small`'s overrides) on ``exogym check``'s model and
     data in ``dtype``: 3 nodes, 6 steps, batch 8, a row a step, an evaluation every 3 steps, the

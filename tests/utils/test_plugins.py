@@ -100,11 +100,11 @@ def test_a_relative_path_and_a_module_name_name_the_same_class(user_code, monkey
     ("{d}/missing.py:HalfOuter", r"strategy file '.*missing.py' does not exist"),
     ("{d}/halfouter_method.py:Nope", r"has no 'Nope'; it defines: HalfOuter, NotAStrategy"),
     ("{d}/halfouter_method.py:NotAStrategy",
-     r"is a class NotAStrategy, not a subclass of exogym.strategy.Strategy"),
+     r"is a class NotAStrategy, not a subclass of exogym.strategy.StackedStrategy"),
     ("{d}/halfouter_method.py:a_function", r"is a function, not a subclass"),
     ("{d}/halfouter_method.py:", r"bad strategy .*give path/to/file.py:Name"),
     ("no_such_package_xyz.methods:Cls", r"no module named 'no_such_package_xyz'"),
-    ("exogym.strategy.base:Strategy", r"is abstract: it does not define"),
+    ("exogym.strategy.base:StackedStrategy", r"is abstract: it does not define"),
 ])
 def test_bad_strategy_specs_are_errors_naming_what_is_wrong(user_code, spec, message):
     with pytest.raises(ConfigError, match=message):

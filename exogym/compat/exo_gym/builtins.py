@@ -18,8 +18,7 @@ import warnings
 from typing import Any
 
 from exogym.compat.exo_gym import conversions as _exo
-from exogym.strategy import Strategy as StackedStrategy
-from exogym.strategy import get
+from exogym.strategy import StackedStrategy, get
 from exogym.strategy.optim import OptimSpec
 from exogym.utils.validation import positive_int
 

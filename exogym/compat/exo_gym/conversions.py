@@ -8,7 +8,7 @@ EXO Gym (github.com/exo-explore/gym, read at commit 9fa323c) names its methods
 under EXO Gym's import paths: ``exogym.strategy.diloco.DiLoCoStrategy``, ...) is a
 :class:`BuiltinStrategy`: it takes those arguments, converts them when it is constructed (so a
 bad value is an error at once) and becomes exogym's strategy of the same method when a run
-starts (:meth:`BuiltinStrategy.to_exogym`): the update is exogym's paper-faithful one, every
+starts (:meth:`BuiltinStrategy.to_stacked`): the update is exogym's paper-faithful one, every
 byte goes through the communicator, and the run uses the fast engine.
 
 Conversions shared by the classes:
@@ -37,11 +37,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from exogym.strategy.optim import LRSchedule, OptimSpec
-from exogym.strategy.per_node_base import PerNodeStrategy
+from exogym.strategy.per_node.base import PerNodeStrategy
 from exogym.utils.validation import check_number
 
 if TYPE_CHECKING:
-    from exogym.strategy.base import Strategy as StackedStrategy
+    from exogym.strategy.base import StackedStrategy
 
 __all__ = ["BuiltinStrategy", "ExoGymWarning", "check_max_norm", "inner_optim", "outer_fields",
            "schedule", "shared", "warn_ignored", "warn_unused"]
@@ -152,7 +152,7 @@ def shared(owner: str, unused: Mapping[str, Any], optim_spec: Any, lr_scheduler:
 
 class BuiltinStrategy(PerNodeStrategy):
     """An EXO Gym built-in strategy: constructed with EXO Gym's arguments, run as exogym's
-    strategy of the same method (:meth:`to_exogym`). It has no per-node ``step``, and a subclass
+    strategy of the same method (:meth:`to_stacked`). It has no per-node ``step``, and a subclass
     may not add one: a per-node method subclasses :class:`exogym.strategy.PerNodeStrategy`,
     a variant of a built-in subclasses its exogym class (``exogym.strategy.diloco.DiLoCo``)."""
 
@@ -169,13 +169,18 @@ class BuiltinStrategy(PerNodeStrategy):
             raise TypeError(
                 f"{cls.__qualname__} defines {', '.join(changed)}, but {concrete[0]} runs as "
                 "an exogym node-stacked strategy and has no per-node step to change: write a "
-                "per-node method as a subclass of exogym.strategy.PerNodeStrategy (EXO Gym's "
-                "exogym.strategy.strategy.Strategy), or a "
-                "variant of the method as a subclass of its exogym class "
+                "per-node method as a subclass of exogym.strategy.Strategy (the per-node base), "
+                "or a variant of the method as a subclass of its exogym class "
                 "(exogym.strategy.diloco.DiLoCo, ...)")
 
-    def to_exogym(self) -> StackedStrategy:
-        """A fresh copy of the exogym strategy this one runs as."""
+    def to_stacked(self, num_nodes: int | None = None) -> StackedStrategy:
+        """A fresh copy of the exogym strategy this one runs as, checked against a run of
+        ``num_nodes`` nodes when given (:meth:`check_num_nodes`)."""
+        if num_nodes is not None:
+            self.check_num_nodes(num_nodes)
+        elif getattr(self, "island_size", None) is not None:
+            raise ValueError(f"{type(self).__name__}(island_size={self.island_size}) depends on "
+                             "the run's N: give as_stacked(strategy, num_nodes=N)")
         return copy.deepcopy(self._exogym)
 
     def check_num_nodes(self, num_nodes: int) -> None:  # a hook, empty on purpose

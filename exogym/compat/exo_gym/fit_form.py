@@ -8,7 +8,7 @@ EXO Gym (github.com/exo-explore/gym, read at commit 9fa323c: ``exogym/trainer.py
                         autocast=False, checkpoint_interval=None, save_dir="./checkpoints",
                         run_name=..., ...)
 
-``exogym.Trainer.fit`` (:class:`exogym.compat.exo_gym.trainer.Trainer`) takes that call as it is
+``exogym.Trainer.fit`` (:class:`exogym.run.trainer.Trainer`) takes that call as it is
 when it is **EXO Gym's**: its strategy is one of EXO Gym's built-ins (``DiLoCoStrategy``, ...,
 ``SimpleReduceStrategy``), or a per-node strategy
 (:class:`exogym.strategy.PerNodeStrategy`, EXO Gym's kind) with arguments by
@@ -71,15 +71,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import nn
 
 from exogym.compat.exo_gym.conversions import BuiltinStrategy, ExoGymWarning
 from exogym.compat.exo_gym.logs import ExamplesAxisWandb, ExoGymCSVLogs
-from exogym.compat.exo_gym.per_node import as_exogym
 from exogym.compat.exo_gym.simple_reduce import SimpleReduceStrategy
 from exogym.run.output.sinks import WandbSink
-from exogym.strategy.per_node_base import PerNodeStrategy
+from exogym.sim.engine import same_device
+from exogym.strategy.per_node.base import PerNodeStrategy
+from exogym.strategy.per_node.runner import as_stacked
 
 if TYPE_CHECKING:
     from exogym.run.output.result import FitResult
@@ -159,7 +159,7 @@ def fit(trainer: Trainer, run: Callable[..., FitResult], args: tuple[Any, ...],
         raise TypeError(f"fit() got {key}={kwargs[key]!r} and EXO Gym's {explicit[key]}, which "
                         f"sets it; give one of them")
     out.update(kwargs)
-    out["strategy"] = as_exogym(out["strategy"], out["num_nodes"])
+    out["strategy"] = as_stacked(out["strategy"], out["num_nodes"])
     if "checkpoint_every" in out and "out_dir" not in out:
         name = exo.get("run_name") or f"exogym_{datetime.now().strftime('%Y%m%d_%H%M%S')}"
         out["out_dir"] = Path(exo.get("save_dir", "./checkpoints")) / name
@@ -313,14 +313,3 @@ def _logging(a: _Arguments) -> None:
             raise ValueError(f"run_name must be a folder name (no '/'), got {run_name!r}")
         put("sinks", [ExoGymCSVLogs(Path("logs") / run_name)], "run_name")
         put("log_interval", 1)
-
-
-def same_device(a: Any, b: Any) -> bool:
-    """Whether two device specs name the same device (``"cpu"`` and ``torch.device("cpu")``);
-    ``"auto"`` and ``""`` name themselves."""
-    if str(a) in ("auto", "") or str(b) in ("auto", ""):
-        return str(a) == str(b)
-    try:
-        return torch.device(a) == torch.device(b)
-    except (RuntimeError, TypeError):
-        return a == b

@@ -12,11 +12,11 @@ from typing import Any
 
 from torch import nn
 
-from exogym.compat.exo_gym.communicate import all_reduce
 from exogym.compat.exo_gym.conversions import check_max_norm, inner_optim, schedule, warn_unused
 from exogym.strategy.ddp import DDP
 from exogym.strategy.optim import OptimSpec
-from exogym.strategy.per_node_base import PerNodeStrategy
+from exogym.strategy.per_node.base import PerNodeStrategy
+from exogym.strategy.per_node.collectives import all_reduce
 
 __all__ = ["SimpleReduceStrategy"]
 
@@ -28,14 +28,14 @@ class SimpleReduceStrategy(PerNodeStrategy):
     Used as it is (neither ``step`` nor ``_init_node`` overridden), it runs as exogym's
     :class:`exogym.strategy.ddp.DDP` with ``broadcast_buffers=False`` (EXO Gym's: each node keeps
     its own BatchNorm statistics), the same update on the node-stacked engine
-    (:meth:`to_exogym`); a subclass that changes ``step`` runs per-node.
+    (:meth:`to_stacked`); a subclass that changes ``step`` runs per-node.
 
     Args:
         optim_spec: the optimizer (default EXO Gym's ``OptimSpec(torch.optim.AdamW)``: lr 1e-3,
             weight decay 0.01).
         max_norm: clip the averaged gradient to this L2 norm (None: off).
         lr_scheduler, lr_scheduler_kwargs: see
-            :class:`~exogym.strategy.per_node_base.PerNodeStrategy`.
+            :class:`~exogym.strategy.per_node.base.PerNodeStrategy`.
         **unused: arguments EXO Gym's class did not declare (its ``example/mnist.py`` passes
             ``H`` and ``p``): an :class:`~exogym.compat.exo_gym.conversions.ExoGymWarning`
             each, ignored.
@@ -59,7 +59,7 @@ class SimpleReduceStrategy(PerNodeStrategy):
         self.optim.step()
         super().step()
 
-    def to_exogym(self) -> Any:
+    def to_stacked(self, num_nodes: int | None = None) -> Any:
         """:class:`exogym.strategy.ddp.DDP` when this class's update is unchanged (and its
         schedule is None or ``"lambda_cosine"``), else None (per-node)."""
         cls = type(self)

@@ -39,7 +39,7 @@ from exogym.run.ft.record import FTResult, collect, last_step, read_jsonl
 from exogym.run.ft.replica import ReplicaSpec, run_replica
 from exogym.sim.engine import EngineName
 from exogym.sim.sharding import DatasetFactory
-from exogym.strategy.base import Strategy
+from exogym.strategy.base import StackedStrategy
 
 __all__ = ["FTError", "FTResult", "Kill", "fit_ft", "fit_ft_torchrun"]
 
@@ -65,7 +65,7 @@ class Kill:
 
 
 def _entry(spec: ReplicaSpec, model: nn.Module, data: Dataset | DatasetFactory,
-           strategy: Strategy) -> None:
+           strategy: StackedStrategy) -> None:
     try:
         run_replica(spec, model, data, strategy)
     except BaseException:
@@ -74,7 +74,7 @@ def _entry(spec: ReplicaSpec, model: nn.Module, data: Dataset | DatasetFactory,
 
 
 def _spare(conn: Any, model: nn.Module, data: Dataset | DatasetFactory,
-           strategy: Strategy) -> None:
+           strategy: StackedStrategy) -> None:
     """A warm spare: a process that has imported and warmed up everything a replica needs
     (torch, torchft, ``torch._dynamo``, which the first optimizer imports, about 1.3 s here) and
     waits for the spec of a replica to replace; the parent closing the pipe ends it."""
@@ -102,7 +102,7 @@ class _Life:
 
 class _Supervisor:
     def __init__(self, spec: ReplicaSpec, model: nn.Module, data: Dataset | DatasetFactory,
-                 strategy: Strategy, kills: Sequence[Kill], max_restarts: int,
+                 strategy: StackedStrategy, kills: Sequence[Kill], max_restarts: int,
                  spares: int) -> None:
         self.spec, self.model, self.data, self.strategy = spec, model, data, strategy
         self.kills = {r: [k for k in kills if k.replica == r] for r in range(spec.replicas)}
@@ -223,7 +223,7 @@ def _check_commit_every(k: int) -> None:
 
 
 def fit_ft(
-    model: nn.Module, train_dataset: Dataset | DatasetFactory, strategy: Strategy, *,
+    model: nn.Module, train_dataset: Dataset | DatasetFactory, strategy: StackedStrategy, *,
     replicas: int, max_steps: int, batch_size: int, out_dir: str | Path,
     nodes_per_replica: int = 1, seed: int = 0, kills: Sequence[Kill] = (),
     max_restarts: int = 3, checkpoint_every: int | None = None, resume: bool = False,
@@ -337,7 +337,7 @@ def _await_peers(out: Path, replicas: int, quiet_s: float = 2.0, most_s: float =
 
 
 def fit_ft_torchrun(
-    model: nn.Module, train_dataset: Dataset | DatasetFactory, strategy: Strategy, *,
+    model: nn.Module, train_dataset: Dataset | DatasetFactory, strategy: StackedStrategy, *,
     replicas: int, max_steps: int, batch_size: int, out_dir: str | Path, seed: int = 0,
     kills: Sequence[Kill] = (), checkpoint_every: int | None = None, resume: bool = False,
     min_replicas: int = 1, commit_every: int = 1, timeout_s: float = 10.0,

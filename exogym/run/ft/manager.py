@@ -6,7 +6,7 @@ torchft gives (read in torchft 0.2.0's ``manager.py``, ``local_sgd.py`` and
 ``manager_integ_test.py``; quorum, healing and the process group are torchft's, not
 re-implemented here):
 
-- **quorum**: before a step that may communicate (:meth:`Strategy.communicates` is not False)
+- **quorum**: before a step that may communicate (:meth:`StackedStrategy.communicates` is not False)
   the replica asks the Lighthouse for a quorum (``start_quorum``, synchronous); a replica that
   died leaves the quorum once its heartbeats stop, and the others go on without it;
 - **collectives**: :class:`FTCommunicator` runs the strategy's all-reduces through
@@ -21,8 +21,8 @@ re-implemented here):
   state of a live peer, served by torchft's HTTP checkpoint transport: the peer's state at the
   start of the step the quorum is for (:func:`replica_state`: nodes, the strategy's
   ``state_dict`` with its outer optimizer, global copy, residuals and counters, the data
-  position, the step). Then, as a simulated node that recovers (:meth:`Strategy.recover`), its
-  nodes take the strategy's global model (DiLoCo's ``theta``, FedAvg's server model; DDP's
+  position, the step). Then, as a simulated node that recovers (:meth:`StackedStrategy.recover`),
+  its nodes take the strategy's global model (DiLoCo's ``theta``, FedAvg's server model; DDP's
   identical replicas) and keep the donor's inner optimizer state (``recovery="copy"``); what
   the dead replica had computed since its last synchronisation is lost.
 
@@ -62,7 +62,7 @@ from exogym.sim.comm import (
 )
 from exogym.sim.engine import NodeStack
 from exogym.sim.sharding import NodeBatches
-from exogym.strategy.base import Strategy
+from exogym.strategy.base import StackedStrategy
 
 __all__ = [
     "FT_STRATEGIES", "FTCommunicator", "FTUnavailable", "KillPoint", "ReplicaLog",
@@ -104,7 +104,7 @@ def require_torchft() -> Any:
     return torchft
 
 
-def check_ft_strategy(strategy: Strategy) -> None:
+def check_ft_strategy(strategy: StackedStrategy) -> None:
     """Refuse, naming it and why, a strategy that cannot run as torchft replicas."""
     sid = getattr(strategy, "id", type(strategy).__name__)
     if sid in FT_STRATEGIES:
@@ -266,7 +266,7 @@ class FTCommunicator(Communicator):
         return [t for t in out if t is not None]
 
 
-def replica_state(strategy: Strategy, nodes: NodeStack, batches: NodeBatches,
+def replica_state(strategy: StackedStrategy, nodes: NodeStack, batches: NodeBatches,
                   step: int, syncs: int, replica: int) -> dict[str, Any]:
     """A host copy of everything a replica is between two steps: what a healing peer receives,
     what a discarded step restores, what a checkpoint holds. ``syncs``: the synchronisations
@@ -280,7 +280,7 @@ def replica_state(strategy: Strategy, nodes: NodeStack, batches: NodeBatches,
 
 
 @torch.no_grad()
-def load_replica_state(state: dict[str, Any], strategy: Strategy, nodes: NodeStack,
+def load_replica_state(state: dict[str, Any], strategy: StackedStrategy, nodes: NodeStack,
                        batches: NodeBatches, *, own: bool) -> None:
     """Restore :func:`replica_state`. ``own``: this replica's own state (a discarded step, its
     own checkpoint): restored exactly. Otherwise a peer's (a heal): its nodes then take the

@@ -46,7 +46,7 @@ from exogym.run.ft.manager import (
 )
 from exogym.sim.engine import EngineName, NodeStack
 from exogym.sim.sharding import DatasetFactory, NodeBatches
-from exogym.strategy.base import Strategy
+from exogym.strategy.base import StackedStrategy
 
 __all__ = ["ReplicaSpec", "checkpoint_path", "newest_checkpoint", "run_replica"]
 
@@ -120,7 +120,7 @@ class _Replica:
     """The loop's state: the step, committed synchronisations, the kept state."""
 
     def __init__(self, spec: ReplicaSpec, model: nn.Module, data: Dataset | DatasetFactory,
-                 strategy: Strategy) -> None:
+                 strategy: StackedStrategy) -> None:
         self.spec = spec
         self.log = ReplicaLog(Path(spec.out_dir), spec.replica, spec.t0, spec.generation)
         self.log.event("started", 0)
@@ -341,7 +341,7 @@ class _Replica:
 
 
 def run_replica(spec: ReplicaSpec, model: nn.Module, data: Dataset | DatasetFactory,
-                strategy: Strategy) -> None:
+                strategy: StackedStrategy) -> None:
     """A replica process's body: train, then write ``replica{r}.result.pt`` (renamed into
     place: a death while writing leaves none) and leave the quorum."""
     keep_freed_memory()

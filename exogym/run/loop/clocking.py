@@ -43,7 +43,7 @@ from exogym.sim.network import Network
 from exogym.sim.presence import bits
 from exogym.sim.spans import SpanLog
 from exogym.sim.world import World, speeds_of
-from exogym.strategy.base import Strategy
+from exogym.strategy.base import StackedStrategy
 
 __all__ = ["ClockFeed", "not_recostable"]
 
@@ -344,7 +344,7 @@ def _processes_here(ranks: RankContext) -> int:
     return int(os.environ.get("LOCAL_WORLD_SIZE", ranks.world_size))
 
 
-def not_recostable(strategy: Strategy, world: World, asynchronous: bool) -> str | None:
+def not_recostable(strategy: StackedStrategy, world: World, asynchronous: bool) -> str | None:
     """Why a run's clock cannot be replayed on another network (time decided who took part
     or when), or None."""
     if asynchronous:

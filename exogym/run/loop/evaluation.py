@@ -1,6 +1,6 @@
 """The global model against the evaluation set, during training and at the end.
 
-A run evaluates the model its strategy would deploy (:meth:`exogym.strategy.base.Strategy.
+A run evaluates the model its strategy would deploy (:meth:`exogym.strategy.base.StackedStrategy.
 global_state`) on a fixed subset of the evaluation set during training (``eval_samples``: the
 same subset for every run, seed and strategy, so their curves compare) and on the whole set at
 the end; rank 0 computes in a multi-process run and every rank gets the numbers.

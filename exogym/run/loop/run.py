@@ -72,7 +72,7 @@ from exogym.sim.partition import Partition
 from exogym.sim.presence import Presence
 from exogym.sim.sharding import DatasetFactory, NodeBatches
 from exogym.sim.world import PERFECT, World, speeds_of
-from exogym.strategy.base import Strategy
+from exogym.strategy.base import StackedStrategy
 from exogym.utils.plugins import source_of
 
 __all__ = ["RUN_CONFIG_KEYS", "STATE_FORMAT", "Run", "RunInterrupted", "RunSettings"]
@@ -149,7 +149,7 @@ class Run:
     Args:
         model: the user's module (a template: never modified).
         train_data, val_data: the training data (a Dataset or a factory) and the evaluation set.
-        strategy: a fresh :class:`Strategy`; :meth:`Strategy.setup` is called here.
+        strategy: a fresh :class:`StackedStrategy`; :meth:`StackedStrategy.setup` is called here.
         settings: :class:`RunSettings`.
         device: where the nodes compute.
         ranks: this process's place in a multi-process run, or None to simulate every node.
@@ -165,7 +165,7 @@ class Run:
 
     def __init__(
         self, model: nn.Module, train_data: Dataset | DatasetFactory, val_data: Dataset | None,
-        strategy: Strategy, settings: RunSettings, *, device: torch.device,
+        strategy: StackedStrategy, settings: RunSettings, *, device: torch.device,
         ranks: RankContext | None, out_dir: str | Path | None, sink: MultiSink,
         progress: bool, run_info: dict[str, Any], batches: NodeBatches | None = None,
         checkpointing: Mapping[str, Any] | None = None,
@@ -588,7 +588,7 @@ class Run:
                        max(self._time(n), self._time(d)) if j else self._time(n))
                       for n, d, j in pairs]
 
-            def recover_all(strategy: Strategy) -> None:
+            def recover_all(strategy: StackedStrategy) -> None:
                 for n, d, j in pairs:
                     _recover(strategy, n, d, part, j)
 
@@ -718,7 +718,7 @@ def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     np.random.set_state((name, keys.cpu().numpy().astype(np.uint32), *tail))
 
 
-def _check_participation(strategy: Strategy, s: RunSettings) -> None:
+def _check_participation(strategy: StackedStrategy, s: RunSettings) -> None:
     """Partial participation needs a method whose clients receive a global model each round."""
     if not strategy.supports_participation:
         raise ValueError(
@@ -731,7 +731,7 @@ def _check_participation(strategy: Strategy, s: RunSettings) -> None:
 
 
 @contextlib.contextmanager
-def _client_recovery(strategy: Strategy, participation: Participation | None,
+def _client_recovery(strategy: StackedStrategy, participation: Participation | None,
                      joining: bool) -> Iterator[None]:
     """A client joining a round recovers with its ``client_state``: a fresh inner optimizer
     state (``recovery="restart"``) or its own (``"keep"``); any other recovery as set."""
@@ -776,7 +776,7 @@ def _result(run: Run, model: nn.Module, final: dict[str, float], report: ClockRe
     )
 
 
-def _restart(strategy: Strategy, nodes: list[int]) -> None:
+def _restart(strategy: StackedStrategy, nodes: list[int]) -> None:
     """``nodes`` (global ids) start their own state afresh (a client that keeps none)."""
     for node in nodes:
         row = strategy._row(node)
@@ -784,7 +784,7 @@ def _restart(strategy: Strategy, nodes: list[int]) -> None:
             strategy.restart_row(row)
 
 
-def _recover(strategy: Strategy, node: int, donor: int, participation: Participation | None,
+def _recover(strategy: StackedStrategy, node: int, donor: int, participation: Participation | None,
              joining: bool) -> None:
     with _client_recovery(strategy, participation, joining):
         strategy.recover(node, donor)

@@ -2,8 +2,9 @@
 
 ``client_state="keep"`` (:mod:`exogym.run.nodes.population`): a client's own state (its rows of the
 inner optimizer's state, the strategy's per-node tensors, error-feedback residuals, and its step
-count: :meth:`exogym.strategy.base.Strategy.client_state`) is stored once the client has trained,
-and read back into its seat when it is drawn again. A client that never trained has no record.
+count: :meth:`exogym.strategy.base.StackedStrategy.client_state`) is stored once the client has
+trained, and read back into its seat when it is drawn again. A client that never trained has no
+record.
 
 A record is the client's rows as raw bytes, concatenated in the strategy's order (no pickle),
 with its step count last. Records live in host memory up to a budget (``memory``, bytes), the
@@ -28,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from exogym.strategy.base import Strategy
+from exogym.strategy.base import StackedStrategy
 
 __all__ = ["ClientStore", "parse_client_store"]
 
@@ -87,7 +88,7 @@ class ClientStore:
         self._file: Any = None
 
     # -- records ---------------------------------------------------------------------------
-    def save(self, client: int, strategy: Strategy, row: int) -> None:
+    def save(self, client: int, strategy: StackedStrategy, row: int) -> None:
         """Store ``client``'s own state from local row ``row`` of ``strategy``."""
         parts = [t[row].detach().contiguous().reshape(-1).view(torch.uint8).cpu()
                  for t in strategy.client_state()]
@@ -110,7 +111,7 @@ class ClientStore:
                 self._append(oldest, rec)
             self.on_disk.discard(oldest)
 
-    def load(self, client: int, strategy: Strategy, row: int) -> bool:
+    def load(self, client: int, strategy: StackedStrategy, row: int) -> bool:
         """Put ``client``'s stored state into local row ``row`` of ``strategy``; False if the
         client has none (it never trained)."""
         record = self.host.get(client)

@@ -35,7 +35,7 @@ from exogym.sim.client_data import ClientBatches
 from exogym.sim.comm import Communicator, InProcessCommunicator
 from exogym.sim.engine import NodeStack, auto_engine
 from exogym.sim.sharding import NodeBatches
-from exogym.strategy.base import Strategy
+from exogym.strategy.base import StackedStrategy
 
 if TYPE_CHECKING:
     from exogym.run.loop.clocking import ClockFeed
@@ -56,7 +56,7 @@ class InMemory:
         total_steps: the run's length (the strategy's schedule).
     """
 
-    def __init__(self, nodes: NodeStack, comm: Communicator, strategy: Strategy,
+    def __init__(self, nodes: NodeStack, comm: Communicator, strategy: StackedStrategy,
                  batches: NodeBatches | ClientBatches, ranks: RankContext | None,
                  total_steps: int) -> None:
         self.nodes, self.comm, self.strategy, self.batches = nodes, comm, strategy, batches
@@ -64,11 +64,11 @@ class InMemory:
         strategy.setup(nodes, comm, total_steps)
 
     @property
-    def strategies(self) -> list[Strategy]:
+    def strategies(self) -> list[StackedStrategy]:
         """Every copy of the run's strategy (one; a paged run: one per group)."""
         return [self.strategy]
 
-    def call(self, fn: Callable[[Strategy], None]) -> None:
+    def call(self, fn: Callable[[StackedStrategy], None]) -> None:
         """``fn`` on every copy of the strategy, each with its nodes in memory."""
         fn(self.strategy)
 
@@ -167,7 +167,7 @@ class Seats(InMemory):
     """
 
     def __init__(self, population: Population, nodes: NodeStack, comm: Communicator,
-                 strategy: Strategy, batches: ClientBatches, ranks: RankContext | None,
+                 strategy: StackedStrategy, batches: ClientBatches, ranks: RankContext | None,
                  total_steps: int) -> None:
         super().__init__(nodes, comm, strategy, batches, ranks, total_steps)
         self.population = population
@@ -175,7 +175,7 @@ class Seats(InMemory):
         comm.on_record = population.on_record
 
     @classmethod
-    def build(cls, model: torch.nn.Module, strategy: Strategy, settings: Any,
+    def build(cls, model: torch.nn.Module, strategy: StackedStrategy, settings: Any,
               batches: ClientBatches, ranks: RankContext | None, device: torch.device,
               out_dir: Path | None) -> Seats:
         """The seats of a run's settings: ``K`` (a process's share), their communicator, the
@@ -315,10 +315,10 @@ class PagedNodes(InMemory):
         self._view: tuple[float, int] = (0.0, 0)
 
     @property
-    def strategies(self) -> list[Strategy]:
+    def strategies(self) -> list[StackedStrategy]:
         return self.paged.strategies
 
-    def call(self, fn: Callable[[Strategy], None]) -> None:
+    def call(self, fn: Callable[[StackedStrategy], None]) -> None:
         self.paged.call(lambda g: fn(g.strategy))
 
     def step(self, step: int, active: list[bool] | None, feed: ClockFeed) -> Tensor:
@@ -392,7 +392,7 @@ class PagedNodes(InMemory):
 Holder = InMemory  # the interface: InMemory's methods, overridden by Seats and PagedNodes
 
 
-def hold(model: torch.nn.Module, strategy: Strategy, settings: Any,
+def hold(model: torch.nn.Module, strategy: StackedStrategy, settings: Any,
          batches: NodeBatches | ClientBatches, ranks: RankContext | None, device: torch.device,
          out_dir: Path | None, until_evaluation: Callable[[int], int]) -> Holder:
     """Where a run's nodes live, by its settings (:class:`~exogym.run.loop.run.RunSettings`): a

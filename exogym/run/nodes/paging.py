@@ -45,9 +45,9 @@ group sizes may differ in the last bit of a few elements. Not paged: the vmap en
 batches the nodes it holds: other kernels for ``K`` rows than for ``N``) and asynchronous
 strategies (their event loop steps one node at a time; refused with a message).
 
-Rounds. A step that :meth:`Strategy.communicates` says makes no collective (DiLoCo's, FedAvg's
-and FedOpt's local steps) needs no other group: with the threads engine and no world that can
-change who computes, the run has each group compute the steps up to the next synchronisation
+Rounds. A step that :meth:`StackedStrategy.communicates` says makes no collective (DiLoCo's,
+FedAvg's and FedOpt's local steps) needs no other group: with the threads engine and no world that
+can change who computes, the run has each group compute the steps up to the next synchronisation
 while it is in memory (:meth:`Paged.round_length`, :meth:`Paged.compute`), so a local-SGD method
 is paged once per round, not once per step; the round's collectives are counted when the run
 reaches its last step (:meth:`Paged.flush`), and :class:`exogym.run.loop.run.Run` hands out the
@@ -87,7 +87,7 @@ from exogym.sim.comm import (
     finish_reduce,
 )
 from exogym.sim.engine import NodeStack
-from exogym.strategy.base import Strategy
+from exogym.strategy.base import StackedStrategy
 
 __all__ = ["GroupComm", "PageStore", "Paged", "PagingError", "in_memory_nodes", "parse_offload",
            "resident_check"]
@@ -387,7 +387,7 @@ class Group:
     index: int
     ids: list[int]
     nodes: NodeStack
-    strategy: Strategy
+    strategy: StackedStrategy
     comm: GroupComm
     storages: list[torch.UntypedStorage] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
@@ -413,7 +413,7 @@ class Paged:
         the others as :class:`~exogym.sim.engine.NodeStack` takes them (``engine`` resolved).
     """
 
-    def __init__(self, model: nn.Module, strategy: Strategy, hub: Communicator, *,
+    def __init__(self, model: nn.Module, strategy: StackedStrategy, hub: Communicator, *,
                  resident: int, offload: str, device: torch.device, engine: str,
                  micro_batch_size: int | None, precision: Any, total_steps: int) -> None:
         kind, folder = parse_offload(offload)
@@ -455,7 +455,7 @@ class Paged:
             self.groups.append(group)
 
     @property
-    def strategies(self) -> list[Strategy]:
+    def strategies(self) -> list[StackedStrategy]:
         return [g.strategy for g in self.groups]
 
     # -- paging --------------------------------------------------------------------------------
@@ -500,8 +500,8 @@ class Paged:
         module docstring); ``prepare(group)`` once per group before it (a step's forward and
         backward). ``query``: ``fn`` changes nothing (a global model), so when group 0's call
         makes no collective the others are not run (their entries are None). ``silent``: the
-        strategy says the call makes no collective (:meth:`Strategy.communicates`), so group 0
-        is not saved before it either."""
+        strategy says the call makes no collective (:meth:`StackedStrategy.communicates`), so group
+        0 is not saved before it either."""
         rv = self.rv
         rv.begin()
         out: list[Any] = [None] * len(self.groups)
@@ -566,7 +566,7 @@ class Paged:
     # -- what the run asks ----------------------------------------------------------------------
     def round_length(self, step: int, total_steps: int) -> int:
         """How many steps from ``step`` to compute at once: up to the first step that may
-        communicate (:meth:`Strategy.communicates`), so that each group computes a round's
+        communicate (:meth:`StackedStrategy.communicates`), so that each group computes a round's
         local steps while it is in memory and is paged once per round; 1 (step by step) with
         the loop engine, whose dropout draws follow the nodes' order step by step."""
         if self.engine != "threads":
@@ -752,9 +752,9 @@ class _Randomness:
         torch.set_rng_state(self._state(steps))
 
 
-def _restore(strategy: Strategy, saved: dict[str, Any]) -> None:
+def _restore(strategy: StackedStrategy, saved: dict[str, Any]) -> None:
     """A strategy's state back to a snapshot taken in the same run (its tensors are the live
-    ones, just read back): :meth:`Strategy.load_state_dict`, but an attribute that was None
+    ones, just read back): :meth:`StackedStrategy.load_state_dict`, but an attribute that was None
     then (a lazily built step count) is None again."""
     state = dict(saved)
     for name, value in saved.items():

@@ -14,7 +14,7 @@ client is a seat's occupant for one round. At a round's first step (:meth:`Popul
 2. each seat's own state starts afresh (``client_state="fresh"``: nothing is stored per client)
    or is read back from the client store (``"keep"``: :mod:`exogym.run.nodes.client_store`);
 3. each client that did not take part in the previous round receives the global model, as in
-   a run with every client in memory (:meth:`exogym.strategy.base.Strategy.recover`, the
+   a run with every client in memory (:meth:`exogym.strategy.base.StackedStrategy.recover`, the
    ``recovery`` the client state implies): from a client of the previous round, in turn, point
    to point, counted and timed. In seats, the sender is the seat its donor held in the previous
    round (the seat's previous occupant may hand the model on to its next: a send from a seat to
@@ -46,7 +46,7 @@ import torch
 
 from exogym.sim.comm import CommRecord, Communicator
 from exogym.sim.participation import Participation
-from exogym.strategy.base import Strategy
+from exogym.strategy.base import StackedStrategy
 
 if TYPE_CHECKING:
     from exogym.run.nodes.client_store import ClientStore
@@ -116,8 +116,8 @@ class Population:
             return None
         return [j < len(self.seated) for j in range(self.num_seats)]
 
-    def start_round(self, step: int, strategy: Strategy, nodes: NodeStack, comm: Communicator,
-                    clock: SimClock | None,
+    def start_round(self, step: int, strategy: StackedStrategy, nodes: NodeStack,
+                    comm: Communicator, clock: SimClock | None,
                     recovered: Callable[[int, int, int, float, float], None],
                     feed: Callable[[], None]) -> None:
         """Draw, seat and prepare the round starting at ``step`` (the module docstring);
@@ -178,7 +178,7 @@ class Population:
                     if seat in local:
                         t[local.index(seat)].copy_(row)
 
-    def _receive(self, joins: list[tuple[int, int]], strategy: Strategy,
+    def _receive(self, joins: list[tuple[int, int]], strategy: StackedStrategy,
                  clock: SimClock | None, recovered: Callable[[int, int, int, float, float], None],
                  feed: Callable[[], None]) -> None:
         """The joining clients receive the global model, each from its donor."""
@@ -234,13 +234,13 @@ class Population:
         new = [seat for seat, c in enumerate(self.seated) if c not in before]
         return [(seat, seats[k % len(seats)]) for k, seat in enumerate(new)]
 
-    def _own_state(self, strategy: Strategy, row: int, client: int) -> None:
+    def _own_state(self, strategy: StackedStrategy, row: int, client: int) -> None:
         """Seat ``row``'s own state for ``client``: its stored state, else a fresh one."""
         if self.store is not None and self.store.load(client, strategy, row):
             return
         strategy.restart_row(row)
 
-    def fill(self, strategy: Strategy, nodes: NodeStack, clock: SimClock | None,
+    def fill(self, strategy: StackedStrategy, nodes: NodeStack, clock: SimClock | None,
              local: Sequence[int]) -> None:
         """An asynchronous server's first clients, one per seat (its concurrency): drawn among
         the available ones, each with its own state (fresh or stored)."""
@@ -256,7 +256,7 @@ class Population:
             self._own_state(strategy, row, clients[seat])
         self.apply_speeds(clock)
 
-    def replace(self, seat: int, strategy: Strategy, nodes: NodeStack,
+    def replace(self, seat: int, strategy: StackedStrategy, nodes: NodeStack,
                 clock: SimClock | None, local: Sequence[int], step: int, at: float) -> int:
         """An asynchronous server received seat ``seat``'s update: its client leaves (writing
         its state back if it keeps one) and the next client drawn among the available ones
@@ -295,7 +295,7 @@ class Population:
                 f"{self.num_seats} in flight (--concurrency); lower it or make more clients "
                 "available (--world online=LOW:HIGH)")
 
-    def end_round(self, strategy: Strategy, local: Sequence[int]) -> None:
+    def end_round(self, strategy: StackedStrategy, local: Sequence[int]) -> None:
         """The round is over: clients that keep state write theirs back (each process its
         ``local`` seats')."""
         if self.store is not None:
@@ -445,7 +445,7 @@ def _time(clock: SimClock | None, seat: int) -> float:
 
 
 @contextlib.contextmanager
-def _recovery_as(strategy: Strategy) -> Iterator[None]:
+def _recovery_as(strategy: StackedStrategy) -> Iterator[None]:
     """A joining client's recovery: its own state is already in its seat (``"keep"``: kept as
     it is), the global model comes from the donor."""
     before = strategy.recovery

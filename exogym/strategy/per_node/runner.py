@@ -6,7 +6,7 @@ per node of this process. The run's engine computes every node's forward and bac
 (stacked tensors ``[n_local, ...]``, on the loop engine); then each node's ``step()`` runs as
 that node's own code on a replica module whose parameters, gradients and buffers are views of the
 node's row, so its optimizer steps the stacked tensors in place. The nodes' steps run as
-coroutines that meet at each collective (:mod:`exogym.compat.exo_gym.rendezvous`, where the
+coroutines that meet at each collective (:mod:`exogym.strategy.per_node.rendezvous`, where the
 design and its measurements are).
 
 Limits (errors, not silent): absent nodes (a world with failures, a deadline) and asynchronous
@@ -22,14 +22,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from exogym.compat.exo_gym.conversions import BuiltinStrategy
-from exogym.compat.exo_gym.rendezvous import Rendezvous
 from exogym.sim.comm import Communicator
 from exogym.sim.engine import NodeStack
-from exogym.strategy.base import Strategy as StackedStrategy
-from exogym.strategy.per_node_base import PerNodeStrategy
+from exogym.strategy.base import StackedStrategy
+from exogym.strategy.per_node.base import PerNodeStrategy
+from exogym.strategy.per_node.rendezvous import Rendezvous
 
-__all__ = ["PerNode", "as_exogym"]
+__all__ = ["PerNode", "as_stacked"]
 
 
 @dataclass(kw_only=True)
@@ -122,24 +121,18 @@ class PerNode(StackedStrategy):
             c.load_state_dict(s)
 
 
-def as_exogym(strategy: Any, num_nodes: int | None = None) -> Any:
-    """The node-stacked strategy that runs ``strategy``: an EXO Gym built-in's exogym strategy
-    (:meth:`~exogym.compat.exo_gym.conversions.BuiltinStrategy.to_exogym`, checked against a run
-    of ``num_nodes`` nodes when given), a per-node strategy in :class:`PerNode`; anything else
-    (an exogym strategy, an id) as it is.
+def as_stacked(strategy: Any, num_nodes: int | None = None) -> Any:
+    """The node-stacked strategy that runs ``strategy``: the one a per-node strategy says computes
+    its update (:meth:`PerNodeStrategy.to_stacked`: EXO Gym's built-ins run as exogym's strategy
+    of their method; ``num_nodes``, the run's N, when known), else the per-node strategy in
+    :class:`PerNode`; anything else (a node-stacked strategy, an id) as it is.
 
     ``exogym.Trainer.fit`` calls it; call it yourself where exogym's own functions take a
-    strategy, e.g. ``exogym.run.launch.fit_processes(..., strategy=as_exogym(MyPerNode()))``.
+    strategy, e.g. ``exogym.run.launch.fit_processes(..., strategy=as_stacked(MyPerNode()))``.
     """
     if not isinstance(strategy, PerNodeStrategy):
         return strategy
-    if isinstance(strategy, BuiltinStrategy):
-        if num_nodes is not None:
-            strategy.check_num_nodes(num_nodes)
-        elif getattr(strategy, "island_size", None) is not None:
-            raise ValueError(f"{type(strategy).__name__}(island_size={strategy.island_size}) "
-                             "depends on the run's N: give as_exogym(strategy, num_nodes=N)")
-    stacked = strategy.to_exogym()  # EXO Gym's built-ins: exogym's strategy of the method
+    stacked = strategy.to_stacked(num_nodes)
     return PerNode(node=strategy) if stacked is None else stacked
 
 

@@ -1,7 +1,7 @@
 """Where the simulated nodes of a per-node strategy meet at each collective.
 
 Each node's ``step()`` runs in its own greenlet (a coroutine with its own stack, on the calling
-thread), and a collective of :mod:`exogym.compat.exo_gym.communicate` is a rendezvous: a node
+thread), and a collective of :mod:`exogym.strategy.per_node.collectives` is a rendezvous: a node
 deposits its tensor and yields to the runner (:class:`Rendezvous`), which resumes the nodes in
 row order; when every node has arrived, the runner checks that all called the same collective on
 tensors of the same shape, stacks them and calls the run's communicator (so bytes are counted,

@@ -1,27 +1,29 @@
-"""The per-node base, :class:`PerNodeStrategy`: a strategy written for ONE node.
+"""The per-node base, :class:`PerNodeStrategy` (``exogym.strategy.Strategy``): a strategy
+written for ONE node.
 
-Two kinds of strategy run in exogym, each with its own base:
+Two kinds of strategy run in exogym, each with its own base, chosen by name:
 
-- :class:`exogym.strategy.Strategy` (:mod:`exogym.strategy.base`): node-stacked. ``step(self,
-  step)`` updates all the nodes of a process at once, tensors ``[N, ...]``; the fast path, every
-  built-in strategy;
-- :class:`PerNodeStrategy` (``exogym.strategy.PerNodeStrategy``; EXO Gym's path of it is
-  ``exogym.strategy.strategy.Strategy``): per-node. ``step(self)`` is one node's code, as
-  torch.distributed code is written: it uses ``self.model`` (this node's replica, gradients
-  filled), ``self.optim`` (built from ``self.optim_spec``), ``self.rank``, ``self.num_nodes``,
-  ``self.local_step``, ``self.scheduler``, and the collectives of
-  :mod:`exogym.compat.exo_gym.communicate` (EXO Gym's ``exogym.strategy.communicate``), and
-  ends with ``super().step()``.
+- :class:`exogym.strategy.StackedStrategy` (:mod:`exogym.strategy.base`): node-stacked.
+  ``step(self, step)`` updates all the nodes of a process at once, tensors ``[N, ...]``; the
+  fast path, every built-in strategy;
+- :class:`PerNodeStrategy`, exported as ``exogym.strategy.Strategy`` (EXO Gym's name, also at
+  its path ``exogym.strategy.strategy.Strategy``) and ``exogym.strategy.PerNodeStrategy``:
+  per-node. ``step(self)`` is one node's code, as torch.distributed code is written: it uses
+  ``self.model`` (this node's replica, gradients filled), ``self.optim`` (built from
+  ``self.optim_spec``), ``self.rank``, ``self.num_nodes``, ``self.local_step``,
+  ``self.scheduler``, and the collectives of :mod:`exogym.strategy.per_node.collectives` (EXO
+  Gym's ``exogym.strategy.communicate``), and ends with ``super().step()``.
 
-A class on the node-stacked base that defines a per-node ``step(self)`` is refused when it is
-defined, naming this base (:meth:`exogym.strategy.base.Strategy.__init_subclass__`).
-``exogym.Trainer.fit`` (:class:`exogym.compat.exo_gym.trainer.Trainer`) accepts either; a
-per-node strategy runs on N simulated nodes in one process
-(:class:`exogym.compat.exo_gym.per_node.PerNode`: each node's ``step`` as its own coroutine,
+A class that writes the other base's ``step`` is refused when it is defined, with a
+``TypeError`` naming the base it meant: a per-node ``step(self)`` on the node-stacked base
+(:meth:`exogym.strategy.base.StackedStrategy.__init_subclass__`), a node-stacked ``step(self,
+step)`` here (:meth:`PerNodeStrategy.__init_subclass__`). ``exogym.Trainer.fit`` accepts either;
+a per-node strategy runs on N simulated nodes in one process
+(:class:`exogym.strategy.per_node.runner.PerNode`: each node's ``step`` as its own coroutine,
 collectives meeting through the run's communicator) and, unchanged, as one rank per node under
-torchrun, or on local processes with ``fit_processes(..., strategy=as_exogym(strategy))``
-(:func:`exogym.compat.exo_gym.per_node.as_exogym`). This module imports only the core
-(checkpointing, optimizers); running it is :mod:`exogym.compat.exo_gym`'s.
+torchrun, or on local processes with ``fit_processes(..., strategy=as_stacked(strategy))``
+(:func:`exogym.strategy.per_node.runner.as_stacked`). This module imports only the core
+(checkpointing, optimizers).
 
 Where this base differs from EXO Gym's: unknown keyword arguments are an error, not attributes
 set silently; ``lr_scheduler`` is ``None``, ``"lambda_cosine"`` (EXO Gym's warm-up and optional
@@ -31,6 +33,7 @@ cosine, ``lr_scheduler_kwargs``: ``warmup_steps``, ``cosine_anneal``, ``max_step
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -54,6 +57,17 @@ class PerNodeStrategy:
         lr_scheduler_kwargs: the scheduler's arguments (``lambda_cosine``: ``warmup_steps``,
             ``cosine_anneal``, ``max_steps``).
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        step = cls.__dict__.get("step")
+        if callable(step) and len(inspect.signature(step).parameters) > 1:
+            raise TypeError(
+                f"{cls.__name__} defines step({', '.join(inspect.signature(step).parameters)}), "
+                "a node-stacked step "
+                "that updates all the nodes at once, but it subclasses exogym.strategy.Strategy, "
+                "the per-node base (EXO Gym's: step(self) is one node's code); for a "
+                "node-stacked method subclass exogym.strategy.StackedStrategy instead")
 
     def __init__(self, lr_scheduler: str | type | None = None,
                  lr_scheduler_kwargs: dict[str, Any] | None = None) -> None:
@@ -97,12 +111,12 @@ class PerNodeStrategy:
     def zero_grad(self) -> None:
         self.optim.zero_grad()
 
-    def to_exogym(self) -> Any:
-        """The node-stacked exogym strategy that computes exactly this one's update, when there
-        is one (EXO Gym's built-ins, an unchanged
-        :class:`~exogym.compat.exo_gym.simple_reduce.SimpleReduceStrategy`): the run then uses
-        it, on the fast engine. None (the default): the run calls this class's ``step``
-        on every node."""
+    def to_stacked(self, num_nodes: int | None = None) -> Any:
+        """The node-stacked strategy that computes exactly this one's update, when there is one
+        (EXO Gym's built-ins, an unchanged ``SimpleReduceStrategy``): the run then uses it, on
+        the fast engine. None (the default): the run calls this class's ``step`` on every node.
+        ``num_nodes``: the run's N, where the answer depends on it (None: not known yet; a
+        class whose answer needs it raises ``ValueError`` saying so)."""
         return None
 
     def _setup_scheduler(self) -> None:

@@ -13,7 +13,7 @@ torch.distributed's signatures and semantics (in place, ``op`` included):
 Where they run:
 
 - in a simulated run (``exogym.Trainer``: the nodes of this process run their ``step`` as
-  coroutines, :mod:`exogym.compat.exo_gym.rendezvous`), the call meets the same call of the
+  coroutines, :mod:`exogym.strategy.per_node.rendezvous`), the call meets the same call of the
   other nodes and goes through the run's communicator, so its bytes are counted, it is timed on
   the simulated network, and in a multi-process run it crosses processes;
 - in a plain torch.distributed program (one node per process, no exogym run), it is the
@@ -30,7 +30,7 @@ from typing import Any
 import torch.distributed as dist
 from torch import Tensor
 
-from exogym.compat.exo_gym.rendezvous import current
+from exogym.strategy.per_node.rendezvous import current
 
 __all__ = ["ReduceOp", "all_gather", "all_reduce", "broadcast"]
 
