@@ -196,7 +196,7 @@ def run_paired(model: str, n: int, steps: int, warmup: int, rounds: int) -> dict
             start = time.perf_counter()
             for _ in range(k):
                 step = done[0]
-                comm.step = step
+                comm.attendance.step = step
                 with nodes.stepping():
                     losses = nodes.forward_backward(nodes.to_batch_device((xs[step % 4],
                                                                            ys[step % 4])))

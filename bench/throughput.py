@@ -229,7 +229,7 @@ def _time_exogym(
 
     def run(first: int, last: int) -> None:
         for step in range(first, last):
-            comm.step = step
+            comm.attendance.step = step
             start = (step * n) % pool  # pool is a multiple of n: a view of n whole batches
             batch = nodes.to_batch_device((xs[start : start + n], ys[start : start + n]))
             losses = nodes.forward_backward(batch)

@@ -142,7 +142,7 @@ def _main(argv: Sequence[str] | None) -> int:
     signal (:class:`Stopped`) is left to :func:`main`."""
     # torch comes with these: imported here, after main's signal handling (a signal during the
     # import raises Stopped, for main), and before the try whose handlers name them
-    from exogym.run.loop.run import RunInterrupted
+    from exogym.run.loop.drive import RunInterrupted
     from exogym.run.output.checkpoint import CheckpointError
     from exogym.run.output.result import NonFiniteLossError
     from exogym.tasks.data.download import ChecksumError, DatasetNotFoundError

@@ -54,6 +54,7 @@ from torch.utils.data import TensorDataset
 from exogym import strategy as strategies
 from exogym.sim.comm import CommRecord, all_gather_bytes, all_reduce_bytes
 from exogym.strategy.base import StackedStrategy
+from exogym.strategy.server import ServerStrategy
 from exogym.utils.config import ConfigError, config_fields
 
 if TYPE_CHECKING:
@@ -211,7 +212,7 @@ def check_strategy(
                                   if differ else "seeds 0 and 1 give the same losses")
     _compare(results, "engines", runs.engines, "loop == vmap == threads to 1e-6 (float64)")
     _compare(results, "exact resume", runs.resume, "3 + 3 steps == 6 steps, bit for bit")
-    asynchronous = bool(getattr(cls, "asynchronous", False))
+    asynchronous = issubclass(cls, ServerStrategy)
     if asynchronous:
         results.append(CheckResult("processes", None, "asynchronous: one process by design"))
     elif not processes:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from exogym.run.dist import DistributedCommunicator
     from exogym.run.launch import fit_processes
-    from exogym.run.loop.run import RunInterrupted
+    from exogym.run.loop.drive import RunInterrupted
     from exogym.run.options import FitOptions
     from exogym.run.output.checkpoint import CheckpointError
     from exogym.run.output.result import FitResult, NonFiniteLossError
@@ -46,7 +46,7 @@ _EXPORTS = {
     "CSVSink": "exogym.run.output.sinks", "CheckpointError": "exogym.run.output.checkpoint",
     "DistributedCommunicator": "exogym.run.dist", "FitOptions": "exogym.run.options",
     "FitResult": "exogym.run.output.result", "MultiSink": "exogym.run.output.sinks",
-    "NonFiniteLossError": "exogym.run.output.result", "RunInterrupted": "exogym.run.loop.run",
+    "NonFiniteLossError": "exogym.run.output.result", "RunInterrupted": "exogym.run.loop.drive",
     "Sink": "exogym.run.output.sinks", "TensorBoardSink": "exogym.run.output.sinks",
     "Trainer": "exogym.run.trainer", "WandbSink": "exogym.run.output.sinks",
     "fit_processes": "exogym.run.launch",

@@ -44,13 +44,14 @@ from torch.utils.data import Dataset
 
 from exogym.run.dist.communicator import DistributedCommunicator, gather_global_state, local_batch
 from exogym.run.dist.ranks import RankContext, close_group, init_group, keep_freed_memory
-from exogym.run.loop.run import RunInterrupted
+from exogym.run.loop.drive import RunInterrupted, defer_stop_signals
 from exogym.run.output.result import FitResult, read_json
-from exogym.run.trainer import Trainer, defer_stop_signals, seats_of
+from exogym.run.trainer import Trainer, seats_of
 from exogym.sim.comm import CommRecord
 from exogym.sim.engine import EngineName, NodeStack
 from exogym.sim.sharding import DatasetFactory, NodeBatches
 from exogym.strategy.base import StackedStrategy
+from exogym.strategy.server import ServerStrategy
 from exogym.utils.signals import Stopped, StopSignals
 
 __all__ = [
@@ -372,7 +373,7 @@ def fit_worker(
     strategy.setup(nodes, comm, max_steps)
     t0 = time.perf_counter()
     for step in range(max_steps):
-        comm.step = step
+        comm.attendance.step = step
         batch = nodes.to_batch_device(local_batch(batches, ctx.node_ids))
         nodes.forward_backward(batch)
         strategy.step(step)
@@ -422,7 +423,7 @@ def fit_processes(
         raise ValueError(f"num_nodes must be an integer >= 1, got {num_nodes!r}")
     if strategy is None and fit_args.get("resume") is None:
         raise ValueError("strategy=None needs resume=RUN_DIR (the checkpoint's strategy)")
-    if getattr(strategy, "asynchronous", False):
+    if isinstance(strategy, ServerStrategy):
         raise ValueError(f"{strategy.id} is asynchronous: its parameter server and per-node "
                          "timelines run in one process; allowed: the simulator (engine loop or "
                          "vmap, not --engine process or torchrun)")

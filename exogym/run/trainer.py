@@ -20,18 +20,12 @@ EXO Gym's defaults, the model returned) is recognised and handed to
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
 import math
-import signal
-import sys
-import threading
-import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +35,17 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from exogym.run.dist.ranks import RankContext, close_group, join_torchrun, torchrun_env
-from exogym.run.loop.run import RUN_CONFIG_KEYS, Run, RunInterrupted, RunSettings
+from exogym.run.loop.config import RUN_CONFIG_KEYS
+from exogym.run.loop.drive import checkpointing as checkpointing_of
+from exogym.run.loop.drive import drive
+from exogym.run.loop.run import Run
 from exogym.run.nodes.client_store import parse_client_store
 from exogym.run.nodes.paging import in_memory_nodes, parse_offload, resident_check
 from exogym.run.options import FitOptions, changeable_records, recorded
-from exogym.run.output.checkpoint import Checkpointer, load_checkpoint
+from exogym.run.output.checkpoint import load_checkpoint
 from exogym.run.output.result import FitResult, check_out_dir, read_json
 from exogym.run.output.sinks import MultiSink, Sink
+from exogym.run.settings import RunSettings
 from exogym.sim.client_data import ClientBatches
 from exogym.sim.clock import resolve_step_time
 from exogym.sim.engine import (
@@ -59,7 +57,7 @@ from exogym.sim.engine import (
     resolve_device,
     same_device,
 )
-from exogym.sim.network import Network, parse_duration, parse_network
+from exogym.sim.network import Network, parse_network
 from exogym.sim.participation import Participation, parse_participation
 from exogym.sim.partition import Partition, parse_partition
 from exogym.sim.sharding import DatasetFactory, NodeBatches
@@ -67,8 +65,8 @@ from exogym.sim.world import World, parse_world, speeds_of
 from exogym.strategy import StackedStrategy, make
 from exogym.strategy import get as get_strategy
 from exogym.strategy.per_node import PerNodeStrategy, as_stacked
+from exogym.strategy.server import ServerStrategy
 from exogym.utils.config import ConfigError, apply_overrides, config_fields
-from exogym.utils.signals import STOP_SIGNALS, StopSignals
 from exogym.utils.validation import check_int
 
 __all__ = ["Trainer"]
@@ -283,7 +281,7 @@ class Trainer:
         resident = _check_paging(o.resident, o.offload, o.num_nodes, strategy, engine)
         step_time_s, source = resolve_step_time(o.step_time, o.flops_per_sample,
                                                 o.device_flops, o.batch_size)
-        checkpointing = _checkpointing(o.values())
+        checkpointing = checkpointing_of(o.values())
         sink = MultiSink(o.sinks)  # a non-sink is an error before anything runs
         ranks, owns_group, dev = _join(o.distributed, o.num_nodes, resolve_device(o.device))
         clean = False
@@ -320,7 +318,7 @@ class Trainer:
                       device=dev, ranks=ranks, out_dir=o.out_dir, sink=sink,
                       progress=o.progress, run_info=dict(o.run_info or {}), batches=batches,
                       checkpointing=checkpointing.to_dict())
-            result = _drive(run, None, checkpointing, o.handle_signals)
+            result = drive(run, None, checkpointing, o.handle_signals)
             clean = True
             return result
         finally:
@@ -340,7 +338,7 @@ class Trainer:
                              f"{str(o.out_dir)!r} is another (give one of them)")
         if "num_epochs" in given:
             raise ValueError("a resumed run takes max_steps (to extend it), not num_epochs")
-        _checkpointing(o.values())  # the arguments checked before any work
+        checkpointing_of(o.values())  # the arguments checked before any work
         sink = MultiSink(o.sinks)
         resumed = o.resumed(given, saved)
         num_nodes = check_int("num_nodes", resumed["num_nodes"], 1)
@@ -363,7 +361,7 @@ class Trainer:
                 ranks = _seat_ranks(ranks, settings.participation.per_round(num_nodes))
             run_info = {k: v for k, v in saved.items() if k not in RUN_CONFIG_KEYS}
             run_info.update(dict(o.run_info or {}))
-            checkpointing = _checkpointing(o.resumed(given, saved))  # as it did, unless told
+            checkpointing = checkpointing_of(o.resumed(given, saved))  # as it did, unless told
             run = Run(self.model, self.train_dataset, self.val_dataset, strategy, settings,
                       device=dev, ranks=ranks, out_dir=run_dir, sink=sink,
                       progress=o.progress, run_info=run_info,
@@ -373,7 +371,7 @@ class Trainer:
             run.resumed_from = {"step": int(state["step"]), "checkpoint": str(where)}
             _check_sync(strategy, settings.total_steps, True, stacklevel=5,
                         warn=run.lead and settings.total_steps != saved["steps"])
-            result = _drive(run, int(state["step"]), checkpointing, o.handle_signals)
+            result = drive(run, int(state["step"]), checkpointing, o.handle_signals)
             clean = True
             return result
         finally:
@@ -428,12 +426,12 @@ def _participation(participation: Any, concurrency: int | None, client_state: st
     """Partial participation (a synchronous strategy's ``K`` per round), or an asynchronous
     one's ``concurrency`` (its clients in flight), as one :class:`Participation`."""
     if concurrency is None:
-        if participation is not None and getattr(strategy, "asynchronous", False):
+        if participation is not None and isinstance(strategy, ServerStrategy):
             raise ValueError(f"{strategy.id} is asynchronous: its clients are in flight, not "
                              f"drawn per round; give concurrency=C (the clients it keeps in "
                              f"flight), not participation={participation!r}")
         return parse_participation(participation, client_state=client_state, seed=seed)
-    if not getattr(strategy, "asynchronous", False):
+    if not isinstance(strategy, ServerStrategy):
         raise ValueError(f"concurrency={concurrency!r} is an asynchronous server's clients in "
                          f"flight; {strategy.id} is synchronous: it takes participation=K")
     if participation is not None:
@@ -500,7 +498,7 @@ def _seats(asked: str, participation: Participation | None, world: World,
     (``"all"``)."""
     if asked not in ("auto", "round", "all"):
         raise ValueError(f"clients_in_memory must be 'auto', 'round' or 'all', got {asked!r}")
-    if getattr(strategy, "asynchronous", False) and participation is not None:
+    if isinstance(strategy, ServerStrategy) and participation is not None:
         if asked == "all":
             raise ValueError(f"{strategy.id}: concurrency holds only the clients in flight; "
                              "clients_in_memory='all' does not apply to it")
@@ -511,7 +509,7 @@ def _seats(asked: str, participation: Participation | None, world: World,
     if participation is None:
         why = "the run has no partial participation (participation=K): every node trains"
     elif world.mtbf_s or world.events or world.drop or world.min_nodes != 1 \
-            or getattr(strategy, "deadline", None) is not None:
+            or strategy.deadline is not None:
         why = (f"world {world.spec()!r} (failures, message loss, a quorum or a deadline change "
                "who computes inside a round: a row per client)")
     elif net is not None and (net.node_up_bps or net.node_down_bps or net.bw_sigma
@@ -545,7 +543,7 @@ def _check_paging(resident: int | None, offload: str, num_nodes: int, strategy: 
     resident = resident_check(resident, num_nodes)
     if resident is None:
         return None
-    if getattr(strategy, "asynchronous", False):
+    if isinstance(strategy, ServerStrategy):
         raise ValueError(f"resident= pages the nodes of a synchronous strategy; "
                          f"{strategy.id} is asynchronous (its event loop steps one node at a "
                          "time): run it with every node in memory")
@@ -609,7 +607,7 @@ def _check_world(world: World, num_nodes: int, net: Network | None,
     if net is None and world.time_dependent:
         raise ValueError(f"world {world.spec()!r} decides who is up by simulated time: give the "
                          "run a network (the clock), or use failures by step (fail=2@300)")
-    deadline = getattr(strategy, "deadline", None)
+    deadline = strategy.deadline
     if net is None and deadline is not None:
         raise ValueError(f"{strategy.id}: deadline={deadline!r} needs a simulated network (a "
                          "clock to tell who is late)")
@@ -637,141 +635,6 @@ def _check_sync(strategy: StackedStrategy, total_steps: int, allow_unsynced: boo
             f"{strategy.id}: {total_steps} steps is not a multiple of H={period}: the last "
             f"{total_steps % period} local steps never reach the global model",
             stacklevel=stacklevel)
-
-
-@dataclass(frozen=True)
-class _Checkpointing:
-    every: int | None
-    interval_s: float | None
-    keep: int
-    asynchronous: bool
-
-    @property
-    def enabled(self) -> bool:
-        return self.every is not None or self.interval_s is not None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"every": self.every, "interval_s": self.interval_s, "keep": self.keep,
-                "asynchronous": self.asynchronous}
-
-
-def _checkpointing(v: Mapping[str, Any]) -> _Checkpointing:
-    """How a run of the settings ``v`` (:meth:`FitOptions.values`, or ``resumed``) writes
-    checkpoints."""
-    return _Checkpointing(v["checkpoint_every"], _interval(v["checkpoint_interval"]),
-                          v["keep_checkpoints"], v["async_checkpoint"])
-
-
-def _interval(value: float | str | None) -> float | None:
-    if value is None:
-        return None
-    seconds = parse_duration(value) if isinstance(value, str) else value
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
-            math.isfinite(seconds) and seconds > 0):
-        raise ValueError(f"checkpoint_interval must be > 0 seconds (or a string like '10min'), "
-                         f"got {value!r}")
-    return float(seconds)
-
-
-_early_signals: list[int] = []  # signals a worker process got before its training loop started
-
-
-def _note_early_signal(signum: int, frame: Any) -> None:
-    _early_signals.append(signum)
-
-
-def defer_stop_signals() -> None:
-    """In a worker process, before anything else: a SIGINT or SIGTERM that arrives before its
-    training loop starts (while it loads data or builds the model) is kept and honoured by the
-    loop at its first logged step, with every other rank, instead of killing this worker while
-    its peers wait for it in a collective."""
-    if threading.current_thread() is threading.main_thread():
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, _note_early_signal)
-
-
-class _StopRequest(StopSignals):
-    """While a run trains (in the main thread): the first SIGINT or SIGTERM asks it to stop
-    cleanly after the current step; a second one aborts at once (KeyboardInterrupt). A signal
-    kept by :func:`defer_stop_signals` counts as the first."""
-
-    def __init__(self, enabled: bool) -> None:
-        super().__init__(enabled)
-        self.requested = False
-
-    def __enter__(self) -> _StopRequest:
-        super().__enter__()
-        if self.enabled and _early_signals:
-            self.handle(signal.Signals(_early_signals[0]))
-            _early_signals.clear()
-        return self
-
-    def handle(self, sig: signal.Signals) -> None:
-        if self.requested:
-            raise KeyboardInterrupt  # the second signal: abort now
-        self.requested = True
-        print(f"exogym: {sig.name}: stopping after this step (again to abort at once)",
-              file=sys.stderr, flush=True)
-
-
-def _drive(run: Run, resumed_step: int | None, ck: _Checkpointing,
-           handle_signals: bool) -> FitResult:
-    """The loop: train, log, checkpoint, stop on a signal; the result."""
-    checkpointer = None
-    if run.out_dir is not None:
-        world = 1 if run.ranks is None else run.ranks.world_size
-        checkpointer = Checkpointer(run.out_dir, keep=ck.keep, asynchronous=ck.asynchronous,
-                                    rank=0 if run.ranks is None else run.ranks.rank,
-                                    world_size=world)
-    distributed = run.ranks is not None and run.ranks.world_size > 1
-    last_save = time.monotonic()
-    owed = halting = False  # a checkpoint, a stop, due at the end of a paged run's round
-    try:
-        # The handler is in place before the run folder's files appear: a Ctrl-C while the run
-        # starts (sinks, initial evaluation) stops it cleanly too.
-        with _StopRequest(handle_signals) as stop:
-            run.open(resumed=resumed_step is not None)
-            if resumed_step is None:
-                run.evaluate_initial()
-            while not run.done:
-                run.train_step()
-                if run.log_due:
-                    run.log()
-                due = ck.every is not None and run.step % ck.every == 0
-                stopping = False
-                if not distributed or run.log_due:  # ranks agree at logged steps only
-                    late = (ck.interval_s is not None and run.lead
-                            and time.monotonic() - last_save >= ck.interval_s)
-                    stopping, late = run.agree(stop.requested, late)
-                    due = due or late
-                # a paged run mid-round has computed ahead: it saves and stops at the round's end
-                owed = owed or due or stopping or (run.done and ck.enabled)
-                halting = halting or stopping
-                if checkpointer is not None and owed and run.between_rounds:
-                    checkpointer.save(run.state_dict(), run.step, block=halting,
-                                      parts=run.checkpoint_parts())
-                    last_save, owed = time.monotonic(), False
-                if halting and run.between_rounds:
-                    raise RunInterrupted(_interrupted_message(run, checkpointer))
-        result = run.finish()
-        if checkpointer is not None:
-            checkpointer.wait()
-        return result
-    except BaseException:
-        run.close(None)
-        if checkpointer is not None:
-            with contextlib.suppress(BaseException):  # the first error is the one to report
-                checkpointer.wait()
-        raise
-
-
-def _interrupted_message(run: Run, checkpointer: Checkpointer | None) -> str:
-    where = f"interrupted after step {run.step} of {run.settings.total_steps}"
-    if checkpointer is None:
-        return f"{where}; the run has no folder, so nothing to resume from"
-    return (f"{where}; checkpoint written to {run.out_dir}/checkpoints/step-{run.step:08d}; "
-            f"continue with: exogym run --resume {run.out_dir}  (Python: "
-            f"Trainer(...).fit(resume={str(run.out_dir)!r}))")
 
 
 def _strategy_from_config(config: dict[str, Any], where: Path) -> StackedStrategy:

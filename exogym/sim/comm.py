@@ -51,7 +51,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Sequence
 from dataclasses import astuple, dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor
@@ -60,10 +60,12 @@ if TYPE_CHECKING:
     from exogym.sim.codecs import Codec
 
 __all__ = [
+    "Attendance",
     "CommRecord",
     "Communicator",
+    "Heard",
     "InProcessCommunicator",
-    "Timeline",
+    "OnRecord",
     "accumulate_rows",
     "all_gather_bytes",
     "all_reduce_bytes",
@@ -192,25 +194,58 @@ def _payload(tensors: Sequence[Tensor], codec: Codec | None = None) -> int:
     return sum(codec.payload_bytes(t[0].numel(), t.dtype) for t in tensors)
 
 
-class Timeline(Protocol):
-    """Who is heard at a synchronisation (the trainer's world and clock)."""
+Heard = Callable[[list[bool] | None, str | None], list[bool] | None]
+"""Who is heard at a synchronisation: ``heard(active, deadline)`` gives the nodes of ``active``
+(None: all) whose messages arrive, None when all of them do (the run's world and clock:
+:meth:`exogym.sim.presence.Presence.arrivals`)."""
 
-    def arrivals(self, active: list[bool] | None, deadline: str | None) -> list[bool] | None:
-        """The nodes of ``active`` (None: all) whose messages arrive; None: all of them."""
+OnRecord = Callable[[str, list[float], list[float], int, int], None]
+"""Told of every record's bytes per row: ``(op, sent, received, src, dst)`` (a population
+credits them to the seats' clients)."""
+
+
+@dataclass
+class Attendance:
+    """Who takes part in the step being computed, as a communicator sees it. The communicator is
+    given one when it is built; the loop that drives the nodes keeps it current (a run's
+    scheduler, a worker's loop); the collectives and the strategies read it
+    (:attr:`Communicator.step`, :attr:`Communicator.active`, :meth:`Communicator.arrivals`).
+    The communicator never reaches the run: this is all it knows of it.
+
+    Attributes:
+        step: the training step being computed, stamped on each record (``-1`` outside the
+            loop).
+        active: the nodes that compute it (``N`` booleans, global order; None: all).
+        heard: who is heard at a synchronisation (:data:`Heard`); None: everyone the step's
+            ``active`` says (a perfect world, where a deadline needs a simulated network).
+    """
+
+    step: int = -1
+    active: list[bool] | None = None
+    heard: Heard | None = None
 
 
 class Communicator(abc.ABC):
     """Collectives over the nodes of a run, with byte accounting.
 
-    Attributes:
+    Args:
         num_nodes: ``N``, nodes in the whole run.
         node_ids: the global ids of the nodes stacked in this process, in row order.
+        attendance: who takes part in the step being computed (:class:`Attendance`; None: a
+            fresh one, every node always).
+        seats: the rows are seats of a population's clients (:mod:`exogym.run.nodes.population`):
+            a seat's previous client may then send to its next one (``send`` with
+            ``src == dst``).
+        on_record: told of every record's bytes per row (:data:`OnRecord`), or None.
+
+    Attributes:
         bytes_sent / bytes_received: per global node, cumulative (floats: ring formulas divide).
         log: every collective, in order.
-        step: the current training step, set by the trainer, stamped on each record.
     """
 
-    def __init__(self, num_nodes: int, node_ids: Sequence[int]) -> None:
+    def __init__(self, num_nodes: int, node_ids: Sequence[int], *,
+                 attendance: Attendance | None = None, seats: bool = False,
+                 on_record: OnRecord | None = None) -> None:
         if num_nodes < 1:
             raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
         self.num_nodes = num_nodes
@@ -221,37 +256,40 @@ class Communicator(abc.ABC):
         self.server_bytes_sent = 0.0
         self.server_bytes_received = 0.0
         self.log: list[CommRecord] = []
-        self.step = -1
-        # The world's view, set by the trainer each step: the nodes that computed it (None:
-        # all), and who decides whose messages arrive (None: a perfect world, everyone's).
-        self.active: list[bool] | None = None
-        self.timeline: Timeline | None = None
+        self.attendance = attendance if attendance is not None else Attendance()
         # Wall and CPU seconds this process spent in a real transport (a process run's
         # torch.distributed calls; 0 in one process): the trainer takes them out of the measured
         # compute time (the wall time on a GPU, the CPU time on a CPU).
         self.transport_s = 0.0
         self.transport_cpu_s = 0.0
-        # Whether the rows are seats of a population's clients (exogym.run.nodes.population): a
-        # seat's previous client may then send to its next one (``send`` with ``src == dst``).
-        self.seats = False
-        # Told of every record's bytes per row: ``(op, sent, received, src, dst)`` (a
-        # population credits them to the seats' clients).
-        self.on_record: Callable[[str, list[float], list[float], int, int], None] | None = None
+        self.seats = seats
+        self.on_record = on_record
 
     @property
     def n_local(self) -> int:
         return len(self.node_ids)
 
+    @property
+    def step(self) -> int:
+        """The training step being computed (:attr:`Attendance.step`)."""
+        return self.attendance.step
+
+    @property
+    def active(self) -> list[bool] | None:
+        """The nodes that compute the current step (:attr:`Attendance.active`; None: all)."""
+        return self.attendance.active
+
     def arrivals(self, deadline: str | None = None) -> list[bool] | None:
         """Whose contributions reach a synchronisation now (``N`` booleans): the active nodes
-        minus lost messages and the ones ``deadline`` cuts (the run's :class:`Timeline`
-        decides); None when everyone's do."""
-        if self.timeline is None:
+        minus lost messages and the ones ``deadline`` cuts (the attendance's
+        :attr:`~Attendance.heard` decides); None when everyone's do."""
+        heard = self.attendance.heard
+        if heard is None:
             if deadline is not None:
                 raise ValueError(f"deadline={deadline!r} needs a simulated network (a clock to "
                                  "tell who is late): give the run a network")
             return self.active
-        return self.timeline.arrivals(self.active, deadline)
+        return heard(self.active, deadline)
 
     def state_dict(self) -> dict[str, Any]:
         """The counters and the log (records as tuples of their fields), for a checkpoint."""
@@ -268,7 +306,7 @@ class Communicator(abc.ABC):
         self.server_bytes_sent, self.server_bytes_received = (
             float(v) for v in state.get("server", (0.0, 0.0)))
         self.log = [CommRecord(*r) for r in state["log"]]
-        self.step = int(state["step"])
+        self.attendance.step = int(state["step"])
 
     # -- the public collectives -------------------------------------------------------------
     def all_reduce(
@@ -571,8 +609,10 @@ class Communicator(abc.ABC):
 class InProcessCommunicator(Communicator):
     """All ``N`` nodes live in this process, stacked along dim 0: collectives are reductions."""
 
-    def __init__(self, num_nodes: int) -> None:
-        super().__init__(num_nodes, range(num_nodes))
+    def __init__(self, num_nodes: int, *, attendance: Attendance | None = None,
+                 seats: bool = False, on_record: OnRecord | None = None) -> None:
+        super().__init__(num_nodes, range(num_nodes), attendance=attendance, seats=seats,
+                         on_record=on_record)
 
     def _all_reduce(self, tensors: list[Tensor], op: ReduceOp) -> list[Tensor]:
         return finish_reduce(accumulate_rows(None, tensors), op, self.num_nodes,

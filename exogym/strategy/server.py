@@ -57,7 +57,6 @@ class ServerStrategy(StackedStrategy):
             :meth:`local_steps` says otherwise).
     """
 
-    asynchronous: ClassVar[bool] = True
     supports_codec: ClassVar[bool] = False
 
     H: int = 50

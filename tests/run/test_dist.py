@@ -45,6 +45,7 @@ from exogym.sim.engine import NodeStack
 from exogym.sim.sharding import NodeBatches
 from exogym.strategy import get, make, registry
 from exogym.strategy.base import StackedStrategy
+from exogym.strategy.server import ServerStrategy
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -61,7 +62,7 @@ def strategies() -> dict[str, StackedStrategy]:
     """Every registered strategy with a short sync period, plus codec and drop variants."""
     out: dict[str, StackedStrategy] = {}
     for sid in registry():
-        if getattr(get(sid), "asynchronous", False):
+        if issubclass(get(sid), ServerStrategy):
             continue  # simulation only: refused by the process engine (test below)
         overrides: dict[str, Any] = {"optim.lr": 0.05}
         fields = make(sid).hyperparameters()
@@ -98,7 +99,7 @@ def reference(strategy: StackedStrategy, num_nodes: int) -> tuple[Any, dict[str,
     comm = InProcessCommunicator(num_nodes)
     s.setup(nodes, comm, STEPS)
     for step in range(STEPS):
-        comm.step = step
+        comm.attendance.step = step
         nodes.forward_backward(next(batches))
         s.step(step)
         nodes.zero_grad()
@@ -295,7 +296,7 @@ def test_each_rank_s_measured_compute_makes_the_straggler_wait() -> None:
     assert r.recost("bw=1Gbps,latency=0s") == clock
 
 
-@pytest.mark.parametrize("sid", [s for s in registry() if getattr(get(s), "asynchronous", False)])
+@pytest.mark.parametrize("sid", [s for s in registry() if issubclass(get(s), ServerStrategy)])
 def test_asynchronous_strategies_are_refused_before_spawning(sid: str) -> None:
     with pytest.raises(ValueError, match=rf"{sid} is asynchronous: .* one process"):
         fit_processes(TinyBN(), dataset(), None, strategy=make(sid), num_nodes=2,

@@ -26,8 +26,9 @@ from exogym.sim.comm import InProcessCommunicator
 from exogym.sim.sharding import NodeBatches
 from exogym.strategy import StackedStrategy, get, make, registry
 from exogym.strategy.optim import LRSchedule
+from exogym.strategy.server import ServerStrategy
 
-SYNCHRONOUS = [s for s in registry() if not getattr(get(s), "asynchronous", False)]
+SYNCHRONOUS = [s for s in registry() if not issubclass(get(s), ServerStrategy)]
 
 
 def fit(strategy: StackedStrategy | str, **kw: Any) -> Any:

@@ -29,8 +29,8 @@ from support.resume_cases import (
 )
 from support.scripts import child_env
 
-from exogym.run import trainer as trainer_module
-from exogym.run.loop.run import RunInterrupted
+from exogym.run.loop import drive as drive_module
+from exogym.run.loop.drive import RunInterrupted
 from exogym.run.output import checkpoint as checkpoint_module
 from exogym.run.output.checkpoint import (
     Checkpointer,
@@ -250,7 +250,7 @@ def test_a_signal_before_the_loop_starts_stops_the_run_at_its_first_step(tmp_pat
     killing the worker."""
     old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        trainer_module.defer_stop_signals()
+        drive_module.defer_stop_signals()
         os.kill(os.getpid(), signal.SIGTERM)  # handled: noted, no exception
         run = tmp_path / "run"
         with pytest.raises(RunInterrupted, match="interrupted after step 1 of 8"):
@@ -258,7 +258,7 @@ def test_a_signal_before_the_loop_starts_stops_the_run_at_its_first_step(tmp_pat
                                          batch_size=8, out_dir=run, progress=False,
                                          network=None, log_interval=1)
         assert checkpoint_steps(run) == [1]
-        assert trainer_module._early_signals == []
+        assert drive_module._early_signals == []
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)

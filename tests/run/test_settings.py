@@ -25,7 +25,7 @@ from support.scripts import ROOT
 from exogym import Trainer
 from exogym.cli import build_parser
 from exogym.cli.run import _check_resume_options, _run_fit_args
-from exogym.run.loop.run import RUN_CONFIG_KEYS
+from exogym.run.loop.config import RUN_CONFIG_KEYS
 from exogym.run.options import (
     FitOptions,
     cli_default_of,

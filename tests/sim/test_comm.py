@@ -224,9 +224,9 @@ def test_comm_records_are_appended():
 
     # Execute
     comm.all_reduce(x)  # default step -1, empty tag
-    comm.step = 7
+    comm.attendance.step = 7
     comm.all_reduce(x, "sum", tag="grads", overlap=True)
-    comm.step = 8
+    comm.attendance.step = 8
     comm.all_gather(x.half(), tag="g")
     comm.broadcast(x, 1, tag="buffers")
 

@@ -271,7 +271,7 @@ def exogym_run(model: nn.Module, batches, strategy_name: str, engine: str, *,
     losses, lrs, mid = [], [], []
     torch.manual_seed(seed)
     for step, batch in enumerate(batches):
-        comm.step = step
+        comm.attendance.step = step
         lrs.append(strategy.lr)
         losses.append(nodes.forward_backward(batch))
         strategy.step(step)

@@ -1,8 +1,8 @@
 """The world changes the training (docs/design/world.md): absent nodes, lost messages,
 deadlines, failures and live recovery, the quorum, and the world model's own parsing.
 
-Closed-form tests set the world's view by hand on a tiny float64 model (``comm.active``, a
-timeline that says who is heard); the run-level tests inject failures as torchft's
+Closed-form tests set the world's view by hand on a tiny float64 model (the communicator's
+attendance: who computes, who is heard); the run-level tests inject failures as torchft's
 ``EventInjector.fail_at(rank, step)`` does (``fail=NODE@STEP``) and check the state the nodes end
 with."""
 
@@ -23,6 +23,7 @@ from exogym.cli import main
 from exogym.sim.clock import SimClock, parse_deadline
 from exogym.sim.world import World, parse_world
 from exogym.strategy import DDP, DiLoCo, FedAvg, get, make, registry
+from exogym.strategy.server import ServerStrategy
 
 
 # -- closed form --------------------------------------------------------------------------------
@@ -30,7 +31,7 @@ def test_ddp_with_one_node_down_steps_with_the_mean_of_the_others() -> None:
     # Prepare: 3 nodes at w = [1, 2], SGD lr 0.1; node 1 is down this step
     ddp = DDP(optim=sgd(0.1))
     nodes, comm = build(ddp, (1.0, 2.0), n=3)
-    comm.active = [True, False, True]
+    comm.attendance.active = [True, False, True]
 
     # Execute: node 1 computed nothing (its gradient row is zero, as after zero_grad)
     step_with(ddp, nodes, [[1.0, 0.0], [0.0, 0.0], [3.0, 2.0]], 0)
@@ -46,7 +47,7 @@ def test_ddp_with_one_node_down_steps_with_the_mean_of_the_others() -> None:
 def test_ddp_node_whose_gradient_is_lost_skips_the_step_and_heals() -> None:
     ddp = DDP(optim=sgd(0.1))
     nodes, comm = build(ddp, (1.0, 2.0), n=3)
-    comm.timeline = Heard([True, True, False])  # node 2 computed, its gradient was lost
+    comm.attendance.heard = Heard([True, True, False])  # node 2 computed, its gradient was lost
     step_with(ddp, nodes, [[1.0, 0.0], [3.0, 2.0], [5.0, 5.0]], 0)
     # mean of nodes 0, 1: [2, 1] -> [0.8, 1.9]; node 2 did not step and is out of sync
     assert torch.allclose(nodes.params["w"], t([[0.8, 1.9], [0.8, 1.9], [1.0, 2.0]]), **TOL)
@@ -63,7 +64,7 @@ def test_diloco_averages_the_pseudo_gradients_that_arrived() -> None:
     diloco = DiLoCo(H=1, outer_optimizer="sgd", outer_lr=1.0, outer_momentum=0.0,
                     optim=sgd(0.1))
     nodes, comm = build(diloco, (1.0, 2.0), n=3)
-    comm.timeline = Heard([True, False, True])  # node 1's message is lost
+    comm.attendance.heard = Heard([True, False, True])  # node 1's message is lost
 
     # Execute: x_i = [1, 2] - 0.1 g_i = [[0.9, 2], [0.7, 1.8], [0.5, 1.5]]
     step_with(diloco, nodes, [[1.0, 0.0], [3.0, 2.0], [5.0, 5.0]], 0)
@@ -94,7 +95,7 @@ def test_diloco_recovery_sends_the_global_model_and_the_outer_momentum() -> None
 def test_fedavg_members_adopt_the_mean_and_the_others_keep_theirs() -> None:
     fedavg = FedAvg(H=1, optim=sgd(0.1))
     nodes, comm = build(fedavg, (1.0, 2.0), n=3)
-    comm.timeline = Heard([False, True, True])
+    comm.attendance.heard = Heard([False, True, True])
     step_with(fedavg, nodes, [[1.0, 0.0], [3.0, 2.0], [5.0, 5.0]], 0)
     # x = [[0.9, 2], [0.7, 1.8], [0.5, 1.5]]; mean of nodes 1, 2: [0.6, 1.65]
     assert torch.allclose(nodes.params["w"], t([[0.9, 2.0], [0.6, 1.65], [0.6, 1.65]]), **TOL)
@@ -178,7 +179,7 @@ GLOBAL_MODEL = {"diloco", "fedavg", "fedprox", "fedadam", "fedyogi", "fedadagrad
 
 
 # Asynchronous strategies refuse failures (tests/strategy/test_async.py).
-SYNCHRONOUS = [sid for sid in registry() if not getattr(get(sid), "asynchronous", False)]
+SYNCHRONOUS = [sid for sid in registry() if not issubclass(get(sid), ServerStrategy)]
 
 
 @pytest.mark.parametrize("sid", SYNCHRONOUS)

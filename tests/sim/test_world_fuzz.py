@@ -30,6 +30,7 @@ from exogym import Trainer
 from exogym.run.output.checkpoint import load_checkpoint
 from exogym.sim.world import parse_world
 from exogym.strategy import get, make, registry
+from exogym.strategy.server import ServerStrategy
 
 EXAMPLES = int(os.environ.get("EXOGYM_FUZZ_EXAMPLES", "12"))
 BIG = EXAMPLES > 50
@@ -68,7 +69,7 @@ def paged_worlds(draw: st.DrawFn) -> Drawn:
     """Worlds of 16 nodes for synchronous strategies (paged in groups of 8); one draw in two a
     perfect world on the threads engine with no deadline, where local-SGD methods page once
     per round."""
-    sync = [s for s in registry() if not getattr(get(s), "asynchronous", False)]
+    sync = [s for s in registry() if not issubclass(get(s), ServerStrategy)]
     strategy = draw(st.sampled_from(sync))
     participation = draw(st.sampled_from([None, None, 5]))
     if draw(st.booleans()):

@@ -275,7 +275,7 @@ def test_an_absent_node_is_neither_averaged_in_nor_charged_and_keeps_its_values(
     nodes, comm = build(s, (1.0, 2.0), n=3)
 
     # Execute: node 2 is down (computed nothing: zero gradient, no optimizer step)
-    comm.active = [True, True, False]
+    comm.attendance.active = [True, True, False]
     step_with(s, nodes, [[1.0, 0.0], [0.0, 2.0], [0.0, 0.0]], 0)
 
     # Assert: nodes 0 and 1 step to [0.9, 2], [1, 1.8] and average among themselves to

@@ -43,7 +43,7 @@ def heavy_ball(**kw: Any) -> DiLoCoEager:
 
 def run_round(strategy, nodes, comm, grads, first_step: int, H: int = 2) -> None:
     for step in range(first_step, first_step + H):
-        comm.step = step
+        comm.attendance.step = step
         step_with(strategy, nodes, grads, step)
 
 
@@ -150,7 +150,7 @@ def test_delay_two_applies_each_mean_two_rounds_later():
                         outer_momentum=0.0, optim=sgd(0.1))
     nodes, comm = build(naive, (1.0, 2.0))
     for step, g in enumerate(grads):
-        comm.step = step
+        comm.attendance.step = step
         step_with(naive, nodes, g, step)
     # rounds 1 and 2 apply nothing; round 3 applies D1 = [0.05, 0.1]
     assert torch.allclose(nodes.params["w"], t([[0.95, 1.9], [0.95, 1.9]]), **TOL)
@@ -256,11 +256,11 @@ def test_a_lost_outer_gradient_by_hand():
     def run(strategy):
         nodes, comm = build(strategy, (1.0, 2.0))
         step_with(strategy, nodes, [[1.0, 0.0], [0.0, 2.0]], 0)  # Delta = [0.1, 0], [0, 0.2]
-        comm.timeline = Heard([True, False])
-        comm.step = 1
+        comm.attendance.heard = Heard([True, False])
+        comm.attendance.step = 1
         step_with(strategy, nodes, [[2.0, 0.0], [0.0, 4.0]], 1)  # Delta = [0.2, 0], [0, 0.4]
-        comm.timeline = None
-        comm.step = 2
+        comm.attendance.heard = None
+        comm.attendance.step = 2
         step_with(strategy, nodes, [[0.0, 0.0], [0.0, 0.0]], 2)
         return nodes, comm
 
@@ -293,10 +293,10 @@ def test_a_node_that_computed_nothing_is_recovered_with_the_donors_outer_state()
     s = DiLoCoEager(H=1, optim=sgd(0.1))
     nodes, comm = build(s, (1.0, 2.0))
     step_with(s, nodes, [[1.0, 0.0], [0.0, 2.0]], 0)
-    comm.active = [True, False]
+    comm.attendance.active = [True, False]
     step_with(s, nodes, [[2.0, 1.0], [0.0, 0.0]], 1)
     assert s.pending_recovery == [1] and s.outer_counts.tolist() == [2, 1]
-    comm.active = None
+    comm.attendance.active = None
     before = comm.bytes_received[1]
     s.recover(1, donor=0)
     # node 1: the donor's theta_0 (its parameters too), momentum, record of what it sent

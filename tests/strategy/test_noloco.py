@@ -144,7 +144,7 @@ def test_a_down_node_takes_no_step_and_its_partner_steps_alone():
     s = NoLoCo(H=1, alpha=0.5, beta=1.0, optim=sgd(1.0), seed=1)
     nodes, comm = build(s, (0.0, 0.0), n=4)
     (partner,) = [j for g in s.groups(0) if 0 in g for j in g if j != 0]
-    comm.active = [False, True, True, True]
+    comm.attendance.active = [False, True, True, True]
     grads = [[1.0, 1.0], [2.0, 0.0], [0.0, 2.0], [4.0, 0.0]]
 
     # Execute
@@ -160,12 +160,13 @@ def test_a_down_node_takes_no_step_and_its_partner_steps_alone():
 
 
 class _Loses:
-    """A timeline whose synchronisations lose the messages of the given nodes."""
+    """Who is heard (``attendance.heard``): synchronisations that lose the messages of the given
+    nodes."""
 
     def __init__(self, lost: set[int]) -> None:
         self.lost = lost
 
-    def arrivals(self, active, deadline):
+    def __call__(self, active, deadline):
         return [i not in self.lost for i in range(2)]
 
 
@@ -173,7 +174,7 @@ def test_a_lost_message_is_heard_by_one_side_only():
     # Prepare: N = 2, node 1's message is lost: node 1 hears node 0, node 0 hears nobody
     s = NoLoCo(H=1, alpha=0.5, beta=1.0, optim=sgd(1.0))
     nodes, comm = build(s, (0.0, 0.0))
-    comm.timeline = _Loses({1})
+    comm.attendance.heard = _Loses({1})
 
     # Execute: theta_i = -g_i, Delta_i = g_i
     step_with(s, nodes, [[2.0, 0.0], [0.0, 4.0]], 0)

@@ -117,12 +117,13 @@ def test_three_outer_steps_by_hand_mean_aggregation():
 
 
 class Lost:
-    """A timeline that loses the messages of ``lost`` (node ids) at every synchronisation."""
+    """Who is heard (``attendance.heard``): the messages of ``lost`` (node ids) at every
+    synchronisation."""
 
     def __init__(self, lost: set[int]) -> None:
         self.lost = lost
 
-    def arrivals(self, active, deadline):
+    def __call__(self, active, deadline):
         heard = [(active is None or active[i]) and i not in self.lost for i in range(3)]
         return None if all(heard) else heard
 
@@ -134,7 +135,7 @@ def test_absent_nodes_neither_accumulate_nor_send_and_lost_messages_leave_the_ac
     s.error["w"][2] = t([0.4, 0.0, 0.0, 0.0])
 
     # Execute: node 2 is down (computed nothing: its gradient row is zero, its parameters stay)
-    comm.active = [True, True, False]
+    comm.attendance.active = [True, True, False]
     step_with(s, nodes, [[10.0, 0.0, 0.0, 5.0], [0.0, 20.0, 5.0, 0.0], [0.0] * 4], 0)
 
     # Assert: the mean over the M = 2 senders, as in the 2-node test: theta = [.5, 1, 2.75,
@@ -150,7 +151,7 @@ def test_absent_nodes_neither_accumulate_nor_send_and_lost_messages_leave_the_ac
     # Execute: every node computes; node 1's message is lost. Delta_0 = 0.1 [3, 1, 0, 0],
     # Delta_1 = [0, 0, .2, .4]; node 2 did not restart (zero gradient): Delta_2 = theta1 -
     # [1, 2, 3, 4] = [-.5, -1, -.25, -.25], and e_2 = .5 [.4, 0, 0, 0] + Delta_2
-    comm.active, comm.timeline = None, Lost({1})
+    comm.attendance.active, comm.attendance.heard = None, Lost({1})
     step_with(s, nodes, [[3.0, 1.0, 0.0, 0.0], [0.0, 0.0, 2.0, 4.0], [0.0] * 4], 1)
 
     # Assert: e_2 = [-.3, -1, -.25, -.25] sends -1 (chunk 0) and -.25 (chunk 1, the first of

@@ -71,7 +71,7 @@ def run_step(strategy, nodes, comm, step: int, grads: dict[str, list]) -> None:
     """Write the per-node gradients by hand, then the strategy's step ``step`` (0-based)."""
     for name, rows in grads.items():
         nodes.grads[name].copy_(torch.tensor(rows, dtype=nodes.grads[name].dtype))
-    comm.step = step
+    comm.attendance.step = step
     strategy.step(step)
     nodes.zero_grad()
 
@@ -291,7 +291,7 @@ def _train(strategy, model: nn.Module, steps: int, n: int = 3):
     for step in range(steps):
         x = torch.randn(n, 5, 6, generator=gen, dtype=F64)
         y = torch.randint(0, 4, (n, 5), generator=gen)
-        comm.step = step
+        comm.attendance.step = step
         nodes.forward_backward((x, y))
         strategy.step(step)
         nodes.zero_grad()

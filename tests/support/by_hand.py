@@ -68,10 +68,11 @@ def step_with(strategy: StackedStrategy, nodes: NodeStack, grads, step: int) -> 
 
 
 class Heard:
-    """A timeline that hears exactly ``heard`` (``N`` booleans) at every synchronisation."""
+    """Who is heard (a communicator's ``attendance.heard``): exactly ``heard`` (``N`` booleans) at
+    every synchronisation."""
 
     def __init__(self, heard: list[bool]) -> None:
         self.heard = heard
 
-    def arrivals(self, active: list[bool] | None, deadline: str | None) -> list[bool] | None:
+    def __call__(self, active: list[bool] | None, deadline: str | None) -> list[bool] | None:
         return None if all(self.heard) else self.heard

@@ -46,7 +46,7 @@ def _train(strategy: StackedStrategy, nodes: NodeStack, comm: InProcessCommunica
     for step in steps:  # the batch of a step depends on the step only, so a resumed run sees it
         g = torch.Generator().manual_seed(1000 + step)
         x = torch.randn(nodes.num_nodes, 8, 6, generator=g, dtype=F64)
-        comm.step = step
+        comm.attendance.step = step
         nodes.forward_backward((x, x[..., :3].argmax(-1)))
         strategy.step(step)
         nodes.zero_grad()

@@ -43,7 +43,7 @@ from torch import Tensor
 from torch.utils._pytree import tree_map
 
 from exogym.run.dist.ranks import local_node_ids
-from exogym.sim.comm import Communicator, ReduceOp
+from exogym.sim.comm import Attendance, Communicator, OnRecord, ReduceOp
 from exogym.sim.compute import work_cpu_mark, work_cpu_since
 from exogym.sim.engine import NodeStack
 from exogym.sim.sharding import NodeBatches, fetch
@@ -130,6 +130,9 @@ class DistributedCommunicator(Communicator):
         node_ids: the global ids of this process's nodes in row order; must be
             ``local_node_ids(rank, n_local)`` (contiguous, every rank the same count).
         group: the process group (None: the default group, which must be initialised).
+        attendance, seats, on_record: as :class:`~exogym.sim.comm.Communicator`'s.
+        wall: this rank's real steps and collectives on the wall clock (:class:`WallSpans`:
+            the run's real trace), or None.
 
     Bytes and the log are the base class's (identical to :class:`InProcessCommunicator`'s for
     the same ``N``); every process holds the counters of all ``N`` nodes.
@@ -137,13 +140,16 @@ class DistributedCommunicator(Communicator):
 
     def __init__(
         self, num_nodes: int, node_ids: Sequence[int], group: dist.ProcessGroup | None = None,
+        *, attendance: Attendance | None = None, seats: bool = False,
+        on_record: OnRecord | None = None, wall: WallSpans | None = None,
     ) -> None:
-        super().__init__(num_nodes, node_ids)
+        super().__init__(num_nodes, node_ids, attendance=attendance, seats=seats,
+                         on_record=on_record)
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("DistributedCommunicator needs torch.distributed initialised "
                                "(torch.distributed.init_process_group) before it is built")
         self.group = group
-        self.wall: WallSpans | None = None  # the real trace's recorder, when one is recorded
+        self.wall = wall
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         n_local = len(self.node_ids)

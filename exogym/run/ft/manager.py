@@ -63,6 +63,7 @@ from exogym.sim.comm import (
 from exogym.sim.engine import NodeStack
 from exogym.sim.sharding import NodeBatches
 from exogym.strategy.base import StackedStrategy
+from exogym.strategy.server import ServerStrategy
 
 __all__ = [
     "FT_STRATEGIES", "FTCommunicator", "FTUnavailable", "KillPoint", "ReplicaLog",
@@ -109,7 +110,7 @@ def check_ft_strategy(strategy: StackedStrategy) -> None:
     sid = getattr(strategy, "id", type(strategy).__name__)
     if sid in FT_STRATEGIES:
         return
-    if getattr(strategy, "asynchronous", False):
+    if isinstance(strategy, ServerStrategy):
         reason = ("it is asynchronous: its parameter server and per-node timelines run in one "
                   "process")
     else:

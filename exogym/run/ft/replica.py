@@ -211,7 +211,7 @@ class _Replica:
             self.seconds["compute"] += time.perf_counter() - start
 
     def _train_step(self) -> float:
-        self.comm.step = self.step
+        self.comm.attendance.step = self.step
         batch = self.nodes.to_batch_device(local_batch(self.batches, self.node_ids))
         losses = self.nodes.forward_backward(batch)
         self.strategy.step(self.step)

@@ -65,7 +65,7 @@ class ClockFeed:
         spans: record the clock's spans (the run's timeline: its trace, its picture).
         trace: the run's trace is asked for (``fit(trace=True)``): it needs a network; in a
             multi-process run each rank also records its real steps and collectives on the
-            wall clock (the real trace).
+            wall clock (the real trace: the communicator's :class:`WallSpans`, built with it).
     """
 
     def __init__(self, network: Network | None, world: World, num_nodes: int,
@@ -99,10 +99,10 @@ class ClockFeed:
         if trace and network is None:
             raise ValueError("trace=True: a run's trace is the timeline of its simulated clock; "
                              "give the run a network (--network)")
-        self.wall = WallSpans() if trace and ranks is not None else None
-        if self.wall is not None:
-            assert isinstance(comm, DistributedCommunicator)
-            comm.wall = self.wall
+        # a process run's real trace: the distributed communicator records this rank's real
+        # collectives, and the feed its steps
+        self.wall: WallSpans | None = (comm.wall if trace and isinstance(
+            comm, DistributedCommunicator) else None)
 
     @property
     def lagging(self) -> bool:
@@ -353,7 +353,7 @@ def not_recostable(strategy: StackedStrategy, world: World, asynchronous: bool) 
     if world.time_dependent:
         return (f"its world ({world.spec()}) decides who is up by simulated time, which "
                 "another network would change")
-    deadline = getattr(strategy, "deadline", None)
+    deadline = strategy.deadline
     if deadline is not None:
         return (f"its deadline ({deadline}) decides who is late by simulated time, which "
                 "another network would change")

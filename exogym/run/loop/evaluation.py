@@ -25,7 +25,36 @@ from exogym.run.output.result import NonFiniteLossError
 from exogym.sim.engine import metrics_of
 from exogym.sim.sharding import FixedSubset, iterate_batches
 
-__all__ = ["Evaluation", "describe_eval_set", "evaluate_model", "from_lead", "load_state"]
+__all__ = ["EvalTimes", "Evaluation", "describe_eval_set", "evaluate_model", "from_lead",
+           "load_state"]
+
+
+class EvalTimes:
+    """When a run evaluates during training: every ``interval`` steps and at its last step
+    (``enabled``: there is an evaluation set).
+
+    Args:
+        interval: steps between two evaluations.
+        total_steps: the run's length.
+        enabled: whether the run evaluates at all.
+    """
+
+    def __init__(self, interval: int, total_steps: int, enabled: bool) -> None:
+        self.interval, self.total_steps, self.enabled = interval, total_steps, enabled
+
+    def due(self, done: int) -> bool:
+        """Whether the row after ``done`` steps has an evaluation."""
+        return self.enabled and done > 0 and (done % self.interval == 0
+                                              or done == self.total_steps)
+
+    def steps_to_next(self, step: int) -> int:
+        """Steps from ``step`` to the next evaluation, that step included (a paged round ends
+        there: an evaluation reads the groups' state of its step, which a round computed
+        further ahead has left behind; eager DiLoCo's global model, the nodes' mean, changes
+        every step)."""
+        if not self.enabled:
+            return self.total_steps - step
+        return self.interval - step % self.interval
 
 
 class Evaluation:

@@ -1,91 +1,112 @@
-"""Who computes next: one small object per way of running the nodes (docs/design.md,
-"The parts of a run").
+"""Who computes next: one scheduler per way of running the nodes, each with the narrow
+interfaces it needs, declared here (docs/design.md, "The parts of a run").
 
-A scheduler takes the run from one step to the next (:meth:`Scheduler.advance`); the run keeps
-the state and does the work it is asked for, through the narrow protocol :class:`Stepped`
-(:class:`exogym.run.loop.run.Run` implements it; ``compute``: the given nodes compute one step,
-the strategy updates and communicates):
+A scheduler owns the loop from one step to the next (:meth:`Scheduler.advance`). It never
+holds the run: it is built with the parts it drives, each behind a protocol of its own mode.
 
+- every mode: :class:`Compute`, the given nodes compute one step (the strategy updates and
+  communicates, the clock advances; :class:`~exogym.run.loop.losses.TrainLoss`);
 - :class:`Lockstep` (synchronous strategies): step ``k`` of every node that computes is step
-  ``k``; in a world, the world decides before each step who is up (and who recovers first);
-- :class:`Rounds` (a population's seats, :mod:`exogym.run.nodes.population`): a round's clients are
-  seated at its first step and every seat computes its steps;
-- :class:`PerNodeTimelines` (asynchronous strategies): each node on its own simulated clock; the
-  event loop below decides which nodes compute next and when a push reaches the server.
+  ``k``; in a world (or with partial participation) it asks a :class:`WorldGate` before each
+  step who computes (:class:`~exogym.run.loop.world_step.WorldStep`);
+- :class:`~exogym.run.loop.rounds.Rounds` (a population's seats): a :class:`Seating` seats a
+  round's clients at its first step, every seat computes its steps, and at its end clients
+  that keep state write it back;
+- :class:`~exogym.run.loop.timelines.PerNodeTimelines` (asynchronous strategies): each node on
+  its own simulated clock (:class:`ClockSource`); an event loop decides which nodes compute
+  next and when a push reaches the :class:`Server`.
+
+A new execution mode is a scheduler and the protocol of what it asks; none of the others, and
+neither the run nor a holder, changes.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from exogym.run.loop.events import Timelines, same_or_before
-
 if TYPE_CHECKING:
-    from exogym.run.dist.ranks import RankContext
     from exogym.sim.clock import SimClock
-    from exogym.sim.network import Network
     from exogym.sim.participation import Participation
-    from exogym.sim.world import World
 
-__all__ = ["Lockstep", "PerNodeTimelines", "Rounds", "Scheduler", "Stepped"]
+__all__ = ["ClockSource", "Compute", "Lockstep", "Scheduler", "Seating", "Select", "Server",
+           "WorldGate"]
 
 Select = Callable[[int, list[bool]], tuple[list[bool], dict[int, int], list[int]]]
+"""Partial participation's choice at a step among the up nodes: ``(who computes, {node joining
+the round: its donor}, the participants that stay and start their own state afresh)``."""
 
 
-class Stepped(Protocol):
-    """What a scheduler asks of the run (:class:`exogym.run.loop.run.Run`)."""
+class Compute(Protocol):
+    """Every mode: the given nodes compute one step."""
 
-    step: int
+    def __call__(self, step: int, active: list[bool] | None) -> None:
+        """The ``active`` nodes (None: all) compute ``step``: forward, backward, the
+        strategy's update and collectives; the clock is told."""
+
+
+class WorldGate(Protocol):
+    """Lockstep in a world: the world's say before a step."""
+
+    def __call__(self, step: int, select: Select | None = None) -> list[bool] | None:
+        """Who computes ``step`` (None: all), the recoveries it needs done first."""
+
+
+class Seating(Protocol):
+    """A population's rounds: the clients in the seats."""
+
+    def start_round(self, step: int) -> None:
+        """The round starting at ``step``: its clients drawn and seated (those new to it
+        receive the global model)."""
+
+    def end_round(self) -> None:
+        """The round's clients that keep state write it back."""
 
     @property
-    def total_steps(self) -> int: ...
+    def active(self) -> list[bool] | None:
+        """The seats that compute in this round (None: all)."""
 
     @property
-    def rows(self) -> int:
-        """The nodes (a population's seats) the run computes."""
-        ...
+    def seated(self) -> bool:
+        """Whether a round's clients are in the seats (not so before the first round, or in a
+        run resumed from a checkpoint)."""
+
+
+class ClockSource(Protocol):
+    """Asynchronous: the simulated clock (created at the run's first step)."""
 
     @property
     def clock(self) -> SimClock | None: ...
 
-    def compute(self, step: int, active: list[bool] | None) -> None:
-        """The ``active`` nodes (None: all) compute ``step``."""
 
-    def world_step(self, select: Select | None = None) -> list[bool] | None:
-        """The world's say before a step: who computes (None: all)."""
+class Server(Protocol):
+    """Asynchronous: the parameter server and the nodes (a population's seats) it serves."""
 
-    # a population's rounds
-    def start_round(self, step: int) -> None: ...
-
-    def end_round(self) -> None: ...
-
-    @property
-    def round_active(self) -> list[bool] | None: ...
-
-    @property
-    def seated(self) -> bool: ...
-
-    # an asynchronous server
-    def fill_seats(self) -> None: ...
+    def fill(self, step: int) -> None:
+        """Before the server's first step: its first clients in flight (a population)."""
 
     def pushes(self) -> list[tuple[int, float]]:
         """``(node, bytes)`` of the updates pushed at the step just computed, taken."""
-        ...
 
-    def deliver(self, node: int, at: float, final: bool) -> float:
-        """A push reaches the server at ``at``; the bytes of the model it sends back
-        (``final``: the run's end, no other round follows)."""
-        ...
+    def deliver(self, node: int, at: float, step: int, final: bool) -> float:
+        """A push reaches the server at ``at``: it applies the update; the node (a seat: its
+        next client, unless ``final``, the run's end) receives the server's model; the bytes
+        of that reply."""
+
+    @property
+    def staleness(self) -> list[int]:
+        """The staleness of every update applied so far, in order."""
 
 
 class Scheduler(Protocol):
-    """Takes a run one step further (its ``step`` count)."""
+    """Takes a run one step further (its step count)."""
 
-    def advance(self, run: Stepped) -> int:
-        """Have the run compute until its step count grows by one; the new count."""
-        ...
+    #: Whether simulated time steers who computes (the clock is then fed as the run goes, at a
+    #: price of a step known before the run).
+    steered: bool
+
+    def advance(self, step: int) -> int:
+        """Compute until the run's step count, ``step``, grows by one; the new count."""
 
     def state_dict(self) -> dict[str, Any] | None: ...
 
@@ -93,22 +114,34 @@ class Scheduler(Protocol):
 
 
 class Lockstep:
-    """Synchronous runs: every node that computes takes the step together. ``worldly``: nodes
-    may be absent (a world that is not perfect, a deadline, partial participation): the run's
-    world decides before each step who is up (:meth:`exogym.run.loop.run.Run.world_step`), and
-    with ``participation`` only the round's participants among them compute
-    (:mod:`exogym.sim.participation`; a round is ``period`` steps)."""
+    """Synchronous runs: every node that computes takes the step together. With a ``world``
+    (nodes may be absent: a world that is not perfect, a deadline, partial participation) the
+    world decides before each step who is up (and who recovers first), and with
+    ``participation`` only the round's participants among them compute
+    (:mod:`exogym.sim.participation`; a round is ``period`` steps).
 
-    def __init__(self, worldly: bool, participation: Participation | None = None,
-                 period: int = 1) -> None:
-        self.worldly = worldly or participation is not None
+    Args:
+        compute: computes a step.
+        world: the world's say before each step, or None (everyone computes every step).
+        participation: partial participation (needs ``world``), or None.
+        period: a round's steps (the strategy's synchronisation period).
+    """
+
+    def __init__(self, compute: Compute, world: WorldGate | None = None,
+                 participation: Participation | None = None, period: int = 1) -> None:
+        if participation is not None and world is None:
+            raise ValueError("partial participation is the world's say before each step: "
+                             "give Lockstep a world")
+        self.compute, self.world = compute, world
         self.participation, self.period = participation, period
+        self.steered = world is not None
         self.participants: list[bool] | None = None  # this round's
 
-    def advance(self, run: Stepped) -> int:
-        step = run.step
-        run.compute(step, run.world_step(self.select if self.participation else None)
-                    if self.worldly else None)
+    def advance(self, step: int) -> int:
+        active = None
+        if self.world is not None:
+            active = self.world(step, self.select if self.participation else None)
+        self.compute(step, active)
         return step + 1
 
     def select(self, step: int, up: list[bool]) -> tuple[list[bool], dict[int, int], list[int]]:
@@ -143,102 +176,3 @@ class Lockstep:
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         self.participants = (None if not state else
                              [bool(p) for p in state["participants"]])
-
-
-class Rounds:
-    """A population's rounds (:mod:`exogym.run.nodes.population`): at a round's first step the run
-    seats the round's clients (:meth:`exogym.run.loop.run.Run.start_round`), every seat computes
-    each step of the round, and at its end clients that keep state write it back."""
-
-    def __init__(self, period: int) -> None:
-        self.period = period
-
-    def advance(self, run: Stepped) -> int:
-        step = run.step
-        if step % self.period == 0 or not run.seated:
-            run.start_round(step)
-        run.compute(step, run.round_active)
-        if (step + 1) % self.period == 0 or step + 1 == run.total_steps:
-            run.end_round()
-        return step + 1
-
-    def state_dict(self) -> dict[str, Any] | None:
-        return None  # the population's state is the run's (Run.state_dict)
-
-    def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        pass
-
-
-class PerNodeTimelines:
-    """Asynchronous strategies: per-node timelines (:mod:`exogym.run.loop.events`). Events run in
-    simulated time order until the fastest node has taken one more step: the next event is the
-    earliest of the free nodes' clocks and the pushes in flight; an arrival due no later than
-    every free node's clock is applied first, else the free nodes due at that instant compute
-    one step together (one masked step of the node-stacked engine). At the end of the run the
-    pushes in flight are delivered."""
-
-    def __init__(self, num_nodes: int) -> None:
-        self.timelines = Timelines(num_nodes)
-
-    @staticmethod
-    def check(sid: str, network: Network | None, w: World, ranks: RankContext | None,
-              population: bool = False) -> None:
-        """An asynchronous strategy runs in one process, on a simulated network, in a world
-        of node speeds (no failures or losses yet); a population's availability decides whom
-        the server draws (``population``)."""
-        if ranks is not None:
-            raise ValueError(f"{sid} is asynchronous: its parameter server and per-node "
-                             "timelines run in one process; allowed: the simulator "
-                             "(engine loop or vmap, not --engine process or torchrun)")
-        if network is None:
-            raise ValueError(f"{sid} is asynchronous: when an update reaches the server is "
-                             "decided by a simulated network; give the run one (--network)")
-        drawn_only = population and not (w.mtbf_s or w.events)  # availability: at the draw
-        if (w.availability_varies and not drawn_only) or w.drop:
-            raise ValueError(f"{sid} is asynchronous: its world may give node speeds "
-                             f"(speed=..., speed_sigma=...), not failures, rejoins or message "
-                             f"loss; got world {w.spec()!r}")
-
-    def advance(self, run: Stepped) -> int:
-        tl, clock = self.timelines, run.clock
-        assert clock is not None
-        run.fill_seats()  # a population's first clients in flight (once)
-        n, target = run.rows, run.step + 1
-        while tl.fastest < target:
-            free = [i for i in range(n) if not tl.waiting[i]]
-            start = min((clock.t[i] for i in free), default=math.inf)
-            arrival = tl.next_arrival()
-            for node, at in clock.serve_pushes(min(start, arrival[0] if arrival else math.inf)):
-                tl.arrive(node, at)
-            arrival = tl.next_arrival()
-            if arrival is not None and same_or_before(arrival[0], start):
-                self._deliver(run, *tl.pop_arrival())
-                continue
-            group = [not tl.waiting[i] and same_or_before(clock.t[i], start) for i in range(n)]
-            run.compute(run.step, None if all(group) else group)
-            for i in range(n):
-                tl.steps[i] += group[i]
-            for node, size in run.pushes():
-                clock.push(node, size)
-                tl.waiting[node] = True
-        if target >= run.total_steps:
-            for node, at in clock.serve_pushes(math.inf, final=True):
-                tl.arrive(node, at)
-            while tl.in_flight:
-                self._deliver(run, *tl.pop_arrival(), final=True)
-        return tl.fastest
-
-    def _deliver(self, run: Stepped, arrival: float, seq: int, node: int,
-                 final: bool = False) -> None:
-        """A push reaches the server: it applies the update and replies to the node (a
-        population's seat: its next client, drawn among those available at the arrival)."""
-        assert run.clock is not None
-        run.clock.reply(node, run.deliver(node, arrival, final), arrival)
-        self.timelines.waiting[node] = False
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.timelines.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        assert state is not None
-        self.timelines.load_state_dict(state)

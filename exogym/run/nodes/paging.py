@@ -309,9 +309,9 @@ def _hub_attribute(name: str) -> Any:
 
 
 class GroupComm(Communicator):
-    """A group's communicator: its rows are the group's nodes; the counters, the log, the world's
-    view (``active``, ``timeline``) and ``step`` are the run's (``hub``'s); the collectives meet
-    the other groups' in a rendezvous (the module docstring)."""
+    """A group's communicator: its rows are the group's nodes; the counters, the log and the
+    attendance (the step, who computes it, who is heard) are the run's (``hub``'s); the
+    collectives meet the other groups' in a rendezvous (the module docstring)."""
 
     def __init__(self, hub: Communicator, node_ids: Sequence[int], group: int,
                  rendezvous: _Rendezvous) -> None:
@@ -319,6 +319,8 @@ class GroupComm(Communicator):
         self.hub, self.group, self.rv = hub, group, rendezvous
         self.num_nodes = hub.num_nodes
         self.node_ids = list(node_ids)
+        self.attendance = hub.attendance  # the run's: who computes, who is heard
+        self.seats, self.on_record = hub.seats, hub.on_record
 
     # the run's state, shared by every group
     bytes_sent = _hub_attribute("bytes_sent")
@@ -326,9 +328,6 @@ class GroupComm(Communicator):
     server_bytes_sent = _hub_attribute("server_bytes_sent")
     server_bytes_received = _hub_attribute("server_bytes_received")
     log = _hub_attribute("log")
-    step = _hub_attribute("step")
-    active = _hub_attribute("active")
-    timeline = _hub_attribute("timeline")
     transport_s = _hub_attribute("transport_s")
     transport_cpu_s = _hub_attribute("transport_cpu_s")
 
@@ -592,7 +591,7 @@ class Paged:
             lo, hi = g.ids[0], g.ids[-1] + 1
             local = None if active is None else active[lo:hi]
             for k, t in enumerate(steps):
-                self.hub.step = t
+                self.hub.attendance.step = t
                 if local is None or any(local):
                     if rng is not None:
                         rng.before(k)
@@ -605,7 +604,7 @@ class Paged:
                     lrs[k] = g.strategy.lr
 
         def last_step(g: Group) -> None:
-            self.hub.step = steps[-1]
+            self.hub.attendance.step = steps[-1]
             g.strategy.step(steps[-1])
             g.nodes.zero_grad()
 
@@ -615,7 +614,7 @@ class Paged:
             self.call(last_step, prepare=prepare, silent=silent)
         finally:
             self._deferred, self.rv.deferred = self.rv.deferred or [], None
-            self.hub.step = steps[0]
+            self.hub.attendance.step = steps[0]
         if rng is not None:
             rng.finish(len(steps))
         lrs[last] = self.groups[0].strategy.lr

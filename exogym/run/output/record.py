@@ -10,6 +10,7 @@ any rank holds them.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,12 @@ class Recorder:
         self.events.append(event)
         if self.writer is not None:
             self.writer.write_event(event)
+
+    @property
+    def model_writer(self) -> Callable[[dict[str, torch.Tensor]], None] | None:
+        """Where an evaluated model is written (``model.pt``: :meth:`save_model`), or None when
+        this process writes no run folder."""
+        return self.save_model if self.writer is not None else None
 
     def save_model(self, state: dict[str, torch.Tensor]) -> None:
         """The global model as ``model.pt`` (when the run has a folder)."""

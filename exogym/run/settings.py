@@ -1,0 +1,73 @@
+"""How a run trains: :class:`RunSettings`, everything fixed from its start, resolved.
+
+``fit``'s arguments (:class:`exogym.run.options.FitOptions`) are checked against the model, the
+data and the strategy by the trainer (:mod:`exogym.run.trainer`), which resolves them into one
+:class:`RunSettings` (a parsed network, the total steps, ...); the loop, the holders and the
+clock read it, and a checkpoint's ``config.json`` records it. The one decision taken from the
+settings and the strategy together lives here too, so that it is taken once:
+:func:`world_decides`, whether anything but the schedule can change who computes a step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from exogym.sim.engine import EngineName, Precision
+from exogym.sim.network import Network
+from exogym.sim.participation import Participation
+from exogym.sim.partition import Partition
+from exogym.sim.world import PERFECT, World
+from exogym.strategy.base import StackedStrategy
+
+__all__ = ["RunSettings", "world_decides"]
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How a run trains: everything fixed from its start (validated by :meth:`exogym.Trainer.
+    fit`; see its arguments). ``total_steps`` and ``eval_interval`` are resolved numbers."""
+
+    num_nodes: int
+    total_steps: int
+    batch_size: int
+    partition: Partition
+    eval_interval: int
+    eval_samples: int | None
+    eval_at_start: bool
+    eval_batch_size: int
+    log_interval: int
+    engine: EngineName
+    micro_batch_size: int | None
+    precision: Precision
+    seed: int
+    network: Network | None
+    step_time_s: float | None
+    compute_source: str
+    allow_nonfinite: bool
+    allow_unsynced: bool
+    world: World = PERFECT
+    participation: Participation | None = None
+    trace: bool = False
+    resident: int | None = None  # nodes in memory at once (exogym.run.nodes.paging); None: all
+    offload: str = "host"
+    seats: bool = False  # only the round's participants in memory (exogym.run.nodes.population)
+    client_store: str = "512MB"  # where clients that keep state keep it (seats)
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any], **resolved: Any) -> RunSettings:
+        """The settings of ``fit``'s arguments ``values`` (by name: :meth:`FitOptions.values`
+        or ``resumed``), every field of this class that is one of them taken as it is, and the
+        ``resolved`` ones (a parsed network, the total steps, what follows from them)."""
+        own = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{**{k: v for k, v in values.items() if k in own}, **resolved})
+
+
+def world_decides(settings: RunSettings, strategy: StackedStrategy) -> bool:
+    """Whether the world may change who computes at any step: a world that is not perfect
+    (failures, stragglers cut, late nodes) or the strategy's ``deadline``. Then the run asks the
+    world before every step (a paged run computes step by step); partial participation alone
+    changes who computes only at a round's first step."""
+    return not settings.world.perfect or strategy.deadline is not None
