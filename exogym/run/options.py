@@ -10,8 +10,15 @@ Each field is declared with :func:`setting`: its default and a :class:`Setting`,
 the setting appears outside ``fit``'s call: the flag and help of ``exogym run``
 (:mod:`exogym.cli.run` builds its options from them), the key that records it in the run's
 ``config.json``, and what a resumed run does with it. The resume rules
-(:mod:`exogym.run.trainer`), the keys of ``config.json`` (:mod:`exogym.run.loop.run`) and the table
-of docs/settings.md (:func:`settings_table`) are read from the same declarations.
+(:mod:`exogym.run.trainer`), the keys of ``config.json`` (:mod:`exogym.run.loop.config`) and
+the table of docs/settings.md (:func:`settings_table`) are read from the same declarations.
+
+The simulated clock (:mod:`exogym.sim.clock`) never changes a training number: every row gains
+``sim_time_s``, the result its :class:`exogym.sim.clock.ClockReport`. ``exogym.Trainer`` also
+takes a per-node strategy (:class:`exogym.strategy.Strategy`), EXO Gym's built-ins and EXO Gym's
+form of the call (its arguments, the model returned). In a multi-process run every rank returns
+the same result; rank 0 alone shows progress, evaluates the global model (once per evaluation
+step, the metrics sent to the other ranks) and writes ``out_dir``.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from exogym.strategy import StackedStrategy
 from exogym.utils.validation import check_int
 
 __all__ = ["RESUME_RULES", "FitOptions", "Setting", "changeable_records", "cli_default_of",
-           "default_of", "recorded", "setting", "settings", "settings_table"]
+           "default_of", "recorded", "resumed", "setting", "settings", "settings_table"]
 
 Resume = Literal["must equal", "may change", "as given", "refused"]
 
@@ -228,7 +235,7 @@ class FitOptions:
         handle_signals: in the main thread, SIGINT (Ctrl-C) and SIGTERM end the run cleanly
             at the next step (in a multi-process run: the next logged step): a checkpoint
             when there is an ``out_dir``, metrics flushed, then
-            :class:`exogym.run.loop.run.RunInterrupted` says how to resume; a second signal
+            :class:`exogym.run.loop.drive.RunInterrupted` says how to resume; a second signal
             aborts at once.
         trace: write the run's timeline as a Chrome trace, ``out_dir/trace.json`` (open it in
             https://ui.perfetto.dev or chrome://tracing; :mod:`exogym.run.output.trace`): every
@@ -237,16 +244,6 @@ class FitOptions:
             real multi-process run also writes ``trace_real.json``, its ranks on the wall
             clock. ``timeline.png`` (its picture) is drawn beside every run with a world,
             nodes that differ or an asynchronous strategy, and with ``trace``.
-
-    The simulated clock (:mod:`exogym.sim.clock`) never changes a training number: every row
-    gains ``sim_time_s``, the result its :class:`exogym.sim.clock.ClockReport`.
-
-    ``exogym.Trainer`` also takes a per-node strategy (:class:`exogym.strategy.Strategy`),
-    EXO Gym's built-ins and EXO Gym's form of this call (its arguments, the model returned).
-
-    In a multi-process run every rank returns the same :class:`FitResult`; rank 0 alone
-    shows progress, evaluates the global model (once per evaluation step, the metrics sent
-    to the other ranks) and writes ``out_dir``.
     """
 
     # Each field is one run setting, declared once: its default, and (``setting``) the help and
@@ -406,36 +403,39 @@ class FitOptions:
         "processes on the wall clock", flag="--trace", resume="as given")
 
     def __post_init__(self) -> None:
-        for name in ("allow_nonfinite", "async_checkpoint", "allow_unsynced", "eval_at_start",
-                     "handle_signals", "progress", "trace"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if self.distributed not in (None, True, False):
-            raise ValueError(f"distributed must be None, True or False, got "
-                             f"{self.distributed!r}")
-        if self.checkpoint_every is not None:
-            check_int("checkpoint_every (or None)", self.checkpoint_every, 1)
-        check_int("keep_checkpoints", self.keep_checkpoints, 1)
-        if self.trace and self.out_dir is None and self.resume is None:
-            raise ValueError("trace=True writes trace.json into the run folder: give out_dir")
-        if self.trace and self.network is None:
-            raise ValueError("trace=True: a run's trace is the timeline of its simulated "
-                             "clock; give the run a network")
-
-    def given(self, name: str, names: frozenset[str], default: Any) -> Any:
-        """The argument ``name`` if the caller gave it (``names``), else ``default``."""
-        return getattr(self, name) if name in names else default
+        _check(self)
 
     def values(self) -> dict[str, Any]:
         """Every setting by name, as given (not copied, unlike ``dataclasses.asdict``)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
-    def resumed(self, names: frozenset[str], config: Mapping[str, Any]) -> dict[str, Any]:
-        """Every setting of a run resumed from ``config`` (its ``config.json``): the argument
-        if the caller gave it (``names``), else the recorded value (:func:`recorded`); a
-        setting the run does not record is the argument (or its default)."""
-        return {name: getattr(self, name) if name in names or s.record is None
-                else recorded(config, name) for name, s in settings().items()}
+
+
+def resumed(o: FitOptions, names: frozenset[str], config: Mapping[str, Any]) -> dict[str, Any]:
+    """Every setting of a run resumed from ``config`` (its ``config.json``): the argument of
+    ``o`` if the caller gave it (``names``), else the recorded value (:func:`recorded`); a
+    setting the run does not record is the argument (or its default)."""
+    return {name: getattr(o, name) if name in names or s.record is None
+            else recorded(config, name) for name, s in settings().items()}
+
+
+def _check(o: FitOptions) -> None:
+    """What :class:`FitOptions` checks on its own (types and ranges; what depends on the model,
+    the data or the strategy is checked when the run is built)."""
+    for name in ("allow_nonfinite", "async_checkpoint", "allow_unsynced", "eval_at_start",
+                 "handle_signals", "progress", "trace"):
+        if not isinstance(getattr(o, name), bool):
+            raise ValueError(f"{name} must be True or False, got {getattr(o, name)!r}")
+    if o.distributed not in (None, True, False):
+        raise ValueError(f"distributed must be None, True or False, got {o.distributed!r}")
+    if o.checkpoint_every is not None:
+        check_int("checkpoint_every (or None)", o.checkpoint_every, 1)
+    check_int("keep_checkpoints", o.keep_checkpoints, 1)
+    if o.trace and o.out_dir is None and o.resume is None:
+        raise ValueError("trace=True writes trace.json into the run folder: give out_dir")
+    if o.trace and o.network is None:
+        raise ValueError("trace=True: a run's trace is the timeline of its simulated "
+                         "clock; give the run a network")
 
 
 def settings() -> dict[str, Setting]:

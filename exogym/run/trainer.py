@@ -42,6 +42,7 @@ from exogym.run.loop.run import Run
 from exogym.run.nodes.client_store import parse_client_store
 from exogym.run.nodes.paging import in_memory_nodes, parse_offload, resident_check
 from exogym.run.options import FitOptions, changeable_records, recorded
+from exogym.run.options import resumed as resumed_values
 from exogym.run.output.checkpoint import load_checkpoint
 from exogym.run.output.result import FitResult, check_out_dir, read_json
 from exogym.run.output.sinks import MultiSink, Sink
@@ -340,7 +341,7 @@ class Trainer:
             raise ValueError("a resumed run takes max_steps (to extend it), not num_epochs")
         checkpointing_of(o.values())  # the arguments checked before any work
         sink = MultiSink(o.sinks)
-        resumed = o.resumed(given, saved)
+        resumed = resumed_values(o, given, saved)
         num_nodes = check_int("num_nodes", resumed["num_nodes"], 1)
         distributed = o.distributed
         if distributed is None and saved.get("processes", 1) == 1:
@@ -361,7 +362,8 @@ class Trainer:
                 ranks = _seat_ranks(ranks, settings.participation.per_round(num_nodes))
             run_info = {k: v for k, v in saved.items() if k not in RUN_CONFIG_KEYS}
             run_info.update(dict(o.run_info or {}))
-            checkpointing = checkpointing_of(o.resumed(given, saved))  # as it did, unless told
+            # as the run did, unless told
+            checkpointing = checkpointing_of(resumed_values(o, given, saved))
             run = Run(self.model, self.train_dataset, self.val_dataset, strategy, settings,
                       device=dev, ranks=ranks, out_dir=run_dir, sink=sink,
                       progress=o.progress, run_info=run_info,
@@ -398,8 +400,8 @@ def _resumed_settings(o: FitOptions, given: frozenset[str], saved: dict[str, Any
                       strategy: StackedStrategy, num_nodes: int, step: int,
                       where: Path) -> RunSettings:
     """A resumed run's settings: the checkpoint's config, overridden by what was ``given``
-    (:meth:`FitOptions.resumed`), resolved as a new run's are."""
-    v = o.resumed(given, saved)
+    (:func:`exogym.run.options.resumed`), resolved as a new run's are."""
+    v = resumed_values(o, given, saved)
     max_steps = check_int("max_steps", v["max_steps"] or recorded(saved, "max_steps"), 1)
     if max_steps < step:
         raise ValueError(f"max_steps={max_steps} is before the checkpoint's step {step} "

@@ -54,13 +54,14 @@ if TYPE_CHECKING:
     from exogym.sim.clock import SimClock
     from exogym.sim.engine import NodeStack
 
-__all__ = ["Population", "client_records"]
+__all__ = ["InFlight", "Population", "client_records"]
 
 Availability = Callable[[np.ndarray], np.ndarray]
 
 
 class Population:
-    """``N`` clients over ``K`` seats (the module docstring).
+    """``N`` clients over ``K`` seats, seated round by round (the module docstring); an
+    asynchronous server's clients in flight are :class:`InFlight`.
 
     Args:
         num_clients: ``N``.
@@ -73,33 +74,28 @@ class Population:
             client always (:meth:`exogym.sim.world.World.availability`).
         speeds: every client's relative compute speed (its seat's speed in the clock for its
             rounds), or None: all 1.
-        asynchronous: the seats are an asynchronous server's clients in flight (filled at
-            the start, a seat's next client drawn when the server receives its update:
-            :meth:`fill`, :meth:`replace`), not rounds.
         next_change: the next simulated time after a given one at which the world's
             availability may change (a round with no client up waits for it), or None.
     """
 
+    asynchronous = False  # seats filled round by round (InFlight: as updates arrive)
+
     def __init__(self, num_clients: int, participation: Participation, period: int,
                  batches: ClientBatches, *, store: ClientStore | None = None,
                  availability: Callable[[float], Availability | None] | None = None,
-                 speeds: np.ndarray | None = None, asynchronous: bool = False,
+                 speeds: np.ndarray | None = None,
                  next_change: Callable[[float], float | None] | None = None) -> None:
         if participation.client_state == "keep" and store is None:
             raise ValueError("client_state='keep' needs a client store")
-        if asynchronous and (participation.count or 0) >= num_clients:
-            raise ValueError(f"concurrency={participation.count} must be below the "
-                             f"population's {num_clients} clients: a client whose update "
-                             "arrives is replaced by one not in flight")
         self.num_clients, self.participation, self.period = num_clients, participation, period
         self.num_seats = participation.per_round(num_clients)
         self.batches, self.store, self.availability = batches, store, availability
-        self.speeds, self.asynchronous, self.next_change = speeds, asynchronous, next_change
+        self.speeds, self.next_change = speeds, next_change
         self.seated: list[int] = []  # this round's clients, sorted (seat j: the j-th)
         self.previous: list[int] = []  # the previous round's
         self.rounds: list[list[int]] = []  # every round's clients (a round: K ints)
-        # an asynchronous server's draws after the first: the seat each new client took, and
-        # the step it took it at
+        # an asynchronous server's draws after the first (InFlight): the seat each new client
+        # took, and the step it took it at
         self.draw_seats: list[int] = []
         self.draw_steps: list[int] = []
         self.sent = np.zeros(num_clients)  # per client (module docstring)
@@ -240,6 +236,110 @@ class Population:
             return
         strategy.restart_row(row)
 
+    def end_round(self, strategy: StackedStrategy, local: Sequence[int]) -> None:
+        """The round is over: clients that keep state write theirs back (each process its
+        ``local`` seats')."""
+        if self.store is not None:
+            for row, seat in enumerate(local):
+                if seat < len(self.seated):
+                    self.store.save(self.seated[seat], strategy, row)
+
+    def batch(self, active: Sequence[bool] | None = None,
+              local: Sequence[int] | None = None) -> Any:
+        """The next batch of the ``local`` seats (None: all; a process of a multi-process run
+        holds its share), ``[len(local), B, ...]``: each computing seat's client's next samples
+        (``active``: those seats; None: every seated client). Every computing client's data
+        moves on, in every process (their positions stay the same everywhere); a seat that does
+        not compute repeats the first computing seat's samples, and its client's does not."""
+        seats = [j for j in range(len(self.seated)) if active is None or active[j]]
+        ids = dict(zip(seats, self.batches.take([self.seated[j] for j in seats]), strict=True))
+        rows = range(self.num_seats) if local is None else local
+        return self.batches.fetch([ids.get(j, ids[seats[0]]) for j in rows])
+
+    # -- accounting ----------------------------------------------------------------------------
+    def on_record(self, op: str, sent: list[float], received: list[float], src: int,
+                  dst: int) -> None:
+        """A record's bytes per seat, credited to the seats' clients as they are counted (the
+        order a run with a row per client adds them in: the same totals, bit for bit); a
+        join's sender is the seat's previous occupant."""
+        for seat, client in enumerate(self.seated):
+            out = sent[seat]
+            if out and self._joining and op == "send" and seat == src:
+                self.sent[self.previous[src]] += out
+                out = 0.0
+            self.sent[client] += out
+            self.received[client] += received[seat]
+
+    def client_of(self, seat: int, step: int) -> int:
+        """Who sat in ``seat`` at ``step``."""
+        return self.rounds[min(step // self.period, len(self.rounds) - 1)][seat]
+
+    def totals(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every client's bytes sent and received so far."""
+        return self.sent, self.received
+
+    def report(self) -> dict[str, Any]:
+        """The population's part of ``summary.json``."""
+        trained = self.batches.position
+        return {"clients": self.num_clients, "per_round": self.num_seats,
+                "asynchronous": self.asynchronous,
+                "client_state": self.participation.client_state, "rounds": len(self.rounds),
+                "clients_trained": len(trained), **self.counts,
+                **({} if self.store is None else {"store": self.store.report()})}
+
+    # -- state -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The draws so far, the seating, the bytes of the clients that have any (no
+        per-client array: ``N`` may be a million) and the data positions."""
+        touched = np.flatnonzero((self.sent != 0) | (self.received != 0))
+        return {"rounds": torch.tensor([c for r in self.rounds for c in r] or [],
+                                       dtype=torch.int64),
+                "round_sizes": [len(r) for r in self.rounds], "seated": list(self.seated),
+                "previous": list(self.previous), "draw_seats": list(self.draw_seats),
+                "draw_steps": list(self.draw_steps),
+                "touched": torch.from_numpy(touched),
+                "sent": torch.from_numpy(self.sent[touched]),
+                "received": torch.from_numpy(self.received[touched]),
+                "counts": dict(self.counts),
+                **({} if self.store is None else {"store": self.store.state_dict()})}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        flat, self.rounds, at = state["rounds"].tolist(), [], 0
+        for size in state["round_sizes"]:
+            self.rounds.append(flat[at: at + size])
+            at += size
+        self.seated = [int(c) for c in state["seated"]]
+        self.previous = [int(c) for c in state["previous"]]
+        self.draw_seats = [int(s) for s in state["draw_seats"]]
+        self.draw_steps = [int(s) for s in state["draw_steps"]]
+        touched = state["touched"].numpy()
+        self.sent[:], self.received[:] = 0.0, 0.0
+        self.sent[touched] = state["sent"].numpy()
+        self.received[touched] = state["received"].numpy()
+        self.counts = dict(state["counts"])
+        if self.store is not None:
+            self.store.load_state_dict(state["store"])
+
+
+class InFlight(Population):
+    """An asynchronous server's population: its seats are clients in flight (its concurrency),
+    filled at the start (:meth:`fill`), a seat's next client drawn when the server receives its
+    update (:meth:`replace`), instead of rounds. Arguments as :class:`Population`'s."""
+
+    asynchronous = True
+
+    def __init__(self, num_clients: int, participation: Participation, period: int,
+                 batches: ClientBatches, *, store: ClientStore | None = None,
+                 availability: Callable[[float], Availability | None] | None = None,
+                 speeds: np.ndarray | None = None,
+                 next_change: Callable[[float], float | None] | None = None) -> None:
+        if (participation.count or 0) >= num_clients:
+            raise ValueError(f"concurrency={participation.count} must be below the "
+                             f"population's {num_clients} clients: a client whose update "
+                             "arrives is replaced by one not in flight")
+        super().__init__(num_clients, participation, period, batches, store=store,
+                         availability=availability, speeds=speeds, next_change=next_change)
+
     def fill(self, strategy: StackedStrategy, nodes: NodeStack, clock: SimClock | None,
              local: Sequence[int]) -> None:
         """An asynchronous server's first clients, one per seat (its concurrency): drawn among
@@ -295,96 +395,13 @@ class Population:
                 f"{self.num_seats} in flight (--concurrency); lower it or make more clients "
                 "available (--world online=LOW:HIGH)")
 
-    def end_round(self, strategy: StackedStrategy, local: Sequence[int]) -> None:
-        """The round is over: clients that keep state write theirs back (each process its
-        ``local`` seats')."""
-        if self.store is not None:
-            for row, seat in enumerate(local):
-                if seat < len(self.seated):
-                    self.store.save(self.seated[seat], strategy, row)
-
-    def batch(self, active: Sequence[bool] | None = None,
-              local: Sequence[int] | None = None) -> Any:
-        """The next batch of the ``local`` seats (None: all; a process of a multi-process run
-        holds its share), ``[len(local), B, ...]``: each computing seat's client's next samples
-        (``active``: those seats; None: every seated client). Every computing client's data
-        moves on, in every process (their positions stay the same everywhere); a seat that does
-        not compute repeats the first computing seat's samples, and its client's does not."""
-        seats = [j for j in range(len(self.seated)) if active is None or active[j]]
-        ids = dict(zip(seats, self.batches.take([self.seated[j] for j in seats]), strict=True))
-        rows = range(self.num_seats) if local is None else local
-        return self.batches.fetch([ids.get(j, ids[seats[0]]) for j in rows])
-
-    # -- accounting ----------------------------------------------------------------------------
-    def on_record(self, op: str, sent: list[float], received: list[float], src: int,
-                  dst: int) -> None:
-        """A record's bytes per seat, credited to the seats' clients as they are counted (the
-        order a run with a row per client adds them in: the same totals, bit for bit); a
-        join's sender is the seat's previous occupant."""
-        for seat, client in enumerate(self.seated):
-            out = sent[seat]
-            if out and self._joining and op == "send" and seat == src:
-                self.sent[self.previous[src]] += out
-                out = 0.0
-            self.sent[client] += out
-            self.received[client] += received[seat]
-
     def client_of(self, seat: int, step: int) -> int:
-        """Who sat in ``seat`` at ``step``."""
-        if not self.asynchronous:
-            return self.rounds[min(step // self.period, len(self.rounds) - 1)][seat]
         client = self.rounds[0][seat]
         for (drawn,), s, when in zip(self.rounds[1:], self.draw_seats, self.draw_steps,
                                      strict=True):
             if s == seat and when <= step:
                 client = drawn
         return client
-
-    def totals(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every client's bytes sent and received so far."""
-        return self.sent, self.received
-
-    def report(self) -> dict[str, Any]:
-        """The population's part of ``summary.json``."""
-        trained = self.batches.position
-        return {"clients": self.num_clients, "per_round": self.num_seats,
-                "asynchronous": self.asynchronous,
-                "client_state": self.participation.client_state, "rounds": len(self.rounds),
-                "clients_trained": len(trained), **self.counts,
-                **({} if self.store is None else {"store": self.store.report()})}
-
-    # -- state -----------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """The draws so far, the seating, the bytes of the clients that have any (no
-        per-client array: ``N`` may be a million) and the data positions."""
-        touched = np.flatnonzero((self.sent != 0) | (self.received != 0))
-        return {"rounds": torch.tensor([c for r in self.rounds for c in r] or [],
-                                       dtype=torch.int64),
-                "round_sizes": [len(r) for r in self.rounds], "seated": list(self.seated),
-                "previous": list(self.previous), "draw_seats": list(self.draw_seats),
-                "draw_steps": list(self.draw_steps),
-                "touched": torch.from_numpy(touched),
-                "sent": torch.from_numpy(self.sent[touched]),
-                "received": torch.from_numpy(self.received[touched]),
-                "counts": dict(self.counts),
-                **({} if self.store is None else {"store": self.store.state_dict()})}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        flat, self.rounds, at = state["rounds"].tolist(), [], 0
-        for size in state["round_sizes"]:
-            self.rounds.append(flat[at: at + size])
-            at += size
-        self.seated = [int(c) for c in state["seated"]]
-        self.previous = [int(c) for c in state["previous"]]
-        self.draw_seats = [int(s) for s in state["draw_seats"]]
-        self.draw_steps = [int(s) for s in state["draw_steps"]]
-        touched = state["touched"].numpy()
-        self.sent[:], self.received[:] = 0.0, 0.0
-        self.sent[touched] = state["sent"].numpy()
-        self.received[touched] = state["received"].numpy()
-        self.counts = dict(state["counts"])
-        if self.store is not None:
-            self.store.load_state_dict(state["store"])
 
 
 def client_records(log: Sequence[CommRecord], rounds: Sequence[Sequence[int]], period: int,

@@ -14,7 +14,7 @@ from exogym.run.dist.communicator import DistributedCommunicator, WallSpans
 from exogym.run.dist.ranks import RankContext
 from exogym.run.nodes.client_store import ClientStore, parse_client_store
 from exogym.run.nodes.memory import InMemory
-from exogym.run.nodes.population import Population
+from exogym.run.nodes.population import InFlight, Population
 from exogym.run.settings import RunSettings
 from exogym.sim.client_data import ClientBatches
 from exogym.sim.comm import Communicator, InProcessCommunicator
@@ -68,10 +68,11 @@ class Seats(InMemory):
             if folder is not None and ranks is not None and ranks.world_size > 1:
                 folder = folder / f"rank-{ranks.rank}"  # each process stores its seats'
             store = ClientStore(memory, folder)
-        population = Population(
+        # an asynchronous server's seats are clients in flight, replaced as updates arrive
+        kind = InFlight if isinstance(strategy, ServerStrategy) else Population
+        population = kind(
             s.num_nodes, s.participation, strategy.sync_period or 1, batches, store=store,
             availability=s.world.availability, speeds=s.world.client_speeds(s.num_nodes),
-            asynchronous=isinstance(strategy, ServerStrategy),
             next_change=s.world.next_availability_change)
         # a seat's previous client may send to its next one; the bytes are the clients'
         comm = (InProcessCommunicator(k, seats=True, on_record=population.on_record)
@@ -110,11 +111,15 @@ class Seats(InMemory):
         self.population.end_round(self.strategy, self.comm.node_ids)
 
     def fill(self, clock: SimClock | None) -> None:
+        """Before an asynchronous server's first step: its first clients in flight (once)."""
+        assert isinstance(self.population, InFlight), "an asynchronous server's seats"
         if not self.population.seated:
             self.population.fill(self.strategy, self.nodes, clock, self.comm.node_ids)
             self._speeds()
 
     def next_client(self, seat: int, clock: SimClock | None, step: int, at: float) -> None:
+        """The server received ``seat``'s update at ``at``: the seat takes its next client."""
+        assert isinstance(self.population, InFlight), "an asynchronous server's seats"
         self.population.replace(seat, self.strategy, self.nodes, clock, self.comm.node_ids,
                                 step, at)
         self._speeds()
