@@ -1,10 +1,16 @@
-"""EXO Gym's module paths that name whole modules stay importable: ``exogym.trainer`` is
-:mod:`exogym.run.trainer` (whose ``Trainer`` takes EXO Gym's forms too) and
-``exogym.aux`` (with ``exogym.aux.utils``, ...) is :mod:`exogym.compat.exo_gym.auxiliary` (a
-folder named ``aux`` being impossible on Windows), each the very module object of its home, so
-EXO Gym's scripts keep working without a second copy of any module. These are the only aliases:
-exogym's own earlier flat paths (``exogym.engine``, ``exogym.data.mnist``, ...) are gone and fail
-to import as any missing module does.
+"""Module paths that users import and whose modules moved, each the very module object of its
+home, so that their code keeps working without a second copy of any module:
+
+- EXO Gym's: ``exogym.trainer`` is :mod:`exogym.run.trainer` (whose ``Trainer`` takes EXO Gym's
+  forms too) and ``exogym.aux`` (with ``exogym.aux.utils``, ...) is
+  :mod:`exogym.compat.exo_gym.auxiliary` (a folder named ``aux`` being impossible on Windows);
+- the run layer's modules that exogym's documentation showed before the run layer became
+  packages (``exogym.run.result``, ``exogym.run.sinks``, ``exogym.run.ft_launch``,
+  ``exogym.run.ft_replay``); their public names are also ``exogym.run``'s and
+  ``exogym.run.ft``'s, the paths the documentation shows now.
+
+These are the only aliases: exogym's own earlier flat paths (``exogym.engine``,
+``exogym.data.mnist``, ...) are gone and fail to import as any missing module does.
 
 An entry of :data:`ALIASES` maps an EXO Gym module path to its module; a prefix entry (ending in
 a dot) maps a whole package. The finder sits first on ``sys.meta_path`` so that an aliased name
@@ -26,6 +32,11 @@ ALIASES: dict[str, str] = {
     "exogym.trainer": "exogym.run.trainer",  # EXO Gym's path of exogym.Trainer
     "exogym.aux": "exogym.compat.exo_gym.auxiliary",  # EXO Gym's helpers (get_device)
     "exogym.aux.": "exogym.compat.exo_gym.auxiliary.",
+    # the run layer's documented modules before its packages (exogym 0.1, docs at 8601882)
+    "exogym.run.result": "exogym.run.output.result",
+    "exogym.run.sinks": "exogym.run.output.sinks",
+    "exogym.run.ft_launch": "exogym.run.ft.launch",
+    "exogym.run.ft_replay": "exogym.run.ft.replay",
 }
 
 

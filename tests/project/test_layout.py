@@ -128,10 +128,26 @@ def test_no_import_cycles() -> None:
 
 
 @pytest.mark.parametrize("old", sorted(k for k in ALIASES if not k.endswith(".")))
-def test_exo_gym_s_module_paths_are_the_new_modules(old: str) -> None:
+def test_aliased_module_paths_are_the_new_modules(old: str) -> None:
     new = target(old)
     assert new is not None
     assert importlib.import_module(old) is importlib.import_module(new)
+
+
+def test_the_run_layer_s_documented_names_import_from_old_and_new_paths() -> None:
+    from exogym.run.ft_launch import fit_ft
+    from exogym.run.ft_replay import world_of
+    from exogym.run.result import FitResult
+    from exogym.run.sinks import CSVSink
+
+    import exogym.run as run
+    import exogym.run.ft as ft
+
+    assert (run.FitResult, run.CSVSink, ft.fit_ft, ft.world_of) == (
+        FitResult, CSVSink, fit_ft, world_of)
+    assert set(run.__all__) <= set(dir(run)) and set(ft.__all__) <= set(dir(ft))
+    for name in run.__all__:
+        assert getattr(run, name).__module__.startswith("exogym.run."), name
 
 
 def test_exo_gym_s_package_path_aliases_every_submodule() -> None:

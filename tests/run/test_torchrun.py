@@ -14,7 +14,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import torch
@@ -26,6 +26,8 @@ from torch.utils.data import TensorDataset
 from exogym import Trainer
 from exogym.run.dist.ranks import torchrun_env
 from exogym.run.launch import free_port
+from exogym.strategy import Strategy
+from exogym.strategy.communicate import all_reduce
 
 
 class Tiny(nn.Module):
@@ -134,6 +136,76 @@ def test_exogym_run_under_torchrun_matches_the_simulator(tmp_path: Path,
     ref = json.loads((tmp_path / "sim" / "summary.json").read_text())
     # Adam turns reduction-order round-off into small differences: close, not bit-equal.
     _same_summary(got, ref, tol=2e-3)
+
+
+class QuantizationStrategy(Strategy):
+    """EXO Gym's README, "Custom Algorithms", to the letter (``from exogym.strategy import
+    Strategy``, its per-node base)."""
+
+    def __init__(self, optim_spec, quantization_level: Literal['int8']):
+        super().__init__()
+        self.optim_spec = optim_spec
+        self.scale = 0.024
+        self.zero_point = 0
+        self.qdtype = torch.uint8
+
+    def step(self):
+        for param in self.model.parameters():
+            if param.grad is not None:
+                quantized = torch.round(param.grad / self.scale + self.zero_point).clamp(
+                    0, 255).to(self.qdtype)
+
+                q_wide = quantized.to(torch.int32)
+                all_reduce(q_wide)
+
+                param.grad = (q_wide.to(torch.float32) * self.scale) / self.num_nodes
+
+        self.optim.step()
+        super().step()
+
+
+EXO_GYM_FIT = dict(num_epochs=1, num_nodes=2, max_steps=6, batch_size=8, val_size=32,
+                   val_interval=3, device="cpu")
+
+EXO_GYM_SCRIPT = textwrap.dedent("""
+    import os
+
+    import torch
+    from test_torchrun import EXO_GYM_FIT, QuantizationStrategy, Tiny, tiny_data
+    from exogym import Trainer
+    from exogym.strategy.optim import OptimSpec
+
+    torch.manual_seed(0)
+    trainer = Trainer(Tiny(), tiny_data(), tiny_data())
+    model = trainer.fit(strategy=QuantizationStrategy(OptimSpec(torch.optim.AdamW, lr=1e-2),
+                                                      'int8'), **EXO_GYM_FIT)
+    torch.save({{"model": model.state_dict(), "bytes": trainer.result.bytes_sent,
+                "processes": trainer.result.processes}},
+               {out!r} + "/rank" + os.environ["RANK"] + ".pt")
+""")
+
+
+def test_exo_gym_s_readme_custom_algorithm_under_torchrun_matches_the_simulator(
+        tmp_path: Path) -> None:
+    # EXO Gym's custom strategy, per-node code, one node per torchrun process, through
+    # exogym.Trainer in EXO Gym's form (the model returned): the simulator's numbers
+    out = tmp_path / "dist"
+    out.mkdir()
+    (tmp_path / "train.py").write_text(EXO_GYM_SCRIPT.format(out=str(out)))
+    _torchrun([str(tmp_path / "train.py")], cwd=tmp_path)
+
+    from exogym.strategy.optim import OptimSpec
+
+    torch.manual_seed(0)
+    trainer = Trainer(Tiny(), tiny_data(), tiny_data())
+    model = trainer.fit(strategy=QuantizationStrategy(OptimSpec(torch.optim.AdamW, lr=1e-2),
+                                                      "int8"), **EXO_GYM_FIT)
+    assert trainer.result is not None and trainer.result.processes == 1
+    for rank in (0, 1):
+        got = torch.load(out / f"rank{rank}.pt", weights_only=False)
+        assert got["processes"] == 2 and got["bytes"] == trainer.result.bytes_sent
+        for name, value in model.state_dict().items():
+            torch.testing.assert_close(got["model"][name], value, atol=1e-5, rtol=0)
 
 
 def test_torchrun_env_is_read_from_the_environment() -> None:

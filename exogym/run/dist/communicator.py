@@ -130,7 +130,11 @@ class DistributedCommunicator(Communicator):
         node_ids: the global ids of this process's nodes in row order; must be
             ``local_node_ids(rank, n_local)`` (contiguous, every rank the same count).
         group: the process group (None: the default group, which must be initialised).
-        attendance, seats, on_record: as :class:`~exogym.sim.comm.Communicator`'s.
+        attendance: who takes part in the step being computed (as
+            :class:`~exogym.sim.comm.Communicator`'s).
+        seats: the rows are a population's seats (as :class:`~exogym.sim.comm.Communicator`'s).
+        on_record: told of every record's bytes per row (as
+            :class:`~exogym.sim.comm.Communicator`'s).
         wall: this rank's real steps and collectives on the wall clock (:class:`WallSpans`:
             the run's real trace), or None.
 

@@ -43,7 +43,8 @@ class TrainLoss:
         feed: the run's clock feed (told of every step's compute).
         ranks: this process's place in a multi-process run, or None.
         allow_nonfinite: train on after a non-finite loss (a warning instead of an error).
-        strategy_id, num_nodes: the run's, for messages.
+        strategy_id: the run's strategy, for messages.
+        num_nodes: the run's ``N``, for messages.
         lead: this process warns (rank 0).
     """
 
