@@ -166,11 +166,8 @@ def compare(
                  allow_unsynced=allow_unsynced, allow_nonfinite=allow_nonfinite, world=world,
                  trace=trace)
     train, test = plan.spec.load_data(data_dir, download)
-    plan.out.mkdir(parents=True, exist_ok=True)
     outcomes, built, last = _train_all(plan, train, test)
-    target, source = _target(outcomes, target_loss)
-    rows = tuple(_aggregate(label, built[label], outcomes[label], target) for label in plan.labels)
-    return _write(_comparison(plan, rows, target, source, last))
+    return _write(_comparison(plan, outcomes, built, target_loss, last))
 
 
 # -- the steps of compare: check, train, aggregate, write ------------------------------------------
@@ -278,9 +275,9 @@ def _check_synced(built: Mapping[str, StackedStrategy], max_steps: int,
 
 def _train_all(plan: _Plan, train: Dataset, test: Dataset,
                ) -> tuple[dict[str, list[RunOutcome]], dict[str, StackedStrategy], FitResult]:
-    """Train every label with every seed, seed by seed (every label with the first seed, then
-    the next), each run into ``OUT/runs/LABEL-seedS``; the strategies are built again for every
-    seed, so that no state is shared between runs.
+    """Make the results folder, then train every label with every seed, seed by seed (every
+    label with the first seed, then the next), each run into ``OUT/runs/LABEL-seedS``; the
+    strategies are built again for every seed, so that no state is shared between runs.
 
     Returns:
         The outcomes per label (in seed order), the strategy of each label's last run (its
@@ -288,6 +285,7 @@ def _train_all(plan: _Plan, train: Dataset, test: Dataset,
         every run's). A run's warnings are warned again, naming the label and seed, to the
         caller of :func:`compare`.
     """
+    plan.out.mkdir(parents=True, exist_ok=True)
     outcomes: dict[str, list[RunOutcome]] = {label: [] for label in plan.labels}
     built: dict[str, StackedStrategy] = {}
     total = len(plan.seeds) * len(plan.labels)
@@ -343,10 +341,14 @@ def _target(outcomes: Mapping[str, list[RunOutcome]],
     return (max(lasts) if lasts else None), "default"
 
 
-def _comparison(plan: _Plan, rows: tuple[ComparisonRow, ...], target: float | None,
-                source: str, last: FitResult) -> Comparison:
-    """The :class:`Comparison` of ``rows``, without plots yet; the evaluation sets are those
-    of ``last`` (every run evaluates on the same sets)."""
+def _comparison(plan: _Plan, outcomes: Mapping[str, list[RunOutcome]],
+                built: Mapping[str, StackedStrategy], target_loss: float | None,
+                last: FitResult) -> Comparison:
+    """The :class:`Comparison` of the runs' ``outcomes`` (the target loss, :func:`_target`; a
+    row per label, :func:`_aggregate` with the label's strategy in ``built``), without plots
+    yet; the evaluation sets are those of ``last`` (every run evaluates on the same sets)."""
+    target, source = _target(outcomes, target_loss)
+    rows = tuple(_aggregate(label, built[label], outcomes[label], target) for label in plan.labels)
     out, net = plan.out, plan.network
     return Comparison(
         task=plan.spec.id, num_nodes=plan.num_nodes, max_steps=plan.max_steps,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from support.runs import sign_data
 from torch import nn
-from torch.utils.data import TensorDataset
 
 from exogym import Classifier, DilocoSimulator, Trainer
 from exogym.strategy import DiLoCo
@@ -22,14 +22,8 @@ class TinyNet(nn.Module):
         return self.fc(x)
 
 
-def _data(n: int, seed: int) -> TensorDataset:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 6, generator=g)
-    return TensorDataset(x, (x[:, 0] > 0).long())
-
-
 def test_simulator_equals_trainer_with_diloco() -> None:
-    train, test = _data(256, 0), _data(64, 1)
+    train, test = sign_data(256, 0), sign_data(64, 1)
     torch.manual_seed(3)
     sim = DilocoSimulator(
         model_cls=TinyNet, model_kwargs={"in_features": 6, "num_classes": 2},
@@ -56,7 +50,7 @@ def test_simulator_equals_trainer_with_diloco() -> None:
 
 def test_simulator_defaults_follow_diloco_sim() -> None:
     sim = DilocoSimulator(model_cls=TinyNet, model_kwargs={"in_features": 6, "num_classes": 2},
-                          optimizer_kwargs={"lr": 1e-3}, train_dataset=_data(64, 0),
+                          optimizer_kwargs={"lr": 1e-3}, train_dataset=sign_data(64, 0),
                           loss_fn=F.cross_entropy)
     assert (sim.strategy.H, sim.strategy.outer_lr, sim.strategy.outer_momentum) == (500, 0.7, 0.9)
     assert sim.strategy.outer_optimizer == "nesterov"
@@ -66,7 +60,7 @@ def test_simulator_defaults_follow_diloco_sim() -> None:
 
 def test_simulator_max_local_step_caps_steps() -> None:
     sim = DilocoSimulator(model_cls=TinyNet, model_kwargs={"in_features": 6, "num_classes": 2},
-                          optimizer_kwargs={"lr": 1e-3}, train_dataset=_data(256, 0),
+                          optimizer_kwargs={"lr": 1e-3}, train_dataset=sign_data(256, 0),
                           loss_fn=F.cross_entropy, num_nodes=2, diloco_interval=2,
                           max_local_step=6, device="cpu")
     assert sim.train(progress=False).steps == 6
@@ -84,7 +78,7 @@ def test_simulator_max_local_step_caps_steps() -> None:
 )
 def test_simulator_rejects_what_it_cannot_honour(kwargs: dict, message: str) -> None:
     args = {"model_cls": TinyNet, "model_kwargs": {"in_features": 6, "num_classes": 2},
-            "optimizer_kwargs": {"lr": 1e-3}, "train_dataset": _data(64, 0),
+            "optimizer_kwargs": {"lr": 1e-3}, "train_dataset": sign_data(64, 0),
             "loss_fn": F.cross_entropy, **kwargs}
     with pytest.raises(ValueError, match=message):
         DilocoSimulator(**args)

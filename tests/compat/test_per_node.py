@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 import torch
+from support.runs import noise_data
 from support.scripts import ROOT, load_script
 from torch import nn
-from torch.utils.data import TensorDataset
 
 from exogym import Classifier, Trainer
 from exogym.strategy.communicate import ReduceOp, all_gather, all_reduce, broadcast
@@ -27,9 +27,7 @@ PerNodeDiLoCo = load_script("examples/per_node.py").PerNodeDiLoCo
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-_gen = torch.Generator().manual_seed(0)
-DATA = TensorDataset(torch.randn(256, 8, generator=_gen), torch.randint(0, 4, (256,),
-                                                                       generator=_gen))
+DATA = noise_data(256)
 FIT = dict(num_nodes=4, max_steps=6, batch_size=8, progress=False, step_time=0.01,
            eval_interval=6)
 

@@ -5,7 +5,7 @@ CONTRIBUTING.md and every page of ``docs/`` (the site ``mkdocs build --strict`` 
   :data:`TINY` (each must still match its file: a changed example fails here until the table
   follows it). A block right after ``<!-- fragment ... -->`` continues an earlier one or is a
   method shown alone: it is compiled. One after ``<!-- excerpt: PATH -->`` shows lines of that
-  file: each of its lines must be there.
+  file: they must be lines of it, in its order (:func:`excerpt_mismatch`).
 - A command of a ```bash block or of a ``$ `` line: ``exogym ...`` (also under ``torchrun ... -m
   exogym``) parses with today's command line (``...`` stands for options left out); ``python
   FILE`` and ``bash FILE`` name a file of the repository.
@@ -69,6 +69,51 @@ def _blocks(lang: str) -> list[tuple[str, int, str, str]]:
 PYTHON = _blocks("python")
 
 
+def excerpt_mismatch(code: str, source: str) -> str:
+    """"" when the block ``code`` is an excerpt of the file text ``source``: its lines, trailing
+    whitespace stripped and ``...`` lines (elisions) left out, are lines of ``source`` in the
+    file's order (a subsequence: any number of the file's lines may lie between two shown ones,
+    where ``...`` says so or not). Else the first line not found in order, and why."""
+    lines = [line.rstrip() for line in source.splitlines()]
+    after = 0  # the block's next line is looked for from the file's line after + 1 on
+    for number, shown in enumerate(code.splitlines(), 1):
+        shown = shown.rstrip()
+        if shown.strip() == "...":
+            continue
+        try:
+            after = lines.index(shown, after) + 1
+        except ValueError:
+            why = (f"out of order: the file has it only up to its line {after}, which an earlier "
+                   "line of the block matched" if shown in lines else "not a line of the file")
+            return f"line {number} of the block, {shown!r}: {why}"
+    return ""
+
+
+SOURCE = "def f(x):\n    a = 1\n    b = (\n        2)\n    return a + b  \n"
+
+
+def test_an_excerpt_with_elisions_passes() -> None:
+    assert excerpt_mismatch("def f(x):\n    ...\n    return a + b\n", SOURCE) == ""
+    assert excerpt_mismatch("    a = 1   \n        2)\n", SOURCE) == ""  # skipped without ...
+    assert excerpt_mismatch("...\n    return a + b\n...\n", SOURCE) == ""
+
+
+def test_an_excerpt_out_of_order_fails_naming_the_line() -> None:
+    assert excerpt_mismatch("    b = (\n    a = 1\n", SOURCE) == (
+        "line 2 of the block, '    a = 1': out of order: the file has it only up to its line 3, "
+        "which an earlier line of the block matched")
+    # a line shown twice must be in the file twice
+    assert excerpt_mismatch("    a = 1\n    a = 1\n", SOURCE).startswith("line 2 of the block")
+
+
+def test_an_excerpt_with_a_line_not_in_the_file_fails_naming_it() -> None:
+    assert excerpt_mismatch("def f(x):\n    c = 3\n", SOURCE) == (
+        "line 2 of the block, '    c = 3': not a line of the file")
+    # a part of a line, or a line at another indentation, is not that line
+    assert excerpt_mismatch(")\n", SOURCE) == "line 1 of the block, ')': not a line of the file"
+    assert excerpt_mismatch("a = 1\n", SOURCE).endswith("not a line of the file")
+
+
 def test_every_substitution_still_matches_its_file() -> None:
     for name, table in TINY.items():
         text = (ROOT / name).read_text(encoding="utf-8")
@@ -84,9 +129,9 @@ def test_python_block_runs(name: str, line: int, code: str, before: str, tmp_pat
                            request: pytest.FixtureRequest) -> None:
     where = f"{name}:{line}"
     if before.startswith("<!-- excerpt:"):
-        source = (ROOT / before.split(":", 1)[1].strip(" ->")).read_text(encoding="utf-8")
-        missing = [s.strip() for s in code.splitlines() if s.strip() not in source]
-        assert not missing, f"{where} shows lines its source lacks: {missing}"
+        path = before.split(":", 1)[1].strip(" ->")
+        problem = excerpt_mismatch(code, (ROOT / path).read_text(encoding="utf-8"))
+        assert not problem, f"{where} is no excerpt of {path}: {problem}"
         return
     compile(textwrap.dedent(code), where, "exec")  # a SyntaxError fails every kind of block
     if before.startswith("<!-- fragment"):

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.runs import sign_data
 from support.scripts import ROOT
 from torch import nn
-from torch.utils.data import TensorDataset
 
 from exogym import Trainer
 from exogym.strategy import make
@@ -24,15 +24,9 @@ EXAMPLES = ROOT / "examples"
 SPEC = f"{EXAMPLES}/custom_strategy.py:GrowingLocalSGD"
 
 
-def _data() -> TensorDataset:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(512, 6, generator=g)
-    return TensorDataset(x, (x[:, 0] + x[:, 1] > 0).long())
-
-
 def _fit(strategy, steps: int = 20):
     torch.manual_seed(0)
-    return Trainer(Classifier(nn.Linear(6, 2)), _data(), None).fit(
+    return Trainer(Classifier(nn.Linear(6, 2)), sign_data(512), None).fit(
         strategy=strategy, num_nodes=3, max_steps=steps, batch_size=4, progress=False)
 
 

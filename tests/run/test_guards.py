@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.runs import sign_data
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
@@ -30,31 +31,23 @@ from exogym.strategy import DDP, DiLoCo, FedAvg
 from exogym.strategy.optim import OptimSpec
 
 
-def _data(n: int = 128, poison: bool = False) -> TensorDataset:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(n, 6, generator=g)
-    y = (x[:, 0] > 0).long()
-    if poison:
-        x = torch.full_like(x, float("nan"))
-    return TensorDataset(x, y)
-
-
 def _model() -> nn.Module:
     torch.manual_seed(0)
     return Classifier(nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 2)))
 
 
 def _fit(strategy: object, data: object = None, **kw: object):  # type: ignore[no-untyped-def]
-    data = _data() if data is None else data
+    data = sign_data(128) if data is None else data
     args = dict(num_nodes=2, max_steps=6, batch_size=8, progress=False, network=None)
     args.update(kw)
-    return Trainer(_model(), data, _data()).fit(strategy=strategy, **args)
+    return Trainer(_model(), data, sign_data(128)).fit(strategy=strategy, **args)
 
 
 # -- divergence ------------------------------------------------------------------------------------
 def test_a_nan_loss_on_one_node_stops_the_run_naming_step_node_and_strategy(
         tmp_path: Path) -> None:
-    clean, poisoned = _data(), _data(poison=True)
+    clean = sign_data(128)
+    poisoned = TensorDataset(torch.full((128, 6), float("nan")), clean.tensors[1])
 
     def factory(rank: int, num_nodes: int, train: bool) -> Dataset:
         return poisoned if rank == 1 else clean  # node 1's data is NaN from its first batch
@@ -97,7 +90,7 @@ class _NaNWhenEvaluated(nn.Module):
 
 def test_a_nan_eval_loss_stops_the_run() -> None:
     with pytest.raises(NonFiniteLossError, match="global model's eval loss is nan after step 3"):
-        Trainer(_NaNWhenEvaluated(), _data(), _data()).fit(
+        Trainer(_NaNWhenEvaluated(), sign_data(128), sign_data(128)).fit(
             strategy=DDP(), num_nodes=2, max_steps=6, batch_size=8, eval_interval=3,
             progress=False, network=None)
 
@@ -287,7 +280,7 @@ def test_estimate_says_that_zero_syncs_is_not_distributed_training(
 
 # -- evaluation subset -----------------------------------------------------------------------------
 def test_the_evaluation_subset_is_fixed_and_fast() -> None:
-    data = _data(300)
+    data = sign_data(300)
     a, b = FixedSubset(data, 50), FixedSubset(data, 50)
     assert torch.equal(a.indices, b.indices) and len(a) == 50
     assert torch.equal(a.indices, a.indices.sort().values)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from support.runs import noise_data
 from torch import Tensor, nn
 from torch.utils.data import TensorDataset
 
@@ -177,12 +178,7 @@ class Tiny(nn.Module):
         return self.fc2(self.drop(F.relu(self.fc1(x))))
 
 
-def data(n: int, seed: int) -> TensorDataset:
-    gen = torch.Generator().manual_seed(seed)
-    return TensorDataset(torch.randn(n, 8, generator=gen), torch.randint(0, 4, (n,), generator=gen))
-
-
-TRAIN, VAL = data(256, 0), data(64, 1)
+TRAIN, VAL = noise_data(256, 0), noise_data(64, 1)
 P_BYTES = 4 * (8 * 16 + 16 + 16 * 4 + 4)  # fp32 parameters of Tiny: 4 x 212 = 848 bytes
 
 

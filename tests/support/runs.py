@@ -12,6 +12,10 @@ default).
 - :func:`world_run`: a world's failures, speeds and deadlines on a small classifier
   (test_world.py; test_trace.py with batch 2 and an output folder).
 - :class:`TinyBN`: the process engine's model (test_dist.py), also --ft's (test_ft.py).
+- :func:`sign_data`: 6 features labelled by the first one's sign (test_guards.py, test_compat.py,
+  test_examples.py).
+- :func:`noise_data`: 8 features and 4 classes drawn independently, nothing to learn
+  (test_clock.py, test_per_node.py).
 """
 
 from __future__ import annotations
@@ -115,3 +119,17 @@ class TinyBN(nn.Module):
     def forward(self, batch: tuple[Tensor, Tensor]) -> Tensor:
         x, y = batch
         return F.cross_entropy(self.fc2(torch.tanh(self.bn(self.fc1(x)))), y)
+
+
+def sign_data(n: int, seed: int = 0) -> TensorDataset:
+    """``n`` seeded points of 6 features, labelled 1 where the first is positive, else 0."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 6, generator=g)
+    return TensorDataset(x, (x[:, 0] > 0).long())
+
+
+def noise_data(n: int, seed: int = 0) -> TensorDataset:
+    """``n`` seeded points of 8 features, each with a label drawn from 4 classes independently
+    of it (drawn after the features, from the same generator)."""
+    g = torch.Generator().manual_seed(seed)
+    return TensorDataset(torch.randn(n, 8, generator=g), torch.randint(0, 4, (n,), generator=g))

@@ -1,0 +1,163 @@
+"""--ft's parts that need no torchft (exogym/run/ft/manager.py, replay.py, exogym/cli/ft.py): the
+communicator's arithmetic on small tensors by hand (a fake Manager), the refusals, the kill specs,
+the command line's checks, and a real run's outages read as a world. These run everywhere;
+test_ft.py runs real torchft replicas and is skipped where torchft is not installed."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor
+
+from exogym.run.ft.manager import (
+    FTCommunicator,
+    FTUnavailable,
+    KillPoint,
+    check_ft_strategy,
+    require_torchft,
+)
+from exogym.sim.comm import all_reduce_bytes
+from exogym.strategy import make
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+class FakeManager:
+    """A torchft Manager's face for the communicator: the quorum has ``participants``
+    replicas; the others' contribution to every sum is ``other`` (flat, per call)."""
+
+    def __init__(self, participants: int, rank: int, others: list[Tensor]) -> None:
+        self.participants, self.rank, self.others = participants, rank, list(others)
+
+    def num_participants(self) -> int:
+        return self.participants
+
+    def participating_rank(self) -> int:
+        return self.rank
+
+    def allreduce(self, t: Tensor, reduce_op: Any) -> Any:
+        t.add_(self.others.pop(0))
+        return type("Work", (), {"wait": lambda self: None})()
+
+
+# -- the arithmetic, by hand -----------------------------------------------------------------
+def test_mean_divides_by_the_quorum_nodes_and_bytes_are_a_ring_over_them() -> None:
+    # replica 1 of a run of 3 replicas x 2 nodes; the quorum has 2 replicas (one is dead)
+    comm = FTCommunicator(FakeManager(2, 1, [torch.tensor([10.0, 20.0])]), 6, [2, 3])
+    rows = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    out = comm.all_reduce(rows, "mean")
+    # local sum [4, 6]; + the other replica's [10, 20] = [14, 26]; / (2 replicas x 2 nodes)
+    assert torch.equal(out, torch.tensor([3.5, 6.5]))
+    each = all_reduce_bytes(8, 4)  # 8 bytes among 4 nodes: 2 * 3/4 * 8 = 12
+    assert each == 12.0
+    assert comm.bytes_sent == [0.0, 0.0, each, each, 0.0, 0.0]
+    assert comm.bytes_received == comm.bytes_sent
+
+
+def test_sum_and_integer_mean() -> None:
+    comm = FTCommunicator(FakeManager(3, 0, [torch.tensor([5.0]), torch.tensor([7])]), 3, [0])
+    assert torch.equal(comm.all_reduce(torch.tensor([[2.0]]), "sum"), torch.tensor([7.0]))
+    # integer mean truncates toward zero, as in one process: (1 + 7) // 3 = 2
+    assert torch.equal(comm.all_reduce(torch.tensor([[1]]), "mean"), torch.tensor([2]))
+
+
+def test_broadcast_sends_the_quorums_first_replica() -> None:
+    first = FTCommunicator(FakeManager(2, 0, [torch.zeros(2)]), 4, [0, 1])
+    assert torch.equal(first.broadcast(torch.tensor([[1.0, 2.0], [3.0, 4.0]]), 0),
+                       torch.tensor([1.0, 2.0]))
+    other = FTCommunicator(FakeManager(2, 1, [torch.tensor([1.0, 2.0])]), 4, [2, 3])
+    # a replica that is not the first contributes zeros: it receives the first one's row
+    assert torch.equal(other.broadcast(torch.tensor([[9.0, 9.0], [9.0, 9.0]]), 0),
+                       torch.tensor([1.0, 2.0]))
+
+
+def test_all_gather_is_refused() -> None:
+    comm = FTCommunicator(FakeManager(1, 0, []), 1, [0])
+    with pytest.raises(RuntimeError, match="all-gather under --ft"):
+        comm.all_gather(torch.zeros(1, 2))
+
+
+# -- refusals -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(("sid", "why"), [
+    ("sparta", "never hold one model"), ("demo", "all-gather"), ("noloco", "point-to-point"),
+    ("diloco_eager", "one round late"), ("fedbuff", "asynchronous"),
+])
+def test_strategies_without_ft_are_refused_by_name(sid: str, why: str) -> None:
+    with pytest.raises(ValueError, match=f"--ft does not take {sid}: .*{why}"):
+        check_ft_strategy(make(sid))
+
+
+def test_ft_strategies_are_taken() -> None:
+    for sid in ("ddp", "fedavg", "diloco", "streaming_diloco", "fedadam"):
+        check_ft_strategy(make(sid))
+
+
+def test_missing_torchft_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torchft", None)
+    with pytest.raises(FTUnavailable, match=r"pip install 'exogym\[ft\]'.*Linux x86-64"):
+        require_torchft()
+
+
+def test_kill_points_are_checked() -> None:
+    with pytest.raises(ValueError, match="one of step, collective, heal, serve, checkpoint"):
+        KillPoint(3, "lunch")
+    with pytest.raises(ValueError, match="integer >= 0"):
+        KillPoint(-1)
+
+
+# -- the command line --------------------------------------------------------------------------
+def test_kill_specs_parse() -> None:
+    from exogym.cli.ft import parse_kill
+    from exogym.run.ft.launch import Kill
+
+    assert parse_kill("1@40") == Kill(1, 40, "step", 0.0)
+    assert parse_kill("2@90:collective+5") == Kill(2, 90, "collective", 5.0)
+    assert parse_kill("0@30+never") == Kill(0, 30, "step", None)
+    for bad in ("1@x", "1@40:lunch", "@3", "1@4+soon"):
+        with pytest.raises(Exception, match=r"expected REPLICA@STEP|one of step"):
+            parse_kill(bad)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--ft"], "needs --engine process (or a torchrun launch), got --engine auto"),
+    (["--commit-every", "4"], "--commit-every sizes --ft's transactions: it needs --ft"),
+    (["--ft", "--engine", "process", "--world", "fail=1@3"], "--ft does not take --world"),
+    (["--ft", "--engine", "process", "--network", "home-1gbps"], "--ft does not take --network"),
+    (["--kill", "1@3"], "--kill plans deaths of torchft replicas: it needs --ft"),
+    (["--ft", "--engine", "process", "--strategy", "sparta"], "--ft does not take sparta"),
+])
+def test_cli_refuses_what_ft_does_not_take(argv: list[str], message: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from exogym.cli import main
+
+    assert main(["run", "--task", "mnist-cnn-v0", *argv]) != 0
+    assert message in capsys.readouterr().err
+
+
+# -- a real run's outages as a world ---------------------------------------------------------
+def _write_events(folder: Path, events: list[dict[str, Any]]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    return folder
+
+
+def test_a_real_runs_outages_become_a_world(tmp_path: Path) -> None:
+    from exogym.run.ft.replay import outages, world_of
+
+    events = [
+        {"event": "fail", "node": 1, "step": 5}, {"event": "fail", "node": 2, "step": 7},
+        {"event": "recovery", "node": 1, "step": 8, "donor": 0},
+        # a death that cost no step: healed at the step it died in
+        {"event": "fail", "node": 0, "step": 9},
+        {"event": "recovery", "node": 0, "step": 9, "donor": 1},
+        {"event": "quorum", "replica": 0, "step": 3},
+    ]
+    folder = _write_events(tmp_path / "real", events)
+    assert outages(events) == {"fail": [(1, 5), (2, 7)], "recovery": [(1, 8, 0)]}
+    assert world_of(folder) == "fail=1@5,rejoin=1@8,fail=2@7"
+    assert world_of(_write_events(tmp_path / "none", [])) is None
