@@ -5,7 +5,9 @@ The room's map (each package's ``__init__`` has its own; docs/design.md, "Module
 - :mod:`exogym.run.trainer`: :class:`Trainer` (``exogym.Trainer``): ``fit`` checks its
   arguments, builds the run, drives it (one process, or one rank of many);
 - :mod:`exogym.run.options`: :class:`FitOptions`, every setting of a run declared once (its
-  default, help, validation, CLI flag, where it is recorded);
+  default, help, validation, CLI flag, where it is recorded); :mod:`exogym.run.resolve`: the
+  checks that need the model, data and strategy, and the resume rules;
+  :mod:`exogym.run.settings`: :class:`~exogym.run.settings.RunSettings`, the resolved settings;
 - :mod:`exogym.run.launch`: the same ``fit`` on real local processes (:func:`fit_processes`);
 - :mod:`exogym.run.loop`: the loop of one run: :class:`~exogym.run.loop.run.Run` (the state
   between two steps), the schedulers (lockstep, a population's rounds, per-node timelines), the
@@ -16,9 +18,9 @@ The room's map (each package's ``__init__`` has its own; docs/design.md, "Module
 - :mod:`exogym.run.dist`: across real processes: ranks, torchrun, the distributed communicator;
 - :mod:`exogym.run.ft`: real failures survived on torchft (``--ft``).
 
-Imports go down this list's layers, never up: ``launch`` and ``ft`` > ``trainer`` > ``options``,
-``loop`` > ``nodes`` > ``output``, ``dist`` (import-linter's acyclic contract checks it; the
-packages' maps say what each may import).
+Imports go down this list's layers, never up: ``launch`` and ``ft`` > ``trainer`` > ``resolve``,
+``loop`` > ``options``, ``nodes`` > ``output``, ``dist``, ``settings`` (import-linter's acyclic
+contract checks it; the packages' maps say what each may import).
 
 The public names, imported on first use: ``from exogym.run import Trainer, FitResult, ...``.
 """

@@ -46,7 +46,8 @@ from exogym.run.dist.communicator import DistributedCommunicator, gather_global_
 from exogym.run.dist.ranks import RankContext, close_group, init_group, keep_freed_memory
 from exogym.run.loop.drive import RunInterrupted, defer_stop_signals
 from exogym.run.output.result import FitResult, read_json
-from exogym.run.trainer import Trainer, seats_of
+from exogym.run.resolve import seats_of
+from exogym.run.trainer import Trainer
 from exogym.sim.comm import CommRecord
 from exogym.sim.engine import EngineName, NodeStack
 from exogym.sim.sharding import DatasetFactory, NodeBatches

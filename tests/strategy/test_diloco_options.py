@@ -36,7 +36,7 @@ STEP1 = [[2.0, 2.0], [0.0, -2.0]]
 
 # -- the outer optimizer --------------------------------------------------------------------------
 def test_outer_optimizer_choice_and_no_nesterov_switch(tmp_path):
-    from exogym.run.trainer import _strategy_from_config
+    from exogym.run.resolve import strategy_from_config as _strategy_from_config
 
     # default: the paper's Nesterov SGD
     d = DiLoCo()
