@@ -12,7 +12,7 @@ import re
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pytest
 import torch
@@ -123,33 +123,13 @@ def test_each_base_refuses_the_other_s_step_naming_the_one_meant() -> None:
 
 
 def test_readme_custom_algorithm_runs_unchanged() -> None:
-    # EXO Gym's imports (its exogym/strategy/__init__.py exports its per-node base)
+    # README "Custom Algorithms", to the letter, with EXO Gym's imports (its
+    # exogym/strategy/__init__.py exports its per-node base): tests/support/exo_gym_readme.py
+    from support.exo_gym_readme import QuantizationStrategy
+
     from exogym.strategy import Strategy
-    from exogym.strategy.communicate import all_reduce
 
-    # README "Custom Algorithms", to the letter
-    class QuantizationStrategy(Strategy):
-        def __init__(self, optim_spec, quantization_level: Literal['int8']):
-            super().__init__()
-            self.optim_spec = optim_spec
-            self.scale = 0.024
-            self.zero_point = 0
-            self.qdtype = torch.uint8
-
-        def step(self):
-            for param in self.model.parameters():
-                if param.grad is not None:
-                    quantized = torch.round(param.grad / self.scale + self.zero_point).clamp(
-                        0, 255).to(self.qdtype)
-
-                    q_wide = quantized.to(torch.int32)
-                    all_reduce(q_wide)
-
-                    param.grad = (q_wide.to(torch.float32) * self.scale) / self.num_nodes
-
-            self.optim.step()
-            super().step()
-
+    assert issubclass(QuantizationStrategy, Strategy)
     trainer = Trainer(mlp(), data(512), data(64, 1))
     out = trainer.fit(num_epochs=1, strategy=QuantizationStrategy(
         OptimSpec(torch.optim.AdamW, lr=1e-2), 'int8'), num_nodes=2, max_steps=5, val_size=32,

@@ -14,10 +14,11 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pytest
 import torch
+from support.exo_gym_readme import QuantizationStrategy
 from support.scripts import child_env
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -26,8 +27,6 @@ from torch.utils.data import TensorDataset
 from exogym import Trainer
 from exogym.run.dist.ranks import torchrun_env
 from exogym.run.launch import free_port
-from exogym.strategy import Strategy
-from exogym.strategy.communicate import all_reduce
 
 
 class Tiny(nn.Module):
@@ -138,32 +137,6 @@ def test_exogym_run_under_torchrun_matches_the_simulator(tmp_path: Path,
     _same_summary(got, ref, tol=2e-3)
 
 
-class QuantizationStrategy(Strategy):
-    """EXO Gym's README, "Custom Algorithms", to the letter (``from exogym.strategy import
-    Strategy``, its per-node base)."""
-
-    def __init__(self, optim_spec, quantization_level: Literal['int8']):
-        super().__init__()
-        self.optim_spec = optim_spec
-        self.scale = 0.024
-        self.zero_point = 0
-        self.qdtype = torch.uint8
-
-    def step(self):
-        for param in self.model.parameters():
-            if param.grad is not None:
-                quantized = torch.round(param.grad / self.scale + self.zero_point).clamp(
-                    0, 255).to(self.qdtype)
-
-                q_wide = quantized.to(torch.int32)
-                all_reduce(q_wide)
-
-                param.grad = (q_wide.to(torch.float32) * self.scale) / self.num_nodes
-
-        self.optim.step()
-        super().step()
-
-
 EXO_GYM_FIT = dict(num_epochs=1, num_nodes=2, max_steps=6, batch_size=8, val_size=32,
                    val_interval=3, device="cpu")
 
@@ -171,7 +144,8 @@ EXO_GYM_SCRIPT = textwrap.dedent("""
     import os
 
     import torch
-    from test_torchrun import EXO_GYM_FIT, QuantizationStrategy, Tiny, tiny_data
+    from support.exo_gym_readme import QuantizationStrategy
+    from test_torchrun import EXO_GYM_FIT, Tiny, tiny_data
     from exogym import Trainer
     from exogym.strategy.optim import OptimSpec
 
