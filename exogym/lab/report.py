@@ -81,9 +81,13 @@ class Comparison:
 
     Attributes:
         task: the task's canonical id.
-        num_nodes, max_steps, batch_size, eval_interval: the shape shared by every run.
-        micro_batch_size, partition, precision: how every run trained (as
-            :meth:`exogym.Trainer.fit`; ``partition`` the spec string, e.g. ``"dirichlet:0.1"``).
+        num_nodes: ``N`` of every run.
+        max_steps: the steps of every run.
+        batch_size: the batch size per node of every run.
+        eval_interval: the steps between two evaluations of every run.
+        micro_batch_size: how every run accumulated gradients (as :meth:`exogym.Trainer.fit`).
+        partition: how every run split the data (the spec string, e.g. ``"dirichlet:0.1"``).
+        precision: the precision every run trained in (as :meth:`exogym.Trainer.fit`).
         network: the simulated network (its spec string); ``network_text`` its description.
         seeds: the seeds every strategy was trained with.
         target_loss: the loss of "steps to target" (None: no run improved on the initial

@@ -339,7 +339,8 @@ class WorkerResult:
         global_state: the global model (:func:`gather_global_state`; the same on every rank).
         node_params: this process's nodes' final parameters, ``[n_local, *shape]``.
         node_ids: their global ids.
-        bytes_sent, bytes_received: per global node (every rank holds all ``N`` counters).
+        bytes_sent: per global node (every rank holds all ``N`` counters).
+        bytes_received: per global node.
         comm_log: every collective, as the simulator logs it.
         train_time_s: wall time of the training steps.
     """

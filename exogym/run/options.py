@@ -203,8 +203,9 @@ class FitOptions:
         step_time: one node's compute per step, seconds (or ``"1.5s"``); default: measured
             from the run's own training steps (per process in a multi-process run; see
             :mod:`exogym.sim.clock`); or
-        flops_per_sample, device_flops: training FLOPs per sample and the device's FLOP/s,
+        flops_per_sample: training FLOPs per sample, with ``device_flops``:
             ``step time = flops_per_sample * batch_size / device_flops``.
+        device_flops: the simulated device's FLOP/s.
         distributed: run as one rank of a multi-process job over ``torch.distributed``:
             the ``N`` nodes are split evenly over the processes (``N / world_size`` stacked
             in each) and collectives cross processes. None (default): yes when

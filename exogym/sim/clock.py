@@ -78,11 +78,16 @@ class ClockReport:
         step_time_s: ``c``, one node's compute per step at speed 1; ``compute_source`` how it was
             obtained (``measured``, ``given``, ``flops``).
         total_s: simulated wall clock of the whole run.
-        compute_s, comm_s, idle_s, down_s: mean over nodes of each node's compute, time waiting
-            on the network, time waiting for slower nodes, and time down (a world's failures);
-            ``compute + comm + idle + down = total`` for every node.
+        compute_s: mean over nodes of each node's compute
+            (``compute + comm + idle + down = total`` for every node).
+        comm_s: mean over nodes of each node's time waiting on the network.
+        idle_s: mean over nodes of each node's time waiting for slower nodes.
+        down_s: mean over nodes of each node's time down (a world's failures).
         utilization: ``compute_s / total_s``.
-        node_compute_s, node_comm_s, node_idle_s, node_down_s: per node.
+        node_compute_s: each node's compute.
+        node_comm_s: each node's time waiting on the network.
+        node_idle_s: each node's time waiting for slower nodes.
+        node_down_s: each node's time down.
     """
 
     network: str
@@ -558,7 +563,8 @@ class ClockTrace:
     """What re-costing a run needs: its shape, compute time per step and collectives.
 
     Attributes:
-        num_nodes, steps: the run's shape.
+        num_nodes: the run's ``N``.
+        steps: the run's steps.
         step_time_s: ``c`` of the run; ``compute_source`` how it was obtained.
         overlap_steps: ``W`` of overlapped collectives (None: until the next with the same tag).
         records: the communicator's log, in order.

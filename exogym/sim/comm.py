@@ -151,8 +151,9 @@ class CommRecord:
             ``payload_bytes`` is then the compressed payload, and an all-reduce with a sparse
             codec is recorded as the ``"all_gather"`` that carries it.
         members: the nodes that took part, as a bit mask (bit ``i``: node ``i``); ``-1``: all.
-        src, dst: the two ends of a point-to-point ``"send"`` (``-1`` otherwise; a broadcast
-            records its source in ``src``).
+        src: the sending end of a point-to-point ``"send"``, or a broadcast's source (``-1``
+            otherwise).
+        dst: the receiving end of a point-to-point ``"send"`` (``-1`` otherwise).
     """
 
     op: str

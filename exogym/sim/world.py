@@ -200,8 +200,9 @@ class World:
             ``d = MIN + |N(0, SD)|`` seeded by ``seed`` (speed ``1 / d``): FedBuff's client
             training durations (FLSim's ``PerUserHalfNormalDurationDistribution``, its sent140
             configuration: SD 1, MIN 0).
-        mtbf_s, mttr_s: mean time between failures and mean time to repair (seconds) of every
-            node, exponential draws; both or neither.
+        mtbf_s: mean time between failures (seconds) of every node, exponential draws; with
+            ``mttr_s`` (both or neither).
+        mttr_s: mean time to repair (seconds) of every node, exponential draws.
         events: explicit failures and rejoins (by step or simulated time).
         trace: per-node up intervals from a file (node ``i`` follows its node ``i mod T``).
         online: a share of the nodes online that follows the simulated day

@@ -210,15 +210,21 @@ class FitResult:
             on evaluation steps, ...), as written to ``metrics.jsonl``.
         final: the last evaluation of the global model (``eval_loss``, ``eval_accuracy``, ...).
         strategy: the strategy's registry id; ``hyperparameters`` its fields.
-        num_nodes, steps, batch_size: the run's shape (batch size per node).
+        num_nodes: ``N``, the run's nodes.
+        steps: the run's steps.
+        batch_size: the batch size per node.
         samples: training samples processed, all nodes together.
         train_time_s: wall time of the training steps (evaluation excluded).
         wall_time_s: wall time of the whole fit. Both add up every session of a resumed run.
         resumed_from: ``{"step", "checkpoint"}`` where this session continued the run (None:
             it started here).
-        bytes_sent, bytes_received: per node, cumulative.
+        bytes_sent: per node, cumulative.
+        bytes_received: per node, cumulative.
         comm_log: every collective (for network models).
-        engine, device, seed, out_dir: how it ran.
+        engine: the engine the nodes computed with.
+        device: where they computed.
+        seed: the run's seed.
+        out_dir: the run folder (None: none).
         processes: OS processes the nodes were spread over (1: simulated in one process).
         eval_set: the evaluation set of ``final`` (the whole set): its ``test_set`` attribute
             (CIFAR-10 reports whether the full or the partial test batch was used), else its
