@@ -404,8 +404,8 @@ def fit_strategies(
 def fit_processes(
     model: nn.Module, train_dataset: Dataset | DatasetFactory, val_dataset: Dataset | None, *,
     strategy: StackedStrategy | None, num_nodes: int, nodes_per_process: int = 1,
-    backend: str = "auto", timeout_s: float = 300.0, threads: int | None = None, port: int | None =
-    None, **fit_args: Any,
+    backend: str = "auto", timeout_s: float = 300.0, threads: int | None = None,
+    port: int | None = None, **fit_args: Any,
 ) -> FitResult:
     """:meth:`exogym.Trainer.fit` on ``num_nodes / nodes_per_process`` local processes.
 

@@ -282,8 +282,8 @@ class Trainer:
         if net is not None:
             net.check_nodes(o.num_nodes)
         the_world = check_world(parse_world(o.world), o.num_nodes, net, strategy)
-        participation = participation_of(o.participation, o.concurrency, o.client_state, o.seed,
-                                       strategy)
+        participation = participation_of(o.participation, o.concurrency, o.client_state,
+                                         o.seed, strategy)
         resident = check_paging(o.resident, o.offload, o.num_nodes, strategy, engine)
         step_time_s, source = resolve_step_time(o.step_time, o.flops_per_sample,
                                                 o.device_flops, o.batch_size)
@@ -297,7 +297,7 @@ class Trainer:
                 check_out_dir(o.out_dir)
             n_here = o.num_nodes if ranks is None else ranks.nodes_per_process
             seats = seats_for(o.clients_in_memory, participation, the_world, net, strategy,
-                           resident, ranks, self.train_dataset)
+                              resident, ranks, self.train_dataset)
             if seats:
                 assert participation is not None
                 ranks = seat_ranks(ranks, participation.per_round(o.num_nodes))
@@ -377,7 +377,7 @@ class Trainer:
             run.load_state_dict(state, where)
             run.resumed_from = {"step": int(state["step"]), "checkpoint": str(where)}
             check_sync(strategy, settings.total_steps, True, stacklevel=5,
-                        warn=run.lead and settings.total_steps != saved["steps"])
+                       warn=run.lead and settings.total_steps != saved["steps"])
             result = drive(run, int(state["step"]), checkpointing, o.handle_signals)
             clean = True
             return result

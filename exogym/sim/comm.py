@@ -72,6 +72,7 @@ __all__ = [
     "broadcast_bytes",
     "finish_reduce",
     "member_mask",
+    "payload_bytes",
 ]
 
 ReduceOp = Literal["mean", "sum"]
@@ -189,7 +190,9 @@ def _bits(flags: Sequence[bool]) -> int:
     return sum(1 << i for i, f in enumerate(flags) if f)
 
 
-def _payload(tensors: Sequence[Tensor], codec: Codec | None = None) -> int:
+def payload_bytes(tensors: Sequence[Tensor], codec: Codec | None = None) -> int:
+    """``S`` of a collective over the node-stacked ``tensors``: one node's bytes (its row of
+    each), or their compressed size with ``codec``."""
     if codec is None:
         return sum(t[0].numel() * t.element_size() for t in tensors)
     return sum(codec.payload_bytes(t[0].numel(), t.dtype) for t in tensors)
@@ -208,10 +211,14 @@ credits them to the seats' clients)."""
 @dataclass
 class Attendance:
     """Who takes part in the step being computed, as a communicator sees it. The communicator is
-    given one when it is built; the loop that drives the nodes keeps it current (a run's
-    scheduler, a worker's loop); the collectives and the strategies read it
-    (:attr:`Communicator.step`, :attr:`Communicator.active`, :meth:`Communicator.arrivals`).
-    The communicator never reaches the run: this is all it knows of it.
+    given one when it is built; the loop that drives the nodes keeps it current, and nothing
+    else writes it: in a simulated run, the run sets the step before each scheduler step (so the
+    records of a recovery made before the compute carry it) and the step's compute sets the step
+    and who computes it (:class:`exogym.run.loop.losses.TrainLoss`; a paged round, each step it
+    computes ahead); a worker's loop (:func:`exogym.run.launch.fit_worker`, a torchft replica)
+    sets the step. The collectives and the strategies read it (:attr:`Communicator.step`,
+    :attr:`Communicator.active`, :meth:`Communicator.arrivals`); the communicator never reaches
+    the run: this is all it knows of it.
 
     Attributes:
         step: the training step being computed, stamped on each record (``-1`` outside the
@@ -372,7 +379,7 @@ class Communicator(abc.ABC):
         tensors = self._check(x, codec)
         mask = member_mask(members, self.num_nodes)
         m = self.num_nodes if mask is None else sum(mask)
-        s = all_gather_bytes(_payload(tensors, codec), m)
+        s = all_gather_bytes(payload_bytes(tensors, codec), m)
         each = [s if mask is None or mask[i] else 0.0 for i in range(self.num_nodes)]
         self._account("all_gather", tensors, tag, overlap, sent=each, received=each,
                       codec=codec, members=mask)
@@ -403,7 +410,7 @@ class Communicator(abc.ABC):
         if mask is not None and not mask[src]:
             raise ValueError(f"the source of a broadcast must be a member, node {src} is not")
         m = self.num_nodes if mask is None else sum(mask)
-        src_sent, recv = broadcast_bytes(_payload(tensors, codec), m)
+        src_sent, recv = broadcast_bytes(payload_bytes(tensors, codec), m)
         sent = [src_sent if i == src else 0.0 for i in range(self.num_nodes)]
         received = [0.0 if i == src or (mask is not None and not mask[i]) else recv
                     for i in range(self.num_nodes)]
@@ -431,7 +438,7 @@ class Communicator(abc.ABC):
         if src == dst and not self.seats:
             raise ValueError(f"a node does not send to itself (src = dst = {src})")
         tensors = self._check(x)
-        s = float(_payload(tensors))
+        s = float(payload_bytes(tensors))
         sent = [s if i == src else 0.0 for i in range(self.num_nodes)]
         received = [s if i == dst else 0.0 for i in range(self.num_nodes)]
         pair = [i in (src, dst) for i in range(self.num_nodes)]
@@ -459,7 +466,7 @@ class Communicator(abc.ABC):
         if not 0 <= node < self.num_nodes:
             raise ValueError(f"node must be a node id in [0, {self.num_nodes}), got {node}")
         tensors = self._check(x)
-        s = float(_payload(tensors))
+        s = float(payload_bytes(tensors))
         one = [s if i == node else 0.0 for i in range(self.num_nodes)]
         none = [0.0] * self.num_nodes
         if op == "push":
@@ -557,7 +564,7 @@ class Communicator(abc.ABC):
         """An all-reduce among the members: bytes of a ring of ``M``; the members' sum, or the
         sum divided by ``M`` (an integer mean truncates toward zero, as without members)."""
         m = sum(mask)
-        payload = _payload(tensors, codec)
+        payload = payload_bytes(tensors, codec)
         if codec is not None and codec.sparse:
             kind, s = "all_gather", all_gather_bytes(payload, m)
         else:
@@ -578,7 +585,7 @@ class Communicator(abc.ABC):
     def _account_reduce(
         self, tensors: list[Tensor], tag: str, overlap: bool, codec: Codec | None
     ) -> None:
-        payload = _payload(tensors, codec)
+        payload = payload_bytes(tensors, codec)
         if codec is not None and codec.sparse:
             op, s = "all_gather", all_gather_bytes(payload, self.num_nodes)
         else:
@@ -591,7 +598,7 @@ class Communicator(abc.ABC):
         sent: list[float], received: list[float], codec: Codec | None = None,
         members: Sequence[bool] | None = None, src: int = -1, dst: int = -1,
     ) -> None:
-        self._record(op, _payload(tensors, codec), tag, overlap, sent=sent, received=received,
+        self._record(op, payload_bytes(tensors, codec), tag, overlap, sent=sent, received=received,
                      codec=codec.name if codec is not None else "",
                      members=-1 if members is None else _bits(members), src=src, dst=dst)
 

@@ -613,7 +613,7 @@ def test_the_processes_meet_at_the_port_given(monkeypatch: pytest.MonkeyPatch) -
                       port=70000)
 
 
-def test_as_exogym_without_n_refuses_an_island_size_it_cannot_check() -> None:
+def test_as_stacked_without_n_refuses_an_island_size_it_cannot_check() -> None:
     # through fit_processes(strategy=as_stacked(s)) an island_size below N went unchecked and
     # was ignored (found in review)
     with pytest.raises(ValueError, match=r"island_size=2\) depends on the run's N: give "

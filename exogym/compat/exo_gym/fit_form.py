@@ -49,9 +49,8 @@ How each EXO Gym argument maps (EXO Gym's defaults apply when it is not given):
   ``validation.csv`` (``step``, ``local_loss``, ``local_perplexity``, ``global_loss``,
   ``global_perplexity``) and ``config.json``; ``local_*``, node 0's own model, is not evaluated
   by exogym and stays empty;
-- ``wandb_project``: a :class:`exogym.run.output.sinks.WandbSink` (named ``run_name``) instead of
-the
-  CSVs, as EXO Gym chose; ``log_x_axis="examples"``: W&B's step is the samples trained
+- ``wandb_project``: a :class:`exogym.run.output.sinks.WandbSink` (named ``run_name``) instead
+  of the CSVs, as EXO Gym chose; ``log_x_axis="examples"``: W&B's step is the samples trained
   (``"step"``, the default: the step); ``disable_logging``: neither, and no progress bar;
 - ``correlation_interval`` has no equivalent: an error (None: nothing to do);
   ``dataloader_kwargs``: exogym batches the nodes' data itself, without a ``DataLoader``:

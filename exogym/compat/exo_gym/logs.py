@@ -4,7 +4,7 @@ EXO Gym (github.com/exo-explore/gym at commit 9fa323c, ``exogym/aux/logger.py``)
 rows to ``logs/RUN_NAME/train.csv`` and ``validation.csv`` (its ``CSVLogger``), or to W&B with the
 step or the examples trained as x axis (its ``WandbLogger(x_axis=)``). These are exogym sinks
 (:mod:`exogym.run.output.sinks`) that write the same, from exogym's rows;
-:mod:`exogym.compat.exo_gym. fit_form` adds them to a ``fit`` call in EXO Gym's form.
+:mod:`exogym.compat.exo_gym.fit_form` adds them to a ``fit`` call in EXO Gym's form.
 """
 
 from __future__ import annotations

@@ -48,10 +48,10 @@ from exogym.sim.compute import work_cpu_mark, work_cpu_since
 from exogym.sim.engine import NodeStack
 from exogym.sim.sharding import NodeBatches, fetch
 
-__all__ = ["DistributedCommunicator", "WallSpans", "gather_all_nodes", "gather_global_state",
-           "local_batch"]
+__all__ = ["DistributedCommunicator", "WallSpans", "accumulator_dtype", "dtype_groups",
+           "gather_all_nodes", "gather_global_state", "local_batch"]
 
-def _accumulator(dtype: torch.dtype) -> torch.dtype:
+def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype a reduction of ``dtype`` accumulates in (as the in-process reduction)."""
     if dtype == torch.float64:
         return torch.float64
@@ -62,7 +62,7 @@ def _accumulator(dtype: torch.dtype) -> torch.dtype:
     return torch.int64
 
 
-def _flat_groups(dtypes: Sequence[torch.dtype]) -> dict[torch.dtype, list[int]]:
+def dtype_groups(dtypes: Sequence[torch.dtype]) -> dict[torch.dtype, list[int]]:
     """Tensor indices grouped by dtype, first appearance order (one collective per group)."""
     groups: dict[torch.dtype, list[int]] = {}
     for j, dt in enumerate(dtypes):
@@ -175,10 +175,10 @@ class DistributedCommunicator(Communicator):
     # -- hooks -------------------------------------------------------------------------------
     @_transport
     def _all_reduce(self, tensors: list[Tensor], op: ReduceOp) -> list[Tensor]:
-        accs = [_accumulator(t.dtype) for t in tensors]
+        accs = [accumulator_dtype(t.dtype) for t in tensors]
         sums = [t.sum(0, dtype=acc) for t, acc in zip(tensors, accs, strict=True)]
         if self.world_size > 1:
-            for idx in _flat_groups(accs).values():
+            for idx in dtype_groups(accs).values():
                 flat = torch.cat([sums[j].reshape(-1) for j in idx])
                 dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
                 for j, piece in zip(idx, flat.split([sums[j].numel() for j in idx]),
@@ -197,7 +197,7 @@ class DistributedCommunicator(Communicator):
             return [t.clone() for t in tensors]
         out: list[Tensor | None] = [None] * len(tensors)
         n = self.n_local
-        for idx in _flat_groups([t.dtype for t in tensors]).values():
+        for idx in dtype_groups([t.dtype for t in tensors]).values():
             rows = [tensors[j].reshape(n, -1) for j in idx]
             flat = torch.cat(rows, dim=1).contiguous()  # [n_local, total]
             parts = [torch.empty_like(flat) for _ in range(self.world_size)]
@@ -213,7 +213,7 @@ class DistributedCommunicator(Communicator):
         if self.world_size == 1:
             return [t[row].clone() for t in tensors]
         out: list[Tensor | None] = [None] * len(tensors)
-        for idx in _flat_groups([t.dtype for t in tensors]).values():
+        for idx in dtype_groups([t.dtype for t in tensors]).values():
             if self.rank == src_rank:
                 flat = torch.cat([tensors[j][row].reshape(-1) for j in idx])
             else:

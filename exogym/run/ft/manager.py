@@ -50,15 +50,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from exogym.run.dist.communicator import _accumulator, _flat_groups
+from exogym.run.dist.communicator import accumulator_dtype, dtype_groups
 from exogym.run.output.checkpoint import to_host
 from exogym.sim.codecs import Codec
 from exogym.sim.comm import (
     Communicator,
     ReduceOp,
-    _payload,
     all_gather_bytes,
     all_reduce_bytes,
+    payload_bytes,
 )
 from exogym.sim.engine import NodeStack
 from exogym.sim.sharding import NodeBatches
@@ -214,7 +214,7 @@ class FTCommunicator(Communicator):
 
     def _account_reduce(self, tensors: list[Tensor], tag: str, overlap: bool,
                         codec: Codec | None) -> None:
-        payload, m = _payload(tensors, codec), self.quorum_nodes()
+        payload, m = payload_bytes(tensors, codec), self.quorum_nodes()
         if codec is not None and codec.sparse:
             op, s = "all_gather", all_gather_bytes(payload, m)
         else:
@@ -235,9 +235,9 @@ class FTCommunicator(Communicator):
         return flat
 
     def _all_reduce(self, tensors: list[Tensor], op: ReduceOp) -> list[Tensor]:
-        accs = [_accumulator(t.dtype) for t in tensors]
+        accs = [accumulator_dtype(t.dtype) for t in tensors]
         sums = [t.sum(0, dtype=acc) for t, acc in zip(tensors, accs, strict=True)]
-        for idx in _flat_groups(accs).values():
+        for idx in dtype_groups(accs).values():
             flat = self._sum_across(torch.cat([sums[j].reshape(-1) for j in idx]))
             for j, piece in zip(idx, flat.split([sums[j].numel() for j in idx]), strict=True):
                 sums[j] = piece.view(sums[j].shape)
@@ -256,7 +256,7 @@ class FTCommunicator(Communicator):
     def _broadcast(self, tensors: list[Tensor], src: int) -> list[Tensor]:
         first = self.manager.participating_rank() == 0
         out: list[Tensor | None] = [None] * len(tensors)
-        for idx in _flat_groups([t.dtype for t in tensors]).values():
+        for idx in dtype_groups([t.dtype for t in tensors]).values():
             flat = torch.cat([tensors[j][0].reshape(-1) for j in idx])
             if not first:
                 flat = torch.zeros_like(flat)

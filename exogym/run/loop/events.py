@@ -1,7 +1,7 @@
 """Per-node timelines: which node computes next, and when a pushed update reaches the server.
 
 The state of the run's event loop for asynchronous strategies (docs/design/async.md;
-:mod:`exogym.strategy.server`). The loop (:class:`exogym.run.loop.schedule.PerNodeTimelines`)
+:mod:`exogym.strategy.server`). The loop (:class:`exogym.run.loop.timelines.PerNodeTimelines`)
 repeats, in simulated time order:
 
 1. the next event is the earliest of (a) the clocks of the nodes that are free (not waiting for

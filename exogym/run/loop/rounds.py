@@ -70,7 +70,7 @@ class PopulationSeating:
         self.seats, self.presence, self.feed, self.event = seats, presence, feed, event
 
     def start_round(self, step: int) -> None:
-        self.seats.comm.attendance.step = self.presence.step = step
+        self.presence.step = step  # the joins' events carry the round's first step
         self.seats.start_round(step, self.feed.clock, self.feed.feed, self.event,
                                self.presence.counts)
 

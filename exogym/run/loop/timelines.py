@@ -137,7 +137,6 @@ class ParameterServer:
 
     def fill(self, step: int) -> None:
         if self.seats is not None:
-            self.seats.comm.attendance.step = step
             self.seats.fill(self.clocks.clock)
 
     def pushes(self) -> list[tuple[int, float]]:

@@ -49,20 +49,21 @@ class WorldStep:
         compute again (a late node heals once it has caught up, from the state the others hold
         then); the nodes that compute this step (None: all)."""
         active, rejoined = self.presence.before_step(step, self.feed.clock)
+        strategies = self.held.strategies  # every copy (a paged run: one per group)
         joining: dict[int, int] = {}
         if select is not None:
             active, joining, staying = select(step, active)
             if staying:
                 self.held.call(lambda strategy: _restart(strategy, staying))
         if rejoined or joining:
-            for strategy in self.held.strategies:
+            for strategy in strategies:
                 strategy.request_recovery(rejoined + list(joining))
-        pending = [i for i in self.held.strategies[0].pending_recovery if active[i]]
+        pending = [i for i in strategies[0].pending_recovery if active[i]]
         pairs = [(n, joining.get(n, d) if joining.get(n, -1) >= 0 else d, n in joining)
                  for n, d in (self.presence.donors(pending) if pending else [])]
         if pairs:
             self._recover(pairs)
-        for strategy in self.held.strategies:
+        for strategy in strategies:
             strategy.pending_recovery = [i for i in strategy.pending_recovery if not active[i]]
         return None if all(active) else active
 

@@ -59,12 +59,12 @@ class PagedNodes(CommBytes):
     def call(self, fn: Callable[[StackedStrategy], None]) -> None:
         self.paged.call(lambda g: fn(g.strategy))
 
-    def step(self, step: int, active: list[bool] | None, feed: StepClock) -> Tensor:
+    def step(self, step: int, active: list[bool] | None, clock: StepClock) -> Tensor:
         paged = self.paged
         if step in self._ahead:
             losses, self._view, price = self._ahead.pop(step)
-            feed.computed(step, active)
-            feed.priced(price)
+            clock.computed(step, active)
+            clock.priced(price)
             if not self._ahead:
                 paged.flush()
             return losses
@@ -72,7 +72,7 @@ class PagedNodes(CommBytes):
         # round computed ahead starts anyway
         n = 1 if self.worldly else min(paged.round_length(step, self.total_steps),
                                        self.until_evaluation(step))
-        marks, cpu = feed.begin_step(), paged.store.cpu_seconds
+        marks, cpu = clock.begin_step(), paged.store.cpu_seconds
         assert isinstance(self.batches, NodeBatches)
         batches = self.batches
         ids, epochs = [], []
@@ -81,10 +81,10 @@ class PagedNodes(CommBytes):
             epochs.append(batches.epoch)
         # the clock learns of the step's compute before its collectives ask who arrives (a
         # deadline reads the clock), as in memory
-        feed.computed(step, active)
+        clock.computed(step, active)
         out = paged.compute(list(range(step, step + n)),
                             lambda k, lo, hi: batches.rows(ids[k], lo, hi), active)
-        price = feed.end_step(marks, self.comm.n_local, steps=n,
+        price = clock.end_step(marks, self.comm.n_local, steps=n,
                               exclude_cpu_s=paged.store.cpu_seconds - cpu)
         for k in range(1, n):
             self._ahead[step + k] = (out[k][0], (out[k][1], epochs[k]), price)

@@ -50,8 +50,9 @@ FedAvg's and FedOpt's local steps) needs no other group: with the threads engine
 can change who computes, the run has each group compute the steps up to the next synchronisation
 while it is in memory (:meth:`Paged.round_length`, :meth:`Paged.compute`), so a local-SGD method
 is paged once per round, not once per step; the round's collectives are counted when the run
-reaches its last step (:meth:`Paged.flush`), and :class:`exogym.run.loop.run.Run` hands out the
-round's per-step losses, learning rates and prices as the run reaches each step.
+reaches its last step (:meth:`Paged.flush`), and the holder
+(:class:`~exogym.run.nodes.paged.PagedNodes`) hands out the round's per-step losses, learning
+rates and prices as the run reaches each step.
 
 Costs. Each round (each step, stepping group by group) reads and writes every group's state once
 (gradients are zero between steps and are not written), and once more per collective; the time
