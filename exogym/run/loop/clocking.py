@@ -104,11 +104,6 @@ class ClockFeed:
         self.wall: WallSpans | None = (comm.wall if trace and isinstance(
             comm, DistributedCommunicator) else None)
 
-    @property
-    def lagging(self) -> bool:
-        """Whether steps wait for a catch-up before they reach the clock."""
-        return bool(self._timing)
-
     def start(self, step: int, steered: bool, price: Any) -> None:
         """Create the clock before step ``step``: measured from the run's own steps, or (time
         steers the run) at ``price()``, the seconds of a step priced before the run."""

@@ -79,7 +79,8 @@ class PerNodeTimelines:
                 tl.arrive(node, at)
             arrival = tl.next_arrival()
             if arrival is not None and same_or_before(arrival[0], start):
-                self._deliver(step, *tl.pop_arrival())
+                at, _, node = tl.pop_arrival()
+                self._deliver(step, at, node)
                 continue
             group = [not tl.waiting[i] and same_or_before(clock.t[i], start) for i in range(n)]
             self.compute(step, None if all(group) else group)
@@ -92,7 +93,8 @@ class PerNodeTimelines:
             for node, at in clock.serve_pushes(math.inf, final=True):
                 tl.arrive(node, at)
             while tl.in_flight:
-                self._deliver(step, *tl.pop_arrival(), final=True)
+                at, _, node = tl.pop_arrival()
+                self._deliver(step, at, node, final=True)
         return tl.fastest
 
     def row(self) -> dict[str, Any]:
@@ -103,8 +105,7 @@ class PerNodeTimelines:
         """The result's view of the timelines (:meth:`Timelines.summary`)."""
         return self.timelines.summary(self.server.staleness)
 
-    def _deliver(self, step: int, arrival: float, seq: int, node: int,
-                 final: bool = False) -> None:
+    def _deliver(self, step: int, arrival: float, node: int, final: bool = False) -> None:
         """A push reaches the server: it applies the update and replies to the node (a
         population's seat: its next client, drawn among those available at the arrival)."""
         clock = self.clocks.clock
