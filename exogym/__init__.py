@@ -23,10 +23,10 @@ import (:func:`exogym.cli.main`).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import exogym._aliases  # noqa: F401  (EXO Gym's module paths: exogym.trainer, exogym.aux)
+from exogym.utils.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from exogym.compat import DilocoSimulator
@@ -62,13 +62,4 @@ _EXPORTS: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value  # imported once: later look-ups do not come here
-        return value
-    raise AttributeError(f"module 'exogym' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)

@@ -131,11 +131,11 @@ class Server:
     def __init__(self, compute: Calls) -> None:
         self.compute = compute
         self.delivered: list[tuple[int, float, int, bool]] = []
-        self.fills: list[int] = []
+        self.fills = 0
         self.staleness: list[int] = []
 
-    def fill(self, step: int) -> None:
-        self.fills.append(step)
+    def fill(self) -> None:
+        self.fills += 1
 
     def pushes(self) -> list[tuple[int, float]]:
         _, active = self.compute.calls[-1]
@@ -166,7 +166,7 @@ def test_per_node_timelines_run_events_in_simulated_time_order() -> None:
     # Execute and assert: step 0, both nodes at t = 0 compute together and push (node 0 at
     # 0.5 s, node 1 at 1 s); the fastest has taken a step: no delivery yet
     assert sched.advance(0) == 1
-    assert compute.calls == [(0, None)] and server.fills == [0] and server.delivered == []
+    assert compute.calls == [(0, None)] and server.fills == 1 and server.delivered == []
     # step 1: node 0's push arrives at 1.5 s (replied by 1.6 s); node 0, free, computes alone
     # (to 2.1 s) before node 1's push arrives (2.5 s: queued behind node 0's); the run ends:
     # the pushes in flight are delivered, node 0's second behind node 1's (2.5 + 1 s)

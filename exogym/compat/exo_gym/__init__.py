@@ -31,8 +31,7 @@ it (pyproject.toml, the layers contract's two exceptions).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from exogym.utils.lazy import lazy_exports
 
 __all__ = ["CollectiveMismatch", "DeMoStrategy", "DiLoCoStrategy", "ExoGymWarning",
            "FedAvgStrategy", "PerNode", "ReduceOp", "SPARTADiLoCoStrategy", "SPARTAStrategy",
@@ -53,13 +52,4 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        module = _EXPORTS[name]  # a module of this package, or one named in full
-        return getattr(importlib.import_module(
-            module if module.startswith("exogym.") else f"{__name__}.{module}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)

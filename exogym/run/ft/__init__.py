@@ -18,8 +18,9 @@ public names, imported on first use: ``from exogym.run.ft import fit_ft, Kill, w
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from exogym.utils.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from exogym.run.ft.launch import Kill, fit_ft, fit_ft_torchrun
@@ -36,11 +37,4 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)

@@ -101,8 +101,8 @@ class ClockFeed:
                              "give the run a network (--network)")
         # a process run's real trace: the distributed communicator records this rank's real
         # collectives, and the feed its steps
-        self.wall: WallSpans | None = (comm.wall if trace and isinstance(
-            comm, DistributedCommunicator) else None)
+        self.wall: WallSpans | None = (comm.wall if isinstance(comm, DistributedCommunicator)
+                                       else None)
 
     def start(self, step: int, steered: bool, price: Any) -> None:
         """Create the clock before step ``step``: measured from the run's own steps, or (time

@@ -82,8 +82,8 @@ class ClockSource(Protocol):
 class Server(Protocol):
     """Asynchronous: the parameter server and the nodes (a population's seats) it serves."""
 
-    def fill(self, step: int) -> None:
-        """Before the server's first step: its first clients in flight (a population)."""
+    def fill(self) -> None:
+        """Before the server's first step: its first clients in flight (a population; once)."""
 
     def pushes(self) -> list[tuple[int, float]]:
         """``(node, bytes)`` of the updates pushed at the step just computed, taken."""

@@ -69,7 +69,7 @@ class PerNodeTimelines:
     def advance(self, step: int) -> int:
         tl, clock = self.timelines, self.clocks.clock
         assert clock is not None
-        self.server.fill(step)  # a population's first clients in flight (once)
+        self.server.fill()  # a population's first clients in flight (once)
         n, target = self.num_rows, step + 1
         while tl.fastest < target:
             free = [i for i in range(n) if not tl.waiting[i]]
@@ -136,7 +136,7 @@ class ParameterServer:
                  seats: Seats | None = None) -> None:
         self.strategy, self.clocks, self.seats = strategy, clocks, seats
 
-    def fill(self, step: int) -> None:
+    def fill(self) -> None:
         if self.seats is not None:
             self.seats.fill(self.clocks.clock)
 
