@@ -31,6 +31,7 @@ from exogym.run.options import FitOptions, changeable_records, recorded
 from exogym.run.options import resumed as resumed_values
 from exogym.run.settings import RunSettings
 from exogym.sim.clock import resolve_step_time
+from exogym.sim.devices import Hardware, load_profiles, parse_hardware
 from exogym.sim.engine import (
     ENGINES,
     PRECISIONS,
@@ -46,9 +47,24 @@ from exogym.strategy.server import ServerStrategy
 from exogym.utils.config import ConfigError, apply_overrides, config_fields
 from exogym.utils.validation import check_int
 
-__all__ = ["as_strategy", "check_client_store", "check_engine", "check_paging", "check_same_run",
-           "check_sync", "check_world", "join", "participation_of", "resumed_settings",
-           "seat_ranks", "seats_for", "seats_of", "strategy_from_config", "total_steps"]
+__all__ = [
+    "as_strategy",
+    "check_client_store",
+    "check_engine",
+    "check_paging",
+    "check_same_run",
+    "check_sync",
+    "check_world",
+    "compute_of",
+    "join",
+    "participation_of",
+    "resumed_settings",
+    "seat_ranks",
+    "seats_for",
+    "seats_of",
+    "strategy_from_config",
+    "total_steps",
+]
 
 
 def resumed_settings(o: FitOptions, given: frozenset[str], saved: dict[str, Any],
@@ -62,11 +78,13 @@ def resumed_settings(o: FitOptions, given: frozenset[str], saved: dict[str, Any]
         raise ValueError(f"max_steps={max_steps} is before the checkpoint's step {step} "
                          f"({where}); a resumed run can only be extended")
     net = parse_network(v["network"]) if v["network"] is not None else None
-    # the compute price is recorded resolved (step_time_s) from any of three arguments
+    # a given or measured price is recorded resolved (step_time_s); a profile's is counted
+    # again (the same count), unless the resume gives another price
     step_time_s, source = saved["step_time_s"], saved["compute_source"]
-    if given & {"step_time", "flops_per_sample", "device_flops"}:
-        step_time_s, source = resolve_step_time(o.step_time, o.flops_per_sample,
-                                                o.device_flops, int(v["batch_size"]))
+    hardware = None
+    if source == "profile" or given & {"step_time", "flops_per_sample", "device_flops",
+                                       "compute", "hardware"}:
+        step_time_s, source, hardware = compute_of(v, int(v["batch_size"]))
     the_world = check_world(parse_world(v["world"]), num_nodes, net, strategy)
     check_engine(v["engine"], v["precision"])
     return RunSettings.of(
@@ -74,7 +92,8 @@ def resumed_settings(o: FitOptions, given: frozenset[str], saved: dict[str, Any]
         partition=parse_partition(v["partition"]),
         eval_interval=v["eval_interval"] or recorded(saved, "eval_interval"),
         engine=v["engine"], network=net, step_time_s=step_time_s, compute_source=source,
-        world=the_world, participation=_resumed_participation(v, given, strategy),
+        hardware=hardware, world=the_world,
+        participation=_resumed_participation(v, given, strategy),
         **_resumed_paging(v, num_nodes, strategy), **_resumed_population(v, given, saved))
 
 
@@ -362,3 +381,19 @@ def as_strategy(strategy: Any, engine: EngineName) -> tuple[StackedStrategy, Eng
         raise TypeError(f"strategy must be a StackedStrategy (exogym.strategy) or a registry "
                         f"id, got {type(strategy).__name__}")
     return strategy, engine
+
+
+def compute_of(values: Mapping[str, Any], batch_size: int
+               ) -> tuple[float | None, str, Hardware | None]:
+    """How the clock prices a step, from ``fit``'s arguments (by name): ``(step_time_s,
+    source, hardware)``: a given step time or FLOPs (``given``, ``flops``), this host's
+    measurement (``measured``: the time comes from the run), or the hardware's price of the
+    counted step (``profile``: the time comes from :func:`exogym.run.settings.priced`)."""
+    step_time_s, source = resolve_step_time(values["step_time"], values["flops_per_sample"],
+                                            values["device_flops"], batch_size)
+    if source != "measured" or values["compute"] == "measured":
+        return step_time_s, source, None
+    profiles = (load_profiles(values["device_profiles"])
+                if values["device_profiles"] is not None else None)
+    return None, "profile", parse_hardware(values["hardware"], profiles)
+

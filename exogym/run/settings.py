@@ -15,14 +15,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+from torch import nn
+
+from exogym.sim.devices import Hardware, Pricing
 from exogym.sim.engine import EngineName, Precision
+from exogym.sim.flops import OptimizerBuilder, count_step
 from exogym.sim.network import Network
 from exogym.sim.participation import Participation
 from exogym.sim.partition import Partition
 from exogym.sim.world import PERFECT, World
 from exogym.strategy.base import StackedStrategy
 
-__all__ = ["RunSettings", "world_decides"]
+__all__ = ["RunSettings", "client_speeds", "device_speeds", "priced", "world_decides"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,11 @@ class RunSettings:
     offload: str = "host"
     seats: bool = False  # only the round's participants in memory (exogym.run.nodes.population)
     client_store: str = "512MB"  # where clients that keep state keep it (seats)
+    compute: str = "profile"  # how a step is priced (FitOptions.compute)
+    device_profiles: str | None = None  # a user's named device profiles (a JSON file)
+    # compute="profile": the hardware, and its price of the counted step (set by priced())
+    hardware: Hardware | None = None
+    pricing: Pricing | None = None
 
     @classmethod
     def of(cls, values: Mapping[str, Any], **resolved: Any) -> RunSettings:
@@ -71,3 +81,32 @@ def world_decides(settings: RunSettings, strategy: StackedStrategy) -> bool:
     world before every step (a paged run computes step by step); partial participation alone
     changes who computes only at a round's first step."""
     return not settings.world.perfect or strategy.deadline is not None
+
+
+def priced(s: RunSettings, model: nn.Module, batch: Any, optim: OptimizerBuilder,
+           device: Any) -> RunSettings:
+    """``s`` with its compute priced on its hardware (``compute="profile"``, a run with a
+    network): one node's step counted on ``model`` and ``batch`` (one node's), its price on
+    each device (:class:`~exogym.sim.devices.Pricing`), the reference's as ``step_time_s``.
+    Counting is deterministic, so every process of a multi-process run counts for itself."""
+    if s.hardware is None or s.network is None or s.pricing is not None:
+        return s
+    count = count_step(model, batch, optim, micro_batch_size=s.micro_batch_size,
+                       precision=s.precision, device=device)
+    pricing = Pricing.of(s.hardware, count, s.num_nodes, s.seed)
+    return dataclasses.replace(s, pricing=pricing, step_time_s=pricing.step_time_s)
+
+
+def device_speeds(s: RunSettings) -> np.ndarray | None:
+    """Every node's or client's speed from its device, relative to the reference (None: all
+    1)."""
+    return None if s.pricing is None else s.pricing.speeds
+
+
+def client_speeds(s: RunSettings) -> np.ndarray | None:
+    """Every client's speed (a population's): the world's times its device's (None: all 1)."""
+    world, devices = s.world.client_speeds(s.num_nodes), device_speeds(s)
+    if devices is None:
+        return world
+    return devices if world is None else world * devices
+

@@ -49,6 +49,7 @@ from exogym.run.resolve import (
     check_same_run,
     check_sync,
     check_world,
+    compute_of,
     join,
     participation_of,
     resumed_settings,
@@ -59,7 +60,6 @@ from exogym.run.resolve import (
 )
 from exogym.run.settings import RunSettings
 from exogym.sim.client_data import ClientBatches
-from exogym.sim.clock import resolve_step_time
 from exogym.sim.engine import (
     EngineName,
     Precision,
@@ -231,6 +231,9 @@ class Trainer:
         client_store: str = "512MB",
         resident: int | None = None,
         offload: str = "host",
+        compute: str = "profile",
+        hardware: str | None = None,
+        device_profiles: str | None = None,
         step_time: float | str | None = None,
         flops_per_sample: float | None = None,
         device_flops: float | None = None,
@@ -253,7 +256,8 @@ class Trainer:
         name (``help(exogym.run.options.FitOptions)``). In short: ``strategy`` (an instance or
         a registry id), the run's length (``max_steps`` or ``num_epochs``), the data
         (``batch_size`` per node, ``partition``), evaluation, the engine and device, the
-        simulated ``network`` and ``world``, the compute price (measured by default, or
+        simulated ``network`` and ``world``, the compute price (``compute``: the step's FLOPs
+        counted and priced on ``hardware``'s device by default, or measured on this host; or
         ``step_time``, or FLOPs), ``out_dir`` and ``sinks``, checkpoints and ``resume``, and
         ``trace`` (the run's timeline as a Chrome trace).
 
@@ -285,8 +289,9 @@ class Trainer:
         participation = participation_of(o.participation, o.concurrency, o.client_state,
                                          o.seed, strategy)
         resident = check_paging(o.resident, o.offload, o.num_nodes, strategy, engine)
-        step_time_s, source = resolve_step_time(o.step_time, o.flops_per_sample,
-                                                o.device_flops, o.batch_size)
+        step_time_s, source, hardware = compute_of(o.values(), o.batch_size)
+        if hardware is not None:
+            hardware.check_nodes(o.num_nodes)
         checkpointing = checkpointing_of(o.values())
         sink = MultiSink(o.sinks)  # a non-sink is an error before anything runs
         ranks, owns_group, dev = join(o.distributed, o.num_nodes, resolve_device(o.device))
@@ -317,7 +322,8 @@ class Trainer:
             settings = RunSettings.of(
                 o.values(), total_steps=total, partition=partition,
                 eval_interval=o.eval_interval or max(total // 10, 1), engine=engine,
-                network=net, step_time_s=step_time_s, compute_source=source, world=the_world,
+                network=net, step_time_s=step_time_s, compute_source=source,
+                hardware=hardware, world=the_world,
                 participation=participation, resident=resident, seats=seats,
                 client_store=check_client_store(o.client_store))
             run = Run(self.model, self.train_dataset, self.val_dataset, strategy, settings,

@@ -660,15 +660,20 @@ def _number(text: str) -> float:
         raise ValueError(f"takes a plain number, got {text!r}") from None
 
 
-def speeds_of(world: World, network_speeds: Sequence[float]) -> tuple[float, ...]:
+def speeds_of(world: World, network_speeds: Sequence[float],
+              devices: Sequence[float] | None = None) -> tuple[float, ...]:
     """The compute speeds of a run: the world's, or the network's ``node_speed`` (kept for
-    compatibility) when the world sets none; both set is an error."""
+    compatibility) when the world sets none (both set is an error), times each node's
+    device's speed (``devices``, relative to the reference device; None: all 1)."""
     mine = world.speed is not None or world.speed_sigma or world.speed_halfnormal is not None
     theirs = any(s != 1.0 for s in network_speeds)
     if mine and theirs:
         raise ValueError("node speeds are given twice (the world's speed and the network's "
                          "node_speed/speed_sigma): give them once, in --world")
-    return world.speeds(len(network_speeds)) if mine else tuple(network_speeds)
+    speeds = world.speeds(len(network_speeds)) if mine else tuple(network_speeds)
+    if devices is None:
+        return speeds
+    return tuple(float(s) * float(d) for s, d in zip(speeds, devices, strict=True))
 
 
 PERFECT = World()

@@ -38,6 +38,7 @@ from exogym.run.output.trace import node_names, real_trace, run_trace, trace_met
 from exogym.sim.clock import ClockTrace, SimClock, node_processes
 from exogym.sim.comm import Communicator
 from exogym.sim.compute import OptimizerBuilder, StepMeter, calibrate_step_time, host_cores
+from exogym.sim.devices import Pricing
 from exogym.sim.engine import NodeStack
 from exogym.sim.network import Network
 from exogym.sim.presence import bits
@@ -55,8 +56,11 @@ class ClockFeed:
         network: the run's simulated network (None: no clock).
         world: the run's world (node speeds).
         num_nodes: ``N``.
-        step_time_s: a given or FLOPs price of a step (None: measured).
-        compute_source: how ``step_time_s`` was obtained (``measured``, ``given``, ``flops``).
+        step_time_s: a given, FLOPs or hardware price of a step (None: measured).
+        compute_source: how ``step_time_s`` was obtained (``profile``, ``measured``,
+            ``given``, ``flops``).
+        pricing: the hardware's price of the counted step (``compute="profile"``).
+        device_speeds: every node's speed from its device (None: all 1).
         overlap_steps: the strategy's ``W`` for overlapped collectives.
         comm: the run's communicator (its log and real transport time).
         ranks: this process's place in a multi-process run, or None.
@@ -70,6 +74,7 @@ class ClockFeed:
 
     def __init__(self, network: Network | None, world: World, num_nodes: int,
                  step_time_s: float | None, compute_source: str, overlap_steps: int | None, *,
+                 pricing: Pricing | None = None, device_speeds: Any = None,
                  comm: Communicator, ranks: RankContext | None, device: torch.device,
                  record_ops: bool, spans: bool = False, trace: bool = False) -> None:
         self.network, self.world, self.num_nodes = network, world, num_nodes
@@ -79,7 +84,11 @@ class ClockFeed:
         self.step_time_s = step_time_s
         self.meter = StepMeter(device, host_cores(torch.get_num_threads(), 1 if ranks is None
                                                   else _processes_here(ranks)))
-        self.compute_method: str | None = None  # how measured compute was priced
+        # how the step was priced: the hardware's price of the counted step, or (measured) set
+        # when the clock starts
+        self.compute_method: str | None = None if pricing is None else pricing.method
+        # every node's speed from its device (compute="profile" on mixed hardware; None: 1)
+        self.device_speeds = device_speeds
         # Measured compute (the default, where time does not steer the run): every step's price
         # per node, per process (step_seconds[step][rank]), given to the clock at log steps;
         # until then this process's values wait in _timing, from step _timing_from on
@@ -146,7 +155,8 @@ class ClockFeed:
 
     def _new_clock(self, step_time_s: float) -> SimClock:
         assert self.network is not None
-        speeds = speeds_of(self.world, self.network.node_speeds(self.num_nodes))
+        speeds = speeds_of(self.world, self.network.node_speeds(self.num_nodes),
+                           self.device_speeds)
         clock = SimClock(self.network, self.num_nodes, step_time_s,
                          overlap_steps=self.overlap_steps, compute_source=self.compute_source,
                          speeds=speeds)

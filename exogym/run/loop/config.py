@@ -49,6 +49,8 @@ def run_config(s: RunSettings, strategy: StackedStrategy, derived: dict[str, Any
         "eval_set": derived["eval_set"],
         "network": s.network.spec() if s.network is not None else None,
         "step_time_s": s.step_time_s, "compute_source": s.compute_source,
+        "hardware": None if s.hardware is None else s.hardware.spec,
+        "device_profiles": None if s.device_profiles is None else str(s.device_profiles),
         "checkpointing": checkpointing, "world": s.world.spec(),
         "participation": None if s.participation is None else s.participation.to_dict(),
         "paging": None if s.resident is None or s.seats or derived["distributed"]

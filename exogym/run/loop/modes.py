@@ -20,7 +20,7 @@ from exogym.run.loop.schedule import Lockstep, Scheduler
 from exogym.run.loop.timelines import ParameterServer, PerNodeTimelines
 from exogym.run.loop.world_step import WorldStep
 from exogym.run.nodes.seats import Seats
-from exogym.run.settings import RunSettings, world_decides
+from exogym.run.settings import RunSettings, device_speeds, world_decides
 from exogym.sim.world import speeds_of
 from exogym.strategy.server import ServerStrategy
 
@@ -82,7 +82,8 @@ def scheduler(mode: Mode, strategy: StackedStrategy, held: Holder, compute: Comp
         assert isinstance(strategy, ServerStrategy) and s.network is not None
         seats = held if isinstance(held, Seats) else None
         if seats is None:  # a population's clients give their speeds when seated
-            strategy.set_speeds(speeds_of(s.world, s.network.node_speeds(s.num_nodes)))
+            strategy.set_speeds(speeds_of(s.world, s.network.node_speeds(s.num_nodes),
+                                          device_speeds(s)))
         timelines = PerNodeTimelines(compute, ParameterServer(strategy, feed, seats), feed,
                                      held.comm.num_nodes, s.total_steps)
         return timelines, timelines

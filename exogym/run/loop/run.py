@@ -57,7 +57,7 @@ from exogym.run.output.record import Recorder
 from exogym.run.output.result import FitResult
 from exogym.run.output.sinks import MultiSink
 from exogym.run.output.trace import picture_due
-from exogym.run.settings import RunSettings
+from exogym.run.settings import RunSettings, device_speeds, priced
 from exogym.sim.client_data import ClientBatches
 from exogym.sim.clock import ClockReport, ClockTrace, SimClock
 from exogym.sim.presence import Presence
@@ -111,6 +111,8 @@ class Run:
         self.batches: NodeBatches | ClientBatches = batches if batches is not None else (
             ClientBatches if s.seats else NodeBatches)(
             train_data, s.num_nodes, s.batch_size, seed=s.seed, partition=s.partition)
+        # compute="profile": one node's step counted and priced on the hardware
+        s = self.settings = priced(s, model, self.batches.peek(0), strategy.optim, device)
         self.evaluation = Evaluation(model, val_data, s.eval_samples, s.eval_batch_size,
                                      device, ranks)
         self.evals = EvalTimes(s.eval_interval, s.total_steps, self.evaluation.during is not None)
@@ -134,7 +136,9 @@ class Run:
         # a population's seats take their clients' speeds and availability each round
         world = PERFECT if s.seats else s.world
         self.feed = ClockFeed(s.network, world, self.comm.num_nodes, s.step_time_s,
-                              s.compute_source, strategy.overlap_steps, comm=self.comm,
+                              s.compute_source, strategy.overlap_steps, pricing=s.pricing,
+                              device_speeds=None if s.seats else device_speeds(s),
+                              comm=self.comm,
                               ranks=ranks, device=device, record_ops=mode.worldly,
                               trace=s.trace, spans=self.lead and out_dir is not None and (
                                   s.trace or picture_due(s.world, s.network, self.comm.num_nodes,
@@ -263,7 +267,8 @@ class Run:
             report = self.clock.finish(down)
             trace = self.feed.trace(
                 self.settings.total_steps,
-                tuple(self.clock.speeds) if not self.settings.world.perfect else None,
+                tuple(self.clock.speeds) if not self.settings.world.perfect
+                or device_speeds(self.settings) is not None else None,
                 not_recostable(self.strategy, self.settings.world, self.timelines is not None))
         self.record.timeline(self.feed.timeline(trace, self.record.events, self.strategy.id,
                                                 self.timelines is None),
@@ -371,6 +376,7 @@ def _result(run: Run, model: nn.Module, final: dict[str, float], report: ClockRe
         eval_during_training=(describe_eval_set(evaluation.during)
                               if evaluation.during is not evaluation.full else None),
         network=s.network, clock=report, trace=trace,
+        compute=None if s.pricing is None or report is None else s.pricing.to_dict(),
         processes=1 if run.ranks is None else run.ranks.world_size,
         nonfinite=run.loss.nonfinite, resumed_from=run.resumed_from,
         world=(None if run.feed.ops is None and not s.seats else

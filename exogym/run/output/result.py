@@ -247,6 +247,9 @@ class FitResult:
         clock: the simulated time on it (:class:`exogym.sim.clock.ClockReport`): total, compute,
             communication, idle, utilization.
         trace: what re-costing needs (:meth:`recost`): compute per step and the collectives.
+        compute: how the clock priced a step on the run's hardware (``compute="profile"``,
+            :class:`exogym.sim.devices.Pricing`): the hardware, the counted step (FLOPs,
+            bytes, kernels) and its seconds on each device; None for another price.
         population: a run holding its clients in seats (:mod:`exogym.run.nodes.population`): its
             clients, seats (``per_round``; an asynchronous server's clients in flight), client
             state, rounds, clients that trained, joins (their bytes and seconds) and the client
@@ -285,6 +288,7 @@ class FitResult:
     network: Network | None = None
     clock: ClockReport | None = None
     trace: ClockTrace | None = field(default=None, repr=False)
+    compute: dict[str, Any] | None = field(default=None, repr=False)
     processes: int = 1
     resumed_from: dict[str, Any] | None = None
     paging: dict[str, Any] | None = None
@@ -360,6 +364,7 @@ class FitResult:
             "sim_idle_s": c.idle_s, "utilization": c.utilization,
             "step_time_s": c.step_time_s, "compute_source": c.compute_source,
             "compute_method": self.trace.compute_method,
+            **({"compute": self.compute} if self.compute is not None else {}),
             "clock": {"report": c.to_dict(), "trace": self.trace.to_dict()},
         }
 

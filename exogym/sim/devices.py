@@ -1,0 +1,623 @@
+"""The devices a run simulates: named profiles from vendors' datasheets, a roofline that prices a
+counted step on one, and the hardware of a run's nodes or clients (docs/devices.md).
+
+**A step on a device.** :func:`exogym.sim.flops.count_step` lists the kernels of one node's step
+(FLOPs, bytes, dtype); a device profile prices each kernel on its roofline and adds them up,
+as an eager step runs them one after another::
+
+    t_kernel = max(F / (P_kind,dtype * eta_c),  B / (W * eta_m),  lambda)
+
+``P``: the device's peak dense FLOP/s for the kernel's kind and dtype (a matrix product at the
+tensor rate in bf16/fp16; in fp32 at the plain fp32 rate, PyTorch's default matmul precision,
+and a convolution at TF32 where the device has it, cuDNN's default; elementwise work at the
+fp32/fp16 vector rate); ``W``: its memory bandwidth; ``eta_c`` and ``eta_m``: the fractions of
+peak a large kernel reaches (0.7 and 0.8 by default, argued in docs/devices.md); ``lambda``: the
+least a kernel costs, its launch and dispatch (a step of small kernels, the everyday case of a
+small model at a small batch, is bound by it). The model's known limits: no fusion (a compiled
+model moves fewer bytes), no overlap between kernels, the same ``eta`` for every shape, no host
+work (data loading), and the optimizer counted in its ``foreach`` form.
+
+**Hardware** (:func:`parse_hardware`): one profile for every node (``rtx4090``), one per node
+(``h100:h100:rtx4090:m2``), a mix drawn per client (``phone-low=0.5,phone-mid=0.3,
+phone-high=0.2``: client ``c``'s device from a hash of ``(seed, c)``, O(1) per client), a
+custom device (``flops=80T,mem_bw=1TB/s``) or a file in FedScale's form (client id ->
+``computation``, ms per sample, and ``communication``, kbit/s), which also gives each client its
+link. A run's clock takes the first device named as its reference (``step_time_s``) and every
+other node's or client's as a relative speed.
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from exogym.sim.flops import Kernel, StepCount
+from exogym.sim.network import parse_duration, parse_rate
+
+__all__ = [
+    "DEFAULT_HARDWARE",
+    "PROFILES",
+    "DeviceProfile",
+    "Hardware",
+    "device_profile",
+    "format_flops",
+    "load_profiles",
+    "parse_flops",
+    "parse_hardware",
+    "parse_profile",
+]
+
+#: The device a run simulates unless told otherwise (docs/devices.md says why).
+DEFAULT_HARDWARE = "rtx4090"
+
+#: The dtypes a profile gives peaks for.
+DTYPES = ("fp32", "tf32", "bf16", "fp16")
+ETA_C = 0.7
+ETA_M = 0.8
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """One device as the clock prices it (module docstring).
+
+    Attributes:
+        name: what ``--hardware`` calls it (``rtx4090``).
+        title: the product (``NVIDIA GeForce RTX 4090``).
+        kind: ``datacenter-gpu``, ``consumer-gpu``, ``mac``, ``phone`` or ``custom``.
+        peak_flops: peak dense FLOP/s by dtype: ``fp32`` (the vector rate, also fp32 matrix
+            products), ``tf32`` (matrix), ``bf16`` and ``fp16`` (matrix, fp32 accumulate);
+            a dtype it lacks runs at the fp32 rate.
+        mem_bw: memory bandwidth, bytes/s.
+        memory: memory, bytes (None: not stated).
+        overhead_s: ``lambda``, the least one kernel costs.
+        eta_c: the fraction of a peak FLOP/s a large kernel reaches.
+        eta_m: the fraction of the memory bandwidth a large kernel reaches.
+        source: where the figures come from.
+    """
+
+    name: str
+    title: str
+    kind: str
+    peak_flops: Mapping[str, float]
+    mem_bw: float
+    memory: float | None
+    overhead_s: float
+    source: str
+    eta_c: float = ETA_C
+    eta_m: float = ETA_M
+
+    def __post_init__(self) -> None:
+        if "fp32" not in self.peak_flops:
+            raise ValueError(f"device {self.name!r}: peak_flops needs an 'fp32' rate, got "
+                             f"{sorted(self.peak_flops)}")
+        for key, value in self.peak_flops.items():
+            if key not in DTYPES:
+                raise ValueError(f"device {self.name!r}: unknown dtype {key!r} in peak_flops; "
+                                 f"allowed: {', '.join(DTYPES)}")
+            _positive(f"device {self.name!r}: peak_flops[{key!r}]", value)
+        _positive(f"device {self.name!r}: mem_bw", self.mem_bw)
+        if not (math.isfinite(self.overhead_s) and self.overhead_s >= 0):
+            raise ValueError(f"device {self.name!r}: overhead_s must be >= 0 seconds, got "
+                             f"{self.overhead_s!r}")
+        for key in ("eta_c", "eta_m"):
+            value = getattr(self, key)
+            if not 0 < value <= 1:
+                raise ValueError(f"device {self.name!r}: {key} must be in (0, 1], got {value!r}")
+
+    def peak(self, kind: str, dtype: str) -> float:
+        """The peak FLOP/s a kernel of ``kind`` in ``dtype`` runs at."""
+        rates = self.peak_flops
+        if kind == "ew":
+            return rates["fp32"] if dtype != "fp16" else max(rates["fp32"],
+                                                             rates.get("fp16", 0.0))
+        if dtype == "fp32":
+            return rates.get("tf32", rates["fp32"]) if kind == "conv" else rates["fp32"]
+        return rates.get(dtype, rates["fp32"])
+
+    def kernel_time(self, kernel: Kernel) -> float:
+        """One kernel's seconds on this device (module docstring)."""
+        compute = kernel.flops / (self.peak(kernel.kind, kernel.dtype) * self.eta_c)
+        memory = kernel.bytes / (self.mem_bw * self.eta_m)
+        return max(compute, memory, self.overhead_s)
+
+    def step_time(self, count: StepCount) -> float:
+        """Seconds of the counted step on this device: its kernels' times added up."""
+        return math.fsum(self.kernel_time(k) * n for k, n in count.profile)
+
+    def bound(self, count: StepCount) -> dict[str, float]:
+        """The step's seconds by what bounds each kernel: ``compute``, ``memory``,
+        ``overhead``."""
+        out = {"compute": 0.0, "memory": 0.0, "overhead": 0.0}
+        for k, n in count.profile:
+            compute = k.flops / (self.peak(k.kind, k.dtype) * self.eta_c)
+            memory = k.bytes / (self.mem_bw * self.eta_m)
+            t = max(compute, memory, self.overhead_s)
+            which = ("overhead" if t == self.overhead_s and t > max(compute, memory)
+                     else "compute" if compute >= memory else "memory")
+            out[which] += t * n
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "title": self.title, "kind": self.kind,
+                "peak_flops": dict(self.peak_flops), "mem_bw": self.mem_bw,
+                "memory": self.memory, "overhead_s": self.overhead_s, "eta_c": self.eta_c,
+                "eta_m": self.eta_m, "source": self.source}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DeviceProfile:
+        allowed = {"name", "title", "kind", "peak_flops", "mem_bw", "memory", "overhead_s",
+                   "eta_c", "eta_m", "source"}
+        unknown = set(data) - allowed
+        if unknown:
+            raise ValueError(f"unknown device profile keys {sorted(unknown)}; allowed: "
+                             f"{', '.join(sorted(allowed))}")
+        for key in ("name", "peak_flops", "mem_bw"):
+            if key not in data:
+                raise ValueError(f"a device profile needs {key!r}, got keys {sorted(data)}")
+        name = str(data["name"])
+        return cls(name=name, title=str(data.get("title", name)),
+                   kind=str(data.get("kind", "custom")),
+                   peak_flops={str(k): _flops_value(v) for k, v in
+                               dict(data["peak_flops"]).items()},
+                   mem_bw=_bytes_rate(data["mem_bw"]),
+                   memory=float(data["memory"]) if data.get("memory") is not None else None,
+                   overhead_s=_seconds(data.get("overhead_s", _OVERHEAD["custom"])),
+                   source=str(data.get("source", "given by the user")),
+                   eta_c=float(data.get("eta_c", ETA_C)), eta_m=float(data.get("eta_m", ETA_M)))
+
+
+def _positive(what: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value > 0):
+        raise ValueError(f"{what} must be a number > 0, got {value!r}")
+
+
+# -- figures ------------------------------------------------------------------------------------
+_FLOPS_UNIT = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
+_FLOPS = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([kKmMgGtTpP]?)"
+                    r"(?:flop/?s|flops)?\s*$", re.IGNORECASE)
+
+
+def parse_flops(text: str | float) -> float:
+    """A FLOP/s figure: ``82.6T``, ``82.6TFLOPS``, ``3.6e12``, ``900G`` -> FLOP/s."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        _positive("a FLOP/s figure", text)
+        return float(text)
+    match = _FLOPS.match(str(text))
+    if match is None:
+        raise ValueError(f"a FLOP/s figure must be a number with an optional k/M/G/T/P prefix, "
+                         f"e.g. '82.6T' or '3.6e12', got {text!r}")
+    value = float(match.group(1)) * _FLOPS_UNIT[match.group(2).lower()]
+    _positive("a FLOP/s figure", value)
+    return value
+
+
+def _flops_value(value: Any) -> float:
+    return parse_flops(value)
+
+
+def _bytes_rate(value: Any) -> float:
+    """Bytes/s from a number (bytes/s) or a rate string (``1TB/s``, ``800Gbps``)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        _positive("mem_bw", value)
+        return float(value)
+    return parse_rate(str(value)) / 8
+
+
+def _seconds(value: Any) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return parse_duration(str(value))
+
+
+def format_flops(value: float) -> str:
+    """``82.6e12`` -> ``"82.6 TFLOP/s"``."""
+    for unit, scale in (("PFLOP/s", 1e15), ("TFLOP/s", 1e12), ("GFLOP/s", 1e9)):
+        if value >= scale:
+            return f"{value / scale:.4g} {unit}"
+    return f"{value:.4g} FLOP/s"
+
+
+# -- the named profiles -------------------------------------------------------------------------
+# lambda, the least one kernel costs, by kind of device (docs/devices.md argues each)
+_OVERHEAD = {"datacenter-gpu": 8e-6, "consumer-gpu": 8e-6, "mac": 15e-6, "phone": 20e-6,
+             "custom": 8e-6}
+T, G = 1e12, 1e9
+
+
+def _profile(name: str, title: str, kind: str, source: str, mem_bw: float,
+             memory_gb: float | None, **peaks: float) -> DeviceProfile:
+    return DeviceProfile(name=name, title=title, kind=kind, peak_flops=peaks, mem_bw=mem_bw,
+                         memory=memory_gb * 1e9 if memory_gb is not None else None,
+                         overhead_s=_OVERHEAD[kind], source=source)
+
+
+_H100 = ("NVIDIA H100 Tensor Core GPU datasheet, SXM5 (dense: the datasheet's sparse figures "
+         "halved, as its footnote says)")
+_A100 = "NVIDIA A100 Tensor Core GPU datasheet and A100 whitepaper, SXM4 80GB (dense)"
+_L4 = "NVIDIA L4 Tensor Core GPU datasheet (dense: sparse figures halved)"
+_ADA = ("NVIDIA Ada GPU architecture whitepaper v2.1, Appendix A (GeForce RTX 4090: dense, "
+        "FP16/BF16 with FP32 accumulate, half the FP16-accumulate rate on GeForce)")
+_AMPERE = ("NVIDIA Ampere GA102 GPU architecture whitepaper, Appendix A (GeForce RTX 3090: "
+           "dense, FP16/BF16 with FP32 accumulate)")
+_METAL = ("philipturner/metal-benchmarks (GPU cores x 128 ALUs x 2 x 1.398 GHz; FP16 at the "
+          "FP32 rate)")
+_M3 = ("bandwidth: Apple; FLOP/s derived as for M2 (cores x 128 x 2 x 1.398 GHz), "
+       "unverified: Apple states none")
+_PHONE = ("order of magnitude only: Qualcomm publishes no GFLOPS; aggregators' figures, "
+          "unverified")
+
+PROFILES: dict[str, DeviceProfile] = {p.name: p for p in (
+    _profile("h100", "NVIDIA H100 SXM5 80GB", "datacenter-gpu", _H100, 3.35e12, 80,
+             fp32=67 * T, tf32=494.7 * T, bf16=989.4 * T, fp16=989.4 * T),
+    _profile("a100", "NVIDIA A100 SXM4 80GB", "datacenter-gpu", _A100, 2.039e12, 80,
+             fp32=19.5 * T, tf32=156 * T, bf16=312 * T, fp16=312 * T),
+    _profile("l4", "NVIDIA L4", "datacenter-gpu", _L4, 300 * G, 24,
+             fp32=30.3 * T, tf32=60 * T, bf16=121 * T, fp16=121 * T),
+    _profile("rtx4090", "NVIDIA GeForce RTX 4090", "consumer-gpu", _ADA, 1008 * G, 24,
+             fp32=82.6 * T, tf32=82.6 * T, bf16=165.2 * T, fp16=165.2 * T),
+    _profile("rtx3090", "NVIDIA GeForce RTX 3090", "consumer-gpu", _AMPERE, 936 * G, 24,
+             fp32=35.6 * T, tf32=35.6 * T, bf16=71 * T, fp16=71 * T),
+    _profile("m2", "Apple M2 (10-core GPU)", "mac", f"{_METAL}; bandwidth: Apple", 100 * G, 24,
+             fp32=3.58 * T, fp16=3.58 * T),
+    _profile("m2-max", "Apple M2 Max (38-core GPU)", "mac", f"{_METAL}; bandwidth: Apple",
+             400 * G, 96, fp32=13.6 * T, fp16=13.6 * T),
+    _profile("m3", "Apple M3 (10-core GPU)", "mac", _M3, 100 * G, 24,
+             fp32=3.58 * T, fp16=3.58 * T),
+    _profile("m3-max", "Apple M3 Max (40-core GPU)", "mac",
+             f"{_M3}; bandwidth: 512-bit LPDDR5-6400", 409.6 * G, 128,
+             fp32=14.3 * T, fp16=14.3 * T),
+    _profile("phone-high", "high-end phone (Apple A16, 5-core GPU)", "phone",
+             f"{_METAL}; LPDDR5-6400 x 64 bit", 51.2 * G, 6, fp32=1.79 * T, fp16=1.79 * T),
+    _profile("phone-mid", "mid-range phone (Snapdragon 778G, Adreno 642L)", "phone",
+             f"{_PHONE}; LPDDR5-6400 x 32 bit", 25.6 * G, 6, fp32=0.38 * T, fp16=0.76 * T),
+    _profile("phone-low", "low-end phone (Snapdragon 4 Gen 2, Adreno 613)", "phone",
+             "WikiChip (Adreno 613: 244.5 GFLOPS); LPDDR4X-4266 x 32 bit", 17 * G, 4,
+             fp32=0.2445 * T, fp16=0.489 * T),
+)}
+
+
+def device_profile(name: str, extra: Mapping[str, DeviceProfile] | None = None
+                   ) -> DeviceProfile:
+    """The profile named ``name`` (case and ``-``/``_``/spaces ignored), from ``extra`` (a
+    user's) or :data:`PROFILES`; an unknown name suggests the nearest."""
+    known = {**PROFILES, **(extra or {})}
+    key = _key(name)
+    by_key = {_key(k): p for k, p in known.items()}
+    if key in by_key:
+        return by_key[key]
+    close = difflib.get_close_matches(key, list(by_key), n=1, cutoff=0.5)
+    hint = f"; did you mean {by_key[close[0]].name!r}?" if close else ""
+    raise ValueError(f"unknown device {name!r}{hint} Known devices: {', '.join(known)} "
+                     f"(`exogym devices` lists them with their figures), or a custom one: "
+                     f"'flops=80T,mem_bw=1TB/s'")
+
+
+def _key(name: str) -> str:
+    return re.sub(r"[\s_\-]", "", name.lower())
+
+
+_CUSTOM_KEYS = ("flops", "fp32", "tf32", "bf16", "fp16", "mem_bw", "overhead", "eta_c",
+                "eta_m", "name")
+
+
+def parse_profile(text: str) -> DeviceProfile:
+    """A custom device: ``flops=80T,mem_bw=1TB/s`` (``flops``: every dtype's peak; or
+    ``fp32=...,bf16=...`` each), optionally ``overhead=5us``, ``eta_c=0.7``, ``eta_m=0.8``,
+    ``name=mygpu``."""
+    items: dict[str, str] = {}
+    for part in text.split(","):
+        key, eq, value = part.partition("=")
+        key = key.strip()
+        if not eq or key not in _CUSTOM_KEYS:
+            raise ValueError(f"a custom device is KEY=VALUE items (e.g. 'flops=80T,"
+                             f"mem_bw=1TB/s'); got {part.strip()!r} in {text!r}; keys: "
+                             f"{', '.join(_CUSTOM_KEYS)}")
+        items[key] = value.strip()
+    if "mem_bw" not in items or not ({"flops", "fp32"} & set(items)):
+        raise ValueError(f"a custom device needs flops (or fp32) and mem_bw, e.g. "
+                         f"'flops=80T,mem_bw=1TB/s'; got {text!r}")
+    peaks = ({d: parse_flops(items["flops"]) for d in DTYPES} if "flops" in items else {})
+    peaks.update({d: parse_flops(items[d]) for d in DTYPES if d in items})
+    return DeviceProfile(
+        name=items.get("name", "custom"), title=f"custom ({text})", kind="custom",
+        peak_flops=peaks, mem_bw=_bytes_rate(items["mem_bw"]), memory=None,
+        overhead_s=parse_duration(items["overhead"]) if "overhead" in items
+        else _OVERHEAD["custom"], source="given by the user",
+        eta_c=float(items.get("eta_c", ETA_C)), eta_m=float(items.get("eta_m", ETA_M)))
+
+
+def load_profiles(path: str | Path) -> dict[str, DeviceProfile]:
+    """A user's named profiles: a JSON list of :meth:`DeviceProfile.from_dict` objects."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ValueError(f"cannot read device profiles {str(path)!r}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"device profiles {str(path)!r} are not JSON: {e}") from None
+    if not isinstance(data, list):
+        raise ValueError(f"device profiles {str(path)!r} must be a JSON list of objects with "
+                         f"name, peak_flops, mem_bw (and optionally title, overhead_s, eta_c, "
+                         f"eta_m, memory, source)")
+    profiles = [DeviceProfile.from_dict(d) for d in data]
+    return {p.name: p for p in profiles}
+
+
+# -- a run's hardware ---------------------------------------------------------------------------
+_MASK = (1 << 64) - 1
+
+
+def _splitmix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser over uint64s (Steele et al. 2014): a counter-based hash."""
+    with np.errstate(over="ignore"):
+        x = (x + np.uint64(0x9E3779B97F4A7C15)) & np.uint64(_MASK)
+        x = ((x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)) & np.uint64(_MASK)
+        x = ((x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)) & np.uint64(_MASK)
+        return x ^ (x >> np.uint64(31))
+
+
+def uniform(seed: int, ids: np.ndarray) -> np.ndarray:
+    """A uniform draw in [0, 1) per id from a hash of ``(seed, id)``: the same for a client
+    whoever else is drawn, O(1) each."""
+    base = _splitmix(np.array([seed & _MASK], dtype=np.uint64))
+    with np.errstate(over="ignore"):
+        h = _splitmix(base + np.asarray(ids, dtype=np.uint64))
+    return (h >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+
+
+@dataclass(frozen=True)
+class ClientTable:
+    """A device-profile file in FedScale's form: per row, ``computation`` (ms per sample) and
+    ``communication`` (kbit/s); client ``c`` takes row ``c mod rows`` (FedScale maps its
+    clients onto its profiles cyclically).
+
+    Attributes:
+        path: the file.
+        ms_per_sample: each row's compute, milliseconds per sample.
+        kbps: each row's link, kbit/s, up and down.
+    """
+
+    path: str
+    ms_per_sample: np.ndarray = field(repr=False)
+    kbps: np.ndarray = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What every node or client of a run computes on (module docstring).
+
+    Attributes:
+        spec: the spec it was parsed from.
+        devices: the distinct devices named, the first the clock's reference.
+        per_node: node ``i``'s device (an index into ``devices``) for a list; None otherwise.
+        shares: a mix's share of each device, drawn per client; None otherwise.
+        table: a FedScale-form file's rows; None otherwise.
+    """
+
+    spec: str
+    devices: tuple[DeviceProfile, ...]
+    per_node: tuple[int, ...] | None = None
+    shares: tuple[float, ...] | None = None
+    table: ClientTable | None = None
+
+    @property
+    def uniform(self) -> bool:
+        """Every node or client on one device."""
+        return self.table is None and len(self.devices) == 1
+
+    def check_nodes(self, num_nodes: int) -> None:
+        if self.per_node is not None and len(self.per_node) != num_nodes:
+            raise ValueError(f"--hardware {self.spec!r} lists {len(self.per_node)} devices but "
+                             f"the run has {num_nodes} nodes: give one per node, or one name "
+                             f"for all")
+
+    def device_of(self, ids: np.ndarray, seed: int) -> np.ndarray:
+        """Each id's device (an index into :attr:`devices`)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if self.per_node is not None:
+            return np.asarray(self.per_node, dtype=np.int64)[ids]
+        if self.shares is not None:
+            edges = np.cumsum(self.shares)[:-1]
+            return np.searchsorted(edges, uniform(seed, ids), side="right").astype(np.int64)
+        return np.zeros(len(ids), dtype=np.int64)
+
+    def step_times(self, count: StepCount, ids: np.ndarray, seed: int) -> np.ndarray:
+        """Each id's seconds per step for the counted step."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if self.table is not None:
+            rows = ids % len(self.table.ms_per_sample)
+            return self.table.ms_per_sample[rows] * count.samples / 1000.0
+        times = np.array([d.step_time(count) for d in self.devices])
+        return times[self.device_of(ids, seed)]
+
+    def links(self, ids: np.ndarray) -> np.ndarray | None:
+        """Each id's link in bits/s (a FedScale-form file's), or None."""
+        if self.table is None:
+            return None
+        rows = np.asarray(ids, dtype=np.int64) % len(self.table.kbps)
+        return self.table.kbps[rows] * 1000.0
+
+    def describe(self) -> str:
+        if self.table is not None:
+            return (f"{len(self.table.ms_per_sample):,} client profiles from "
+                    f"{self.table.path} (FedScale form)")
+        if self.shares is not None:
+            return ", ".join(f"{d.name} {s:.0%}" for d, s in zip(self.devices, self.shares,
+                                                                  strict=True))
+        if self.per_node is not None:
+            return ":".join(self.devices[i].name for i in self.per_node)
+        return self.devices[0].title
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"spec": self.spec, "devices": [d.to_dict() for d in
+                                                              self.devices]}
+        if self.shares is not None:
+            out["shares"] = list(self.shares)
+        if self.table is not None:
+            out["table"] = {"path": self.table.path, "rows": len(self.table.ms_per_sample)}
+        return out
+
+
+def parse_hardware(spec: str | Hardware | DeviceProfile | None = None,
+                   profiles: Mapping[str, DeviceProfile] | None = None) -> Hardware:
+    """A run's hardware from its spec (module docstring); None: :data:`DEFAULT_HARDWARE`;
+    ``profiles``: a user's named profiles (:func:`load_profiles`) besides :data:`PROFILES`."""
+    if isinstance(spec, Hardware):
+        return spec
+    if isinstance(spec, DeviceProfile):
+        return Hardware(spec.name, (spec,))
+    text = DEFAULT_HARDWARE if spec is None else spec
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"hardware must be a device name, a list, a mix, a custom device or a "
+                         f"file, got {spec!r}")
+    text = text.strip()
+    head = text.split(",")[0].split("=")[0].strip()
+    if head in _CUSTOM_KEYS:
+        return Hardware(text, (parse_profile(text),))
+    if text.endswith((".csv", ".json")) or Path(text).is_file():
+        return Hardware(text, (), table=_load_table(text))
+    if "=" in text:
+        return _mix(text, profiles)
+    names = text.split(":")
+    if len(names) == 1:
+        return Hardware(text, (device_profile(text, profiles),))
+    found: list[DeviceProfile] = []
+    index: list[int] = []
+    for name in names:
+        p = device_profile(name, profiles)
+        if p not in found:
+            found.append(p)
+        index.append(found.index(p))
+    return Hardware(text, tuple(found), per_node=tuple(index))
+
+
+def _mix(text: str, profiles: Mapping[str, DeviceProfile] | None) -> Hardware:
+    found: list[DeviceProfile] = []
+    shares: list[float] = []
+    for part in text.split(","):
+        name, eq, share = part.partition("=")
+        try:
+            value = float(share)
+        except ValueError:
+            value = math.nan
+        if not eq or not (math.isfinite(value) and value > 0):
+            raise ValueError(f"a mix of devices is NAME=SHARE items with shares > 0, e.g. "
+                             f"'phone-low=0.5,phone-mid=0.3,phone-high=0.2'; got {part!r}")
+        p = device_profile(name.strip(), profiles)
+        if p in found:
+            raise ValueError(f"device {p.name!r} appears twice in the mix {text!r}")
+        found.append(p)
+        shares.append(value)
+    total = sum(shares)
+    if abs(total - 1) > 1e-6:
+        raise ValueError(f"the shares of the mix {text!r} add up to {total:g}; they must add "
+                         f"up to 1")
+    return Hardware(text, tuple(found), shares=tuple(s / total for s in shares))
+
+
+def _load_table(path: str) -> ClientTable:
+    """A FedScale-form file: JSON ``{client_id: {"computation": ms_per_sample,
+    "communication": kbps}}`` or CSV with columns ``client_id,computation,communication``."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ValueError(f"cannot read the device-profile file {path!r}: {e.strerror}") from None
+    rows: list[tuple[int, float, float]] = []
+    try:
+        if path.endswith(".json"):
+            data = json.loads(text)
+            rows = [(int(k), float(v["computation"]), float(v["communication"]))
+                    for k, v in data.items()]
+        else:
+            reader = csv.DictReader(text.splitlines())
+            rows = [(int(r["client_id"]), float(r["computation"]), float(r["communication"]))
+                    for r in reader]
+    except (ValueError, KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
+        raise ValueError(
+            f"the device-profile file {path!r} must be FedScale's form: JSON {{client_id: "
+            f"{{'computation': ms per sample, 'communication': kbit/s}}}} or CSV with columns "
+            f"client_id,computation,communication ({type(e).__name__}: {e})") from None
+    if not rows:
+        raise ValueError(f"the device-profile file {path!r} lists no clients")
+    rows.sort()
+    ms = np.array([r[1] for r in rows], dtype=np.float64)
+    kbps = np.array([r[2] for r in rows], dtype=np.float64)
+    if not (np.isfinite(ms).all() and (ms > 0).all() and np.isfinite(kbps).all()
+            and (kbps > 0).all()):
+        raise ValueError(f"the device-profile file {path!r}: every computation and "
+                         f"communication must be a number > 0")
+    return ClientTable(path, ms, kbps)
+
+
+def describe_profile(p: DeviceProfile) -> list[str]:
+    """The profile's figures as table cells: name, product, fp32, bf16, memory bandwidth."""
+    return [p.name, p.title, format_flops(p.peak_flops["fp32"]),
+            format_flops(p.peak_flops.get("bf16", p.peak_flops["fp32"])),
+            f"{p.mem_bw / 1e9:,.0f} GB/s", f"{p.overhead_s * 1e6:g} us"]
+
+
+def hardware_links(hardware: Hardware, num_nodes: int) -> Sequence[float] | None:
+    """Each of ``num_nodes`` nodes' link in bits/s from a FedScale-form file (None: none)."""
+    links = hardware.links(np.arange(num_nodes))
+    return None if links is None else tuple(float(v) for v in links)
+
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """A run's compute priced on its hardware: what the clock and ``summary.json`` take.
+
+    Attributes:
+        hardware: the run's hardware.
+        count: the counted step (one node's batch).
+        step_time_s: ``c``, a step on the reference device (the first named; a file's first
+            row).
+        speeds: every node's or client's speed relative to it (None: all 1).
+        links: every node's or client's link in bits/s, up and down (a FedScale-form file's;
+            None: the network's).
+    """
+
+    hardware: Hardware
+    count: StepCount
+    step_time_s: float
+    speeds: np.ndarray | None = field(repr=False)
+    links: np.ndarray | None = field(repr=False)
+
+    @classmethod
+    def of(cls, hardware: Hardware, count: StepCount, num_nodes: int, seed: int) -> Pricing:
+        """Price ``count`` for ``num_nodes`` nodes or clients (``seed``: a mix's draws)."""
+        ids = np.arange(num_nodes)
+        if hardware.uniform:
+            return cls(hardware, count, hardware.devices[0].step_time(count), None, None)
+        times = hardware.step_times(count, ids, seed)
+        reference = (hardware.step_times(count, np.zeros(1, dtype=np.int64), seed)[0]
+                     if hardware.table is not None else hardware.devices[0].step_time(count))
+        return cls(hardware, count, float(reference), reference / times, hardware.links(ids))
+
+    @property
+    def method(self) -> str:
+        """How the step was priced, for the summary."""
+        if self.hardware.table is not None:
+            return (f"FedScale-form profiles ({self.hardware.table.path}): ms per sample x "
+                    f"{self.count.samples} samples")
+        return (f"{self.count.flops / 1e9:,.3g} GFLOP and {self.count.kernels:,} kernels per "
+                f"step, counted; priced on {self.hardware.describe()} (roofline: "
+                f"docs/devices.md)")
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"hardware": self.hardware.to_dict(),
+                               "step": self.count.to_dict(), "step_time_s": self.step_time_s}
+        if self.hardware.table is None:
+            out["device_step_time_s"] = {d.name: d.step_time(self.count)
+                                         for d in self.hardware.devices}
+            out["bound_s"] = {d.name: d.bound(self.count) for d in self.hardware.devices}
+        return out
