@@ -22,6 +22,7 @@ from exogym.cli import (
     calibrate,
     check,
     compare,
+    devices,
     estimate,
     networks,
     recost,
@@ -40,7 +41,8 @@ __all__ = ["build_parser", "main"]
 
 _COMMANDS: dict[str, ModuleType] = {
     "run": run, "compare": compare, "sweep": sweep, "bench": bench, "sample": sample,
-    "strategies": strategies, "tasks": tasks, "networks": networks, "check": check,
+    "strategies": strategies, "tasks": tasks, "networks": networks, "devices": devices,
+    "check": check,
     "recost": recost, "trace": trace, "estimate": estimate, "calibrate": calibrate,
 }
 """Each subcommand's module (``add_parser(sub)``, ``command(args) -> status``), in the order

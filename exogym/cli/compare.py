@@ -39,7 +39,8 @@ def add_parser(sub: Any) -> None:
                        "device", "network", "world", "eval_samples", "allow_nonfinite",
                        "allow_unsynced"])
     add_data_options(cmp)
-    add_settings(cmp, ["trace", "seed", "max_steps", "eval_interval", "step_time"],
+    add_settings(cmp, ["trace", "seed", "max_steps", "eval_interval", "compute", "hardware",
+                       "step_time"],
                  defaults={"max_steps": 500}, helps={
                      "trace": "every run also writes its timeline as a Chrome trace "
                               "(trace.json), linked from results.md",
@@ -47,8 +48,8 @@ def add_parser(sub: Any) -> None:
                      "max_steps": "training steps of every run (default 500)",
                      "eval_interval": "steps between evaluations (default: the task's, at most "
                                       "steps/10)",
-                     "step_time": "compute per step per node for the clock, e.g. 30ms (default: "
-                                  "measured from each run's own training steps)"})
+                     "step_time": "compute per step per node for the clock, e.g. 30ms "
+                                  "(instead of --hardware's price)"})
     cmp.add_argument("--repeats", type=converter("positive_int"), default=1,
                      help="seeds per strategy: SEED..SEED+K-1; the table shows mean ± sample "
                           "std (default 1)")
@@ -76,7 +77,8 @@ def command(args: argparse.Namespace) -> int:
             target_loss=args.target_loss, batch_size=args.batch_size,
             partition=args.partition, micro_batch_size=args.micro_batch_size,
             precision=args.precision, eval_interval=args.eval_interval,
-            overrides=args.overrides, step_time=args.step_time, device=args.device,
+            overrides=args.overrides, step_time=args.step_time, compute=args.compute,
+            hardware=args.hardware, device=args.device,
             data_dir=args.data_dir, download=not args.no_download, progress=not args.no_progress,
             eval_samples=args.eval_samples, allow_unsynced=args.allow_unsynced,
             allow_nonfinite=args.allow_nonfinite, world=args.world, trace=args.trace)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from exogym.cli.common import converter
+from exogym.cli.common import add_data_options, converter
 
 if TYPE_CHECKING:
     from exogym.sim.network import Network
@@ -33,10 +33,19 @@ def add_parser(sub: Any) -> None:
         description="Defaults are the EXO Gym post's example: a 7B fp16 model, 1,000 one-minute "
                     "batches on 2 nodes, in a data centre and over 100 Mbit/s home internet, DDP "
                     "and DiLoCo H=500.")
-    est.add_argument("--params", type=converter("count"), default=7e9,
-                     help="model parameters, e.g. 7e9, 7B, 124M (default 7e9)")
-    est.add_argument("--dtype", choices=list(DTYPES), default="fp16",
-                     help="parameter dtype on the wire (default fp16)")
+    est.add_argument("--params", type=converter("count"),
+                     help="model parameters, e.g. 7e9, 7B, 124M (default 7e9; with --task, "
+                          "its model's)")
+    est.add_argument("--dtype", choices=list(DTYPES),
+                     help="parameter dtype on the wire (default fp16; with --task fp32, as a "
+                          "run sends)")
+    est.add_argument("--task", help="a registered task: its model's parameters, and a step "
+                     "counted on it and priced on --hardware as a run prices it")
+    est.add_argument("--hardware", metavar="DEVICE",
+                     help="with --task: the device that prices the step (default rtx4090; "
+                          "exogym devices lists them)")
+    est.add_argument("--batch-size", type=converter("positive_int"), metavar="B",
+                     help="with --task: the batch per node (default: the task's)")
     est.add_argument("--codec", help="transport codec, e.g. int8, fp4, topk:0.01 (default none)")
     est.add_argument("--nodes", type=converter("positive_int"), default=2,
                      help="nodes N (default 2)")
@@ -45,8 +54,9 @@ def add_parser(sub: Any) -> None:
                       help="batches in all (default 1000)")
     work.add_argument("--steps", type=converter("positive_int"),
                       help="steps per node (batches = steps x N)")
-    est.add_argument("--compute-time", type=converter("any_duration"), default=60.0,
-                     metavar="TIME", help="compute per batch on one node (default 1min)")
+    est.add_argument("--compute-time", type=converter("any_duration"), metavar="TIME",
+                     help="compute per batch on one node (default 1min; with --task, the "
+                          "hardware's price of its step)")
     est.add_argument("--network", action="append", type=converter("network"),
                      help="a network (repeatable; default: datacenter and home-100mbps)")
     est.add_argument("--strategy", action="append", choices=STRATEGIES,
@@ -61,6 +71,7 @@ def add_parser(sub: Any) -> None:
                      help="a table of training time against H or the number of nodes")
     est.add_argument("--plot", type=converter("path"), metavar="FILE.png",
                      help="write a plot (PNG)")
+    add_data_options(est)
 
 
 def command(args: argparse.Namespace) -> int:
@@ -85,8 +96,7 @@ def command(args: argparse.Namespace) -> int:
         raise ValueError(f"--sync-time names network {sorted(unknown)[0]!r}, which is not one of "
                          f"the --network values ({', '.join(n.name for n in networks)})")
     batches = args.batches or (args.steps * args.nodes if args.steps else 1000)
-    common = {"params": args.params, "dtype": args.dtype, "codec": args.codec,
-              "batches": batches, "compute_s": args.compute_time}
+    common = {"batches": batches, "codec": args.codec, **_work(args)}
 
     def sync_for(net: Network) -> float | None:
         return given.get(net.name, given.get(""))
@@ -109,9 +119,38 @@ def command(args: argparse.Namespace) -> int:
             rows.append(est.estimate(**common, num_nodes=args.nodes, network=net,
                                      strategy=strategy, H=None if strategy == "ddp" else args.H,
                                      sync_time_s=sync_for(net)))
-    print(est.format_estimates(rows, params=args.params, dtype=args.dtype, codec=args.codec,
-                               batches=batches, compute_s=args.compute_time))
+    print(est.format_estimates(rows, params=common["params"], dtype=common["dtype"],
+                               codec=args.codec, batches=batches, compute_s=common["compute_s"]))
     if args.plot:
         est.plot_estimates(str(args.plot), None, [], {"": rows})
         print(f"plot      {args.plot}")
     return 0
+
+
+def _work(args: argparse.Namespace) -> dict[str, Any]:
+    """The model's size, its dtype on the wire and the compute per batch: given, or (``--task``)
+    its model's and its step counted and priced on ``--hardware``, as a run prices it."""
+    if args.task is None:
+        for flag, value in (("--hardware", args.hardware), ("--batch-size", args.batch_size)):
+            if value is not None:
+                raise ValueError(f"{flag} prices a task's step: give --task too")
+        return {"params": args.params or 7e9, "dtype": args.dtype or "fp16",
+                "compute_s": args.compute_time or 60.0}
+    for flag, value in (("--params", args.params), ("--compute-time", args.compute_time)):
+        if value is not None:
+            raise ValueError(f"{flag} is the task's with --task {args.task}: give one of them")
+    from exogym.lab.devices import task_step
+    from exogym.sim.devices import parse_hardware
+
+    hardware = parse_hardware(args.hardware)
+    if not hardware.uniform:
+        raise ValueError(f"--hardware {args.hardware!r}: the estimate prices one device; run "
+                         f"the configuration (exogym run) for mixed hardware")
+    count, params = task_step(args.task, batch_size=args.batch_size, data_dir=args.data_dir,
+                              download=not args.no_download)
+    device = hardware.devices[0]
+    print(f"task      {args.task}: {params:,} parameters, {count.flops / 1e9:,.3g} GFLOP per step "
+          f"at batch {count.samples}, priced on {device.title}")
+    return {"params": params, "dtype": args.dtype or "fp32",
+            "compute_s": device.step_time(count)}
+

@@ -48,7 +48,9 @@ from exogym.lab.labels import label_of_spec, resolve_strategies
 from exogym.lab.outcome import RUN_METRICS, RunOutcome, Stat
 from exogym.lab.plots import PLOT_FILES
 from exogym.lab.report import Comparison, ComparisonRow, format_json, format_markdown
+from exogym.run.options import check_compute
 from exogym.run.output.result import check_out_dir
+from exogym.sim.devices import parse_hardware
 from exogym.sim.engine import PRECISIONS, Precision
 from exogym.sim.network import Network, parse_duration, parse_network
 from exogym.sim.partition import Partition, parse_partition
@@ -97,7 +99,8 @@ def compare(
     precision: Precision = "fp32", eval_interval: int | None = None,
     eval_samples: int | None = 2000,
     overrides: Mapping[str, Any] | Iterable[tuple[str, Any]] = (),
-    step_time: float | str | None = None, device: str = "auto",
+    step_time: float | str | None = None, compute: str = "profile",
+    hardware: str | None = None, device: str = "auto",
     data_dir: str | Path | None = None, download: bool = True, progress: bool = False,
     allow_unsynced: bool = False, allow_nonfinite: bool = False,
     world: World | str | None = None, trace: bool = False,
@@ -132,10 +135,9 @@ def compare(
             every time), as :meth:`exogym.Trainer.fit`.
         overrides: strategy settings, ``{"diloco.H": 50, "optim.lr": "2e-3"}`` or pairs
             (:func:`resolve_strategies`).
-        step_time: one node's compute per step for the clock (seconds or ``"1.5s"``); default
-            measured from each run's own training steps (so each strategy's own per-step
-            work counts, and the clocks vary a little from run to run like wall time); give it
-            to cost every strategy on exactly the same compute.
+        step_time: one node's compute per step (seconds or ``"1.5s"``); or
+        compute: ``"profile"`` or ``"measured"``, with
+        hardware: the simulated device of every node, as :meth:`exogym.Trainer.fit`.
         data_dir: where the task's data is.
         download: whether it may be downloaded.
         progress: print a line and show a progress bar per run.
@@ -162,7 +164,8 @@ def compare(
                  network=network, repeats=repeats, seed=seed, target_loss=target_loss,
                  batch_size=batch_size, partition=partition, micro_batch_size=micro_batch_size,
                  precision=precision, eval_interval=eval_interval, eval_samples=eval_samples,
-                 overrides=overrides, step_time=step_time, device=device, progress=progress,
+                 overrides=overrides, step_time=step_time, compute=compute, hardware=hardware,
+                 device=device, progress=progress,
                  allow_unsynced=allow_unsynced, allow_nonfinite=allow_nonfinite, world=world,
                  trace=trace)
     train, test = plan.spec.load_data(data_dir, download)
@@ -195,6 +198,8 @@ class _Plan:
     eval_samples: int | None
     network: Network
     step_time: float | None
+    compute: str
+    hardware: str | None
     world: World
     out: Path
     device: str
@@ -210,6 +215,7 @@ def _plan(
     batch_size: int | None, partition: Partition | str, micro_batch_size: int | None,
     precision: Precision, eval_interval: int | None, eval_samples: int | None,
     overrides: Mapping[str, Any] | Iterable[tuple[str, Any]], step_time: float | str | None,
+    compute: str, hardware: str | None,
     device: str, progress: bool, allow_unsynced: bool, allow_nonfinite: bool,
     world: World | str | None, trace: bool = False,
 ) -> _Plan:
@@ -244,6 +250,9 @@ def _plan(
             raise ValueError(f"step_time must be > 0 seconds, got {step_time!r}")
     if eval_samples is not None:
         _check_int("eval_samples (or None)", eval_samples, 1)
+    check_compute(compute, hardware, step_time=step_time)
+    if hardware is not None:
+        parse_hardware(hardware).check_nodes(num_nodes)
     net.check_nodes(num_nodes)
     the_world = parse_world(world)
     the_world.check_nodes(num_nodes)
@@ -256,7 +265,8 @@ def _plan(
         seeds=tuple(range(seed, seed + repeats)), num_nodes=num_nodes, max_steps=max_steps,
         batch=batch, partition=part, micro_batch_size=micro_batch_size, precision=precision,
         interval=interval, eval_samples=eval_samples, network=net, step_time=step_time,
-        world=the_world, out=check_out_dir(out_dir), device=device, progress=progress,
+        compute=compute, hardware=hardware, world=the_world, out=check_out_dir(out_dir),
+        device=device, progress=progress,
         allow_unsynced=allow_unsynced, allow_nonfinite=allow_nonfinite, trace=trace)
 
 
@@ -324,7 +334,8 @@ def _train_one(plan: _Plan, strategy: StackedStrategy, seed: int, run_dir: Path,
             micro_batch_size=plan.micro_batch_size, precision=plan.precision,
             eval_interval=plan.interval, eval_samples=plan.eval_samples, eval_at_start=True,
             device=plan.device, seed=seed, out_dir=run_dir, progress=plan.progress,
-            network=plan.network, step_time=plan.step_time, world=plan.world,
+            network=plan.network, step_time=plan.step_time, compute=plan.compute,
+            hardware=plan.hardware, world=plan.world,
             run_info=plan.spec.run_info(train), allow_unsynced=plan.allow_unsynced,
             allow_nonfinite=plan.allow_nonfinite, trace=plan.trace)
     return result, tuple(dict.fromkeys(str(w.message) for w in caught))

@@ -39,7 +39,8 @@ from exogym.sim.world import World
 from exogym.strategy import StackedStrategy
 from exogym.utils.validation import check_int
 
-__all__ = ["RESUME_RULES", "FitOptions", "Setting", "changeable_records", "cli_default_of",
+__all__ = ["RESUME_RULES", "FitOptions", "Setting", "changeable_records", "check_compute",
+           "cli_default_of",
            "default_of", "recorded", "resumed", "setting", "settings", "settings_table"]
 
 Resume = Literal["must equal", "may change", "as given", "refused"]
@@ -200,24 +201,14 @@ class FitOptions:
         offload: where paged-out groups live: ``"host"`` (host memory: on a GPU run, the
             device holds one group), ``"disk"`` (files in a temporary folder) or
             ``"disk:DIR"``. On a CPU only ``"disk"`` lowers the memory a run needs.
-        compute: how the clock prices a node's step: ``"profile"`` (the step's FLOPs, bytes
-            and kernels counted once on the model, :mod:`exogym.sim.flops`, priced on
-            ``hardware``'s device, :mod:`exogym.sim.devices`: the same on every machine) or
-            ``"measured"`` (this host's time of the run's own steps, per process in a
-            multi-process run; see :mod:`exogym.sim.clock`). ``step_time`` or FLOPs given
-            instead price it as given.
-        hardware: the simulated device of every node or client (``compute="profile"``): a
-            profile's name (None: ``"rtx4090"``), one per node (``"h100:h100:rtx4090:m2"``),
-            a mix drawn per client (``"phone-low=0.5,phone-high=0.5"``), a custom device
-            (``"flops=80T,mem_bw=1TB/s"``) or a FedScale-form file of client profiles
-            (:func:`exogym.sim.devices.parse_hardware`).
-        device_profiles: a JSON file of the user's own named device profiles
-            (:func:`exogym.sim.devices.load_profiles`), for ``hardware``.
+        compute: how the clock prices a step: ``"profile"`` (counted once on the model,
+            :mod:`exogym.sim.flops`, priced on ``hardware``, :mod:`exogym.sim.devices`: the
+            same on every machine) or ``"measured"`` (this host's time, :mod:`exogym.sim.clock`).
+        hardware: every node's or client's simulated device (None: ``"rtx4090"``; a list, a
+            mix, a custom one, a file: :func:`exogym.sim.devices.parse_hardware`).
+        device_profiles: a JSON file of the user's own profiles, for ``hardware``.
         step_time: one node's compute per step, seconds (or ``"1.5s"``), instead of the
-            hardware's price; or
-        flops_per_sample: training FLOPs per sample, with ``device_flops``:
-            ``step time = flops_per_sample * batch_size / device_flops``.
-        device_flops: the simulated device's FLOP/s.
+            hardware's price.
         distributed: run as one rank of a multi-process job over ``torch.distributed``:
             the ``N`` nodes are split evenly over the processes (``N / world_size`` stacked
             in each) and collectives cross processes. None (default): yes when
@@ -363,30 +354,20 @@ class FitOptions:
         "(on a CPU, disk is what saves memory)", flag="--offload", parse="offload",
         metavar="host|disk[:DIR]", record="paging.offload", resume="may change")
     compute: str = setting(
-        "profile", "how the clock prices a node's step: profile (default: the step's FLOPs and "
-        "bytes counted on the model, on --hardware's device: the same on every machine) or "
-        "measured (this host's time of the step, for a host that is the device)",
+        "profile", "how the clock prices a step: profile (default: counted on the model, priced "
+        "on --hardware, the same on every machine) or measured (this host's time of the step)",
         flag="--compute", choices=("profile", "measured"), record="compute")
     hardware: str | None = setting(
-        None, "the simulated device of every node: a name (default rtx4090; exogym devices "
-        "lists them), one per node (h100:h100:rtx4090:m2), a mix drawn per client "
-        "(phone-low=0.5,phone-high=0.5), a custom device (flops=80T,mem_bw=1TB/s) or a "
-        "FedScale-form file of client profiles (CSV or JSON)", flag="--hardware",
-        metavar="DEVICE", record="hardware")
-    device_profiles: str | None = setting(
-        None, "a JSON file of your own named device profiles, for --hardware",
-        flag="--device-profiles", metavar="FILE", record="device_profiles")
+        None, "the simulated device of every node: a name (default rtx4090; exogym devices), "
+        "one per node (h100:h100:m2), a mix drawn per client (phone-low=0.5,phone-high=0.5), "
+        "a custom device (flops=80T,mem_bw=1TB/s) or a FedScale-form CSV or JSON file",
+        flag="--hardware", metavar="DEVICE", record="hardware")
+    device_profiles: str | None = setting(None, "a JSON file of your own device profiles, "
+                                          "for --hardware", flag="--device-profiles",
+                                          metavar="FILE", record="device_profiles")
     step_time: float | str | None = setting(
-        None, "compute per step per node for the clock, e.g. 1.5s (instead of --hardware's "
-        "price)", flag="--step-time", parse="duration", metavar="TIME",
-        group="compute", record="step_time_s")
-    flops_per_sample: float | None = setting(
-        None, "training FLOPs per sample (with --device-flops), about 6 x params x tokens for a "
-        "transformer", flag="--flops-per-sample", parse="flops", metavar="FLOPS",
-        group="compute", record="step_time_s")
-    device_flops: float | None = setting(
-        None, "FLOP/s of the simulated device, e.g. 312T", flag="--device-flops", parse="flops",
-        metavar="FLOP/S", record="step_time_s")
+        None, "compute per step per node for the clock, e.g. 1.5s (instead of --hardware's)",
+        flag="--step-time", parse="duration", metavar="TIME", record="step_time_s")
     distributed: bool | None = setting(
         None, "run as one rank of a torch.distributed job (None: when torch.distributed is "
         "initialised or torchrun launched the process)", resume="as given")
@@ -463,25 +444,25 @@ def _check(o: FitOptions) -> None:
     if o.trace and o.network is None:
         raise ValueError("trace=True: a run's trace is the timeline of its simulated "
                          "clock; give the run a network")
-    _check_compute(o)
+    check_compute(o.compute, o.hardware, device_profiles=o.device_profiles,
+                  step_time=o.step_time)
 
 
-def _check_compute(o: FitOptions) -> None:
+def check_compute(compute: str, hardware: Any, *, device_profiles: Any = None,
+                  **prices: Any) -> None:
     """One price of a step: the hardware's (``compute="profile"``), the host's
-    (``"measured"``), or a given step time or FLOPs."""
-    if o.compute not in ("profile", "measured"):
+    (``"measured"``), or a price given (``step_time``)."""
+    if compute not in ("profile", "measured"):
         raise ValueError(f"compute must be 'profile' (the hardware's price of the counted step) "
-                         f"or 'measured' (this host's time of the step), got {o.compute!r}")
-    for name in ("hardware", "device_profiles"):
-        value = getattr(o, name)
+                         f"or 'measured' (this host's time of the step), got {compute!r}")
+    for name, value in (("hardware", hardware), ("device_profiles", device_profiles)):
         if value is not None and not isinstance(value, (str, Path)):
             raise ValueError(f"{name} must be a string (or None), got {value!r}")
-    given = [name for name in ("step_time", "flops_per_sample", "device_flops")
-             if getattr(o, name) is not None]
-    if o.hardware is not None and given:
-        raise ValueError(f"hardware={o.hardware!r} prices the step on a device; {given[0]} "
+    given = [name for name, value in prices.items() if value is not None]
+    if hardware is not None and given:
+        raise ValueError(f"hardware={hardware!r} prices the step on a device; {given[0]} "
                          f"prices it as given: give one of them")
-    if o.compute == "measured" and (given or o.hardware is not None):
+    if compute == "measured" and (given or hardware is not None):
         raise ValueError(f"compute='measured' times the step on this host; "
                          f"{(given or ['hardware'])[0]} prices it otherwise: give one of them")
 

@@ -82,9 +82,9 @@ def resumed_settings(o: FitOptions, given: frozenset[str], saved: dict[str, Any]
     # again (the same count), unless the resume gives another price
     step_time_s, source = saved["step_time_s"], saved["compute_source"]
     hardware = None
-    if source == "profile" or given & {"step_time", "flops_per_sample", "device_flops",
-                                       "compute", "hardware"}:
-        step_time_s, source, hardware = compute_of(v, int(v["batch_size"]))
+    if source == "profile" or given & {"step_time", "compute", "hardware"}:
+        # a given price is recorded as step_time_s: the argument as given
+        step_time_s, source, hardware = compute_of({**v, "step_time": o.step_time})
     the_world = check_world(parse_world(v["world"]), num_nodes, net, strategy)
     check_engine(v["engine"], v["precision"])
     return RunSettings.of(
@@ -383,14 +383,12 @@ def as_strategy(strategy: Any, engine: EngineName) -> tuple[StackedStrategy, Eng
     return strategy, engine
 
 
-def compute_of(values: Mapping[str, Any], batch_size: int
-               ) -> tuple[float | None, str, Hardware | None]:
+def compute_of(values: Mapping[str, Any]) -> tuple[float | None, str, Hardware | None]:
     """How the clock prices a step, from ``fit``'s arguments (by name): ``(step_time_s,
-    source, hardware)``: a given step time or FLOPs (``given``, ``flops``), this host's
+    source, hardware)``: a given step time (``given``), this host's
     measurement (``measured``: the time comes from the run), or the hardware's price of the
     counted step (``profile``: the time comes from :func:`exogym.run.settings.priced`)."""
-    step_time_s, source = resolve_step_time(values["step_time"], values["flops_per_sample"],
-                                            values["device_flops"], batch_size)
+    step_time_s, source = resolve_step_time(values["step_time"])
     if source != "measured" or values["compute"] == "measured":
         return step_time_s, source, None
     profiles = (load_profiles(values["device_profiles"])

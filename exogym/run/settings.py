@@ -27,7 +27,8 @@ from exogym.sim.partition import Partition
 from exogym.sim.world import PERFECT, World
 from exogym.strategy.base import StackedStrategy
 
-__all__ = ["RunSettings", "client_speeds", "device_speeds", "priced", "world_decides"]
+__all__ = ["RunSettings", "client_links", "client_speeds", "device_speeds", "priced",
+           "world_decides"]
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,15 @@ def priced(s: RunSettings, model: nn.Module, batch: Any, optim: OptimizerBuilder
     count = count_step(model, batch, optim, micro_batch_size=s.micro_batch_size,
                        precision=s.precision, device=device)
     pricing = Pricing.of(s.hardware, count, s.num_nodes, s.seed)
-    return dataclasses.replace(s, pricing=pricing, step_time_s=pricing.step_time_s)
+    network = s.network
+    if pricing.links is not None and not s.seats:  # each node's own link (a FedScale file's)
+        if network.node_up_bps is not None or network.node_down_bps is not None:
+            raise ValueError(f"--hardware {s.hardware.spec!r} gives every node its link; the "
+                             f"network {network.spec()!r} gives them too: give them once")
+        links = tuple(float(v) for v in pricing.links)
+        network = dataclasses.replace(network, node_up_bps=links, node_down_bps=links)
+    return dataclasses.replace(s, pricing=pricing, step_time_s=pricing.step_time_s,
+                               network=network)
 
 
 def device_speeds(s: RunSettings) -> np.ndarray | None:
@@ -109,4 +118,10 @@ def client_speeds(s: RunSettings) -> np.ndarray | None:
     if devices is None:
         return world
     return devices if world is None else world * devices
+
+
+def client_links(s: RunSettings) -> np.ndarray | None:
+    """Every client's link in bits/s from its device profile (a FedScale-form file's; None:
+    the network's)."""
+    return None if s.pricing is None else s.pricing.links
 

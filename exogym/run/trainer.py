@@ -235,8 +235,6 @@ class Trainer:
         hardware: str | None = None,
         device_profiles: str | None = None,
         step_time: float | str | None = None,
-        flops_per_sample: float | None = None,
-        device_flops: float | None = None,
         distributed: bool | None = None,
         sinks: Sequence[Sink] = (),
         run_info: Mapping[str, Any] | None = None,
@@ -258,7 +256,7 @@ class Trainer:
         (``batch_size`` per node, ``partition``), evaluation, the engine and device, the
         simulated ``network`` and ``world``, the compute price (``compute``: the step's FLOPs
         counted and priced on ``hardware``'s device by default, or measured on this host; or
-        ``step_time``, or FLOPs), ``out_dir`` and ``sinks``, checkpoints and ``resume``, and
+        ``step_time``), ``out_dir`` and ``sinks``, checkpoints and ``resume``, and
         ``trace`` (the run's timeline as a Chrome trace).
 
         It also takes a per-node strategy (:class:`exogym.strategy.Strategy`), EXO Gym's
@@ -289,7 +287,7 @@ class Trainer:
         participation = participation_of(o.participation, o.concurrency, o.client_state,
                                          o.seed, strategy)
         resident = check_paging(o.resident, o.offload, o.num_nodes, strategy, engine)
-        step_time_s, source, hardware = compute_of(o.values(), o.batch_size)
+        step_time_s, source, hardware = compute_of(o.values())
         if hardware is not None:
             hardware.check_nodes(o.num_nodes)
         checkpointing = checkpointing_of(o.values())

@@ -159,7 +159,8 @@ class SimClock:
             raise ValueError(f"speeds lists {len(speeds)} nodes, the clock has {num_nodes}")
         self.speeds = [float(v) for v in speeds]
         self.node_step_s = [step_time_s / s for s in speeds]
-        self.up_bps, self.down_bps = self.network.node_bandwidths(num_nodes)
+        up, down = self.network.node_bandwidths(num_nodes)
+        self.up_bps, self.down_bps = list(up), list(down)
         self.t = [0.0] * num_nodes
         self.node_compute = [0.0] * num_nodes
         self.node_comm = [0.0] * num_nodes
@@ -184,6 +185,13 @@ class SimClock:
         """``c`` becomes ``step_time_s`` (measured compute: the mean so far) for every node."""
         self.step_time_s = float(step_time_s)
         self.node_step_s = [step_time_s / v for v in self.speeds]
+
+    def set_link(self, node: int, bps: float | None) -> None:
+        """Node ``node``'s link runs at ``bps`` up and down from now on (a population's seat
+        takes its new client's link); None: the network's."""
+        up, down = self.network.node_bandwidths(self.num_nodes)
+        self.up_bps[node] = up[node] if bps is None else float(bps)
+        self.down_bps[node] = down[node] if bps is None else float(bps)
 
     def set_speed(self, node: int, speed: float) -> None:
         """Node ``node`` computes at relative ``speed`` from now on (a population's seat takes

@@ -2,28 +2,28 @@
 
 ``c``, one node's compute per step at speed 1, comes from one of three sources:
 
-- measured (the default): **the time one node's step takes on the share of this machine one
-  node is given.** The run's nodes on this host share its cores (``C``: the intra-op threads
-  the run uses here, over all its processes on this host, at most the cores the process may run
-  on; or ``EXOGYM_CORES``, where the host gives the run less than that: a container's CPU
-  quota, ranks that stand for machines of their own on fewer cores); a step of ``n`` nodes that
-  spends ``S`` CPU-seconds on training work is priced at ``c = S / n / C``, the wall time each
-  node adds to a step when the run keeps its cores busy. A process run's transport (the CPU
-  time inside its collectives: gloo's reductions, copies and socket work) is not training work:
-  the network's price covers it.
-  On a CPU it is read from CPU time, not wall time, so that it does not depend on how exogym
-  runs the nodes: in one process (loop or threads engine) or in a process per node
-  (``--engine process``: four processes on two cores each take four times as long in wall time,
-  while their CPU time is that of the same work done in one process), nor on another program
-  taking turns on the cores (time slicing adds wall time, not CPU time). On a GPU it is the
-  synchronised wall time of the step per node. :class:`StepMeter` measures a step that way.
-  Not covered: work that slows each instruction (a neighbour sharing caches or memory
-  bandwidth, a CPU clocked down) and OpenMP threads that spin while they wait for cores (an
-  engine with several intra-op threads per node on an oversubscribed machine; exogym's default
-  CPU engines give each node one);
+- measured (``compute="measured"``): **the time one node's step takes on the share of this
+  machine one node is given.** The run's nodes on this host share its cores (``C``: the
+  intra-op threads the run uses here, over all its processes on this host, at most the cores the
+  process may run on; or ``EXOGYM_CORES``, where the host gives the run less than that: a
+  container's CPU quota, ranks that stand for machines of their own on fewer cores); a step of
+  ``n`` nodes that spends ``S`` CPU-seconds on training work is priced at ``c = S / n / C``,
+  the wall time each node adds to a step when the run keeps its cores busy. A process run's
+  transport (the CPU time inside its collectives: gloo's reductions, copies and socket work) is
+  not training work: the network's price covers it. On a CPU it is read from CPU time, not wall
+  time, so that it does not depend on how exogym runs the nodes: in one process (loop or
+  threads engine) or in a process per node (``--engine process``: four processes on two cores
+  each take four times as long in wall time, while their CPU time is that of the same work done
+  in one process), nor on another program taking turns on the cores (time slicing adds wall
+  time, not CPU time). On a GPU it is the synchronised wall time of the step per node.
+  :class:`StepMeter` measures a step that way. Not covered: work that slows each instruction (a
+  neighbour sharing caches or memory bandwidth, a CPU clocked down) and OpenMP threads that
+  spin while they wait for cores (an engine with several intra-op threads per node on an
+  oversubscribed machine; exogym's default CPU engines give each node one);
 - given: ``step_time`` seconds (``--step-time 1.5s``), for clocks that repeat exactly;
-- from FLOPs: ``c = flops_per_sample * batch_size / device_flops`` (training FLOPs, forward and
-  backward: about ``6 * parameters * tokens`` per sample for a transformer).
+- on a device (the default, ``compute="profile"``: :mod:`exogym.sim.devices`): the step's
+  kernels counted once on the model (:mod:`exogym.sim.flops`), each priced on the device's
+  roofline.
 
 Where simulated time steers a run from its first step (an asynchronous strategy, a world with
 failures, a deadline), the clock cannot wait for the run's own steps: :func:`calibrate_step_time`
@@ -70,34 +70,17 @@ class OptimizerBuilder(Protocol):
     def build(self, params: list[torch.Tensor]) -> torch.optim.Optimizer: ...
 
 
-def resolve_step_time(
-    step_time: float | str | None = None, flops_per_sample: float | None = None,
-    device_flops: float | None = None, batch_size: int = 1,
-) -> tuple[float | None, str]:
-    """``(seconds per step, source)`` from the given options; ``(None, "measured")`` when none is
-    given (the trainer then measures). Giving both a step time and FLOPs is an error."""
-    flops = (flops_per_sample, device_flops)
-    if step_time is not None:
-        if any(v is not None for v in flops):
-            raise ValueError("give step_time or flops_per_sample/device_flops, not both")
-        value = parse_duration(step_time) if isinstance(step_time, str) else step_time
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                math.isfinite(value) and value > 0):
-            raise ValueError(f"step_time must be > 0 seconds (or a string like '1.5s'), "
-                             f"got {step_time!r}")
-        return float(value), "given"
-    if all(v is None for v in flops):
+def resolve_step_time(step_time: float | str | None = None) -> tuple[float | None, str]:
+    """``(seconds per step, source)`` from a given step time (``"given"``); ``(None,
+    "measured")`` when none is given (the run then prices it: on its hardware, or measured)."""
+    if step_time is None:
         return None, "measured"
-    if any(v is None for v in flops):
-        raise ValueError(
-            "the FLOPs compute model needs both flops_per_sample and device_flops, got "
-            f"flops_per_sample={flops_per_sample!r}, device_flops={device_flops!r}")
-    for name, value in (("flops_per_sample", flops_per_sample), ("device_flops", device_flops)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                math.isfinite(value) and value > 0):
-            raise ValueError(f"{name} must be a number > 0, got {value!r}")
-    assert flops_per_sample is not None and device_flops is not None
-    return flops_per_sample * batch_size / device_flops, "flops"
+    value = parse_duration(step_time) if isinstance(step_time, str) else step_time
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value > 0):
+        raise ValueError(f"step_time must be > 0 seconds (or a string like '1.5s'), "
+                         f"got {step_time!r}")
+    return float(value), "given"
 
 
 # -- measuring a step ----------------------------------------------------------------------------

@@ -12,7 +12,8 @@ TorchDispatchMode` that sees every ATen kernel, and records for each:
   kernel, which that registry does not list, by the same formula as the CUDA ones). Their sum
   equals ``FlopCounterMode``'s count of the same step (a test);
 - **elementwise FLOPs** of every other kernel, a stated count: one FLOP per element of its
-  largest operand (an add, an activation, a reduction's input, an optimizer's update term);
+  largest operand (an add, an activation, a reduction's input, an optimizer's update term;
+  a ``_foreach`` kernel's operand is its list of tensors, all their elements);
   copies and fills count none. Every such kernel is bound by memory on every device here, so
   this count is reported, not what prices it;
 - **bytes**: what the kernel reads (each distinct input tensor once) and writes (its
@@ -20,10 +21,12 @@ TorchDispatchMode` that sees every ATen kernel, and records for each:
 - **one kernel launch** per kernel; views (outputs that alias an input without writing it:
   ``view``, ``t``, ``expand``, ...) launch none and move nothing.
 
-The optimizer is counted as PyTorch runs it on an accelerator: its ``foreach`` form, where the
-optimizer has one (one kernel per operation over all the parameters; on a CPU PyTorch defaults
-to a kernel per parameter). The global RNG is saved and restored; the caller's model is
-untouched.
+The optimizer is counted as it runs on an accelerator: fused where exogym builds it fused
+(AdamW: one kernel), else in its ``foreach`` form where it has one (one kernel per operation
+over all the parameters; on a CPU PyTorch defaults to a kernel per parameter); its second step
+(the first creates its state). A fused kernel counts one elementwise FLOP per element, like
+any other: its bytes, which price it, are exact. The global RNG is saved and restored; the caller's
+model is untouched.
 
 The result (:class:`StepCount`) keeps every distinct kernel with its multiplicity, so that a
 device profile (:mod:`exogym.sim.devices`) prices each on its roofline.
@@ -31,6 +34,7 @@ device profile (:mod:`exogym.sim.devices`) prices each on its roofline.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections import Counter
 from collections.abc import Iterator
@@ -41,7 +45,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
-from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop, sdpa_flop
+from torch.utils.flop_counter import FlopCounterMode
 
 from exogym.sim.engine import Precision, loss_of
 
@@ -64,7 +68,7 @@ _MOVES = frozenset({
     aten.select_backward, aten.slice_backward, aten.masked_fill,
 })
 # Kernels that are not run on the device at all (metadata, RNG state).
-_FREE = frozenset({aten._local_scalar_dense, aten.set_, aten.resize_})
+_FREE = frozenset({aten._local_scalar_dense, aten.set_, aten.resize_, aten._unsafe_view})
 _CONV = frozenset({aten.convolution, aten._convolution, aten.convolution_backward,
                    aten.cudnn_convolution, aten._slow_conv2d_forward,
                    aten.convolution_overrideable})
@@ -73,10 +77,13 @@ _CONV = frozenset({aten.convolution, aten._convolution, aten.convolution_backwar
 def flop_counter() -> FlopCounterMode:
     """PyTorch's :class:`FlopCounterMode` (no display) with CPU's fused attention kernels, which
     its registry does not list, counted by the formulas of the CUDA ones."""
-    return FlopCounterMode(display=False, custom_mapping={
-        aten._scaled_dot_product_flash_attention_for_cpu: sdpa_flop,
-        aten._scaled_dot_product_flash_attention_for_cpu_backward: sdpa_backward_flop,
-    })
+    counter = FlopCounterMode(display=False)
+    registry = counter.flop_registry  # its formulas, already taking tensors
+    registry[aten._scaled_dot_product_flash_attention_for_cpu] = registry[
+        aten._scaled_dot_product_flash_attention]
+    registry[aten._scaled_dot_product_flash_attention_for_cpu_backward] = registry[
+        aten._scaled_dot_product_flash_attention_backward]
+    return counter
 
 
 @dataclass(frozen=True)
@@ -112,6 +119,7 @@ class StepCount:
         parameters: the model's trainable parameter elements.
         samples: samples in the batch counted (one node's batch).
         profile: every distinct kernel and how many times the step runs it.
+        optimizer_profile: of ``profile``, the optimizer step's kernels.
     """
 
     forward_flops: int
@@ -125,6 +133,8 @@ class StepCount:
     parameters: int
     samples: int
     profile: tuple[tuple[Kernel, int], ...] = field(repr=False, compare=False)
+    optimizer_profile: tuple[tuple[Kernel, int], ...] = field(default=(), repr=False,
+                                                              compare=False)
 
     @property
     def matmul_flops(self) -> int:
@@ -170,6 +180,11 @@ def _nbytes(t: Tensor) -> int:
         return own
 
 
+def _elements(operand: Any) -> int:
+    """Elements of one operand: a tensor's, or a list's (a ``_foreach`` kernel's) in all."""
+    return sum(t.numel() for t in _tensors(operand))
+
+
 def _is_view(func: Any) -> bool:
     """Whether ``func``'s outputs alias an input without writing it: a view, no kernel."""
     returns = func._schema.returns
@@ -191,10 +206,14 @@ class _Counting(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         packet = func._overloadpacket
-        if packet in _FREE or _is_view(func):
+        if func.namespace != "aten" or packet in _FREE or _is_view(func):  # profiler marks
             return out
         inputs = {id(t): t for t in _tensors((args, kwargs))}
-        outputs = list(_tensors(out))
+        written = {id(t): t for t in _tensors(out)}  # what it returns, and what it mutates
+        for arg, value in zip(func._schema.arguments, args, strict=False):
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                written.update((id(t), t) for t in _tensors(value))
+        outputs = list(written.values())
         moved = sum(_nbytes(t) for t in inputs.values()) + sum(_nbytes(t) for t in outputs)
         first = next(iter(inputs.values()), outputs[0] if outputs else None)
         dtype = _DTYPES.get(first.dtype, str(first.dtype)) if first is not None else "fp32"
@@ -205,7 +224,7 @@ class _Counting(TorchDispatchMode):
         else:
             kind = "ew"
             flops = 0 if packet in _MOVES else max(
-                (t.numel() for t in (*inputs.values(), *outputs)), default=0)
+                (_elements(a) for a in (*args, *kwargs.values(), out)), default=0)
         self.kernels[Kernel(kind, dtype, flops, moved)] += 1
         return out
 
@@ -253,6 +272,7 @@ def count_step(model: nn.Module, batch: Any, optim: OptimizerBuilder, *,
                     loss = loss * weight
             with backward:
                 loss.backward()
+        opt.step()  # the first step creates the optimizer's state: not a step's work
         with step:
             opt.step()
     finally:
@@ -269,12 +289,16 @@ def count_step(model: nn.Module, batch: Any, optim: OptimizerBuilder, *,
         bytes=moved + opt_bytes, kernels=launches + opt_launches, optimizer_bytes=opt_bytes,
         optimizer_kernels=opt_launches, parameters=sum(p.numel() for p in params),
         samples=int(next(_tensors(batch)).shape[0]),
-        profile=tuple(sorted(every.items(), key=lambda kv: (kv[0].kind, kv[0].dtype,
-                                                            kv[0].flops, kv[0].bytes))))
+        profile=_sorted(every), optimizer_profile=_sorted(step.kernels))
+
+
+def _sorted(kernels: Counter[Kernel]) -> tuple[tuple[Kernel, int], ...]:
+    return tuple(sorted(kernels.items(), key=lambda kv: (kv[0].kind, kv[0].dtype, kv[0].flops,
+                                                         kv[0].bytes)))
 
 
 def _autocast(device: torch.device, precision: Precision) -> Any:
     if precision == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return torch.autocast(device_type=device.type, enabled=False)
+    return contextlib.nullcontext()
 

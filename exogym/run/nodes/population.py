@@ -74,6 +74,8 @@ class Population:
             client always (:meth:`exogym.sim.world.World.availability`).
         speeds: every client's relative compute speed (its seat's speed in the clock for its
             rounds), or None: all 1.
+        links: every client's link in bits/s, up and down (its seat's in the clock for its
+            rounds: a FedScale-form device file's), or None: the network's.
         next_change: the next simulated time after a given one at which the world's
             availability may change (a round with no client up waits for it), or None.
     """
@@ -83,14 +85,14 @@ class Population:
     def __init__(self, num_clients: int, participation: Participation, period: int,
                  batches: ClientBatches, *, store: ClientStore | None = None,
                  availability: Callable[[float], Availability | None] | None = None,
-                 speeds: np.ndarray | None = None,
+                 speeds: np.ndarray | None = None, links: np.ndarray | None = None,
                  next_change: Callable[[float], float | None] | None = None) -> None:
         if participation.client_state == "keep" and store is None:
             raise ValueError("client_state='keep' needs a client store")
         self.num_clients, self.participation, self.period = num_clients, participation, period
         self.num_seats = participation.per_round(num_clients)
         self.batches, self.store, self.availability = batches, store, availability
-        self.speeds, self.next_change = speeds, next_change
+        self.speeds, self.links, self.next_change = speeds, links, next_change
         self.seated: list[int] = []  # this round's clients, sorted (seat j: the j-th)
         self.previous: list[int] = []  # the previous round's
         self.rounds: list[list[int]] = []  # every round's clients (a round: K ints)
@@ -201,12 +203,19 @@ class Population:
             recovered(seat, clients[seat], self.previous[donor_seat], got, seconds)
 
     def apply_speeds(self, clock: SimClock | None) -> None:
-        """Each seat computes at its client's speed (an empty seat at 1)."""
-        if clock is None or self.speeds is None:
+        """Each seat computes at its client's speed and sends over its client's link (an empty
+        seat at speed 1, on the network's link)."""
+        if clock is None:
             return
         for seat, client in enumerate(self.seated_rows()):
-            clock.set_speed(seat, float(self.speeds[client]) if seat < len(self.seated)
-                            else 1.0)
+            self._seat(clock, seat, client if seat < len(self.seated) else None)
+
+    def _seat(self, clock: SimClock, seat: int, client: int | None) -> None:
+        """The clock's seat ``seat`` takes ``client``'s speed and link (None: empty)."""
+        if self.speeds is not None:
+            clock.set_speed(seat, 1.0 if client is None else float(self.speeds[client]))
+        if self.links is not None:
+            clock.set_link(seat, None if client is None else float(self.links[client]))
 
     def seated_rows(self, local: Sequence[int] | None = None) -> list[int]:
         """Each of the ``local`` seats' client (None: every seat's; the threads engine seeds a
@@ -331,14 +340,15 @@ class InFlight(Population):
     def __init__(self, num_clients: int, participation: Participation, period: int,
                  batches: ClientBatches, *, store: ClientStore | None = None,
                  availability: Callable[[float], Availability | None] | None = None,
-                 speeds: np.ndarray | None = None,
+                 speeds: np.ndarray | None = None, links: np.ndarray | None = None,
                  next_change: Callable[[float], float | None] | None = None) -> None:
         if (participation.count or 0) >= num_clients:
             raise ValueError(f"concurrency={participation.count} must be below the "
                              f"population's {num_clients} clients: a client whose update "
                              "arrives is replaced by one not in flight")
         super().__init__(num_clients, participation, period, batches, store=store,
-                         availability=availability, speeds=speeds, next_change=next_change)
+                         availability=availability, speeds=speeds, links=links,
+                         next_change=next_change)
 
     def fill(self, strategy: StackedStrategy, nodes: NodeStack, clock: SimClock | None,
              local: Sequence[int]) -> None:
@@ -385,8 +395,8 @@ class InFlight(Population):
         nodes.row_ids = self.seated_rows(local)
         if row is not None:
             self._own_state(strategy, row, client)
-        if clock is not None and self.speeds is not None:
-            clock.set_speed(seat, float(self.speeds[client]))
+        if clock is not None:
+            self._seat(clock, seat, client)
         return client
 
     def _too_few(self, found: int, now: float) -> str:

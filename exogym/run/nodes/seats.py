@@ -15,7 +15,7 @@ from exogym.run.dist.ranks import RankContext
 from exogym.run.nodes.client_store import ClientStore, parse_client_store
 from exogym.run.nodes.memory import InMemory
 from exogym.run.nodes.population import InFlight, Population
-from exogym.run.settings import RunSettings, client_speeds
+from exogym.run.settings import RunSettings, client_links, client_speeds
 from exogym.sim.client_data import ClientBatches
 from exogym.sim.comm import Communicator, InProcessCommunicator
 from exogym.sim.engine import NodeStack
@@ -72,7 +72,7 @@ class Seats(InMemory):
         kind = InFlight if isinstance(strategy, ServerStrategy) else Population
         population = kind(
             s.num_nodes, s.participation, strategy.sync_period or 1, batches, store=store,
-            availability=s.world.availability, speeds=client_speeds(s),
+            availability=s.world.availability, speeds=client_speeds(s), links=client_links(s),
             next_change=s.world.next_availability_change)
         # a seat's previous client may send to its next one; the bytes are the clients'
         comm = (InProcessCommunicator(k, seats=True, on_record=population.on_record)
