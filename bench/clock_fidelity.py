@@ -777,6 +777,7 @@ def measure_run(topo: Topology, n: int, rate_bps: float, strategy: str, cfg: Con
             str(cfg.steps), "--network", after_spec(rate_bps) if calibrated is None else
             str(calibrated), "--no-progress", "--seed", "0",
             "--eval-interval", str(cfg.steps), "--log-interval", str(cfg.steps), "--no-download",
+            "--compute", "measured",  # the real run's compute: these ranks' own steps
             "--out", str(run_dir)]
     if strategy != "ddp":
         args += ["--set", f"H={cfg.H}"]

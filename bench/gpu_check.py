@@ -31,7 +31,10 @@ Parts (``--parts``, default all three):
    vocabulary 50304, block 1024, random tokens; batch 2) at N = 1, 8 and 32 (nanogpt: 1 and 8:
    32 replicas with AdamW's state hold 64 GB before any activation, and a cell's sides live
    side by side). On CUDA the measurement allows TF32 (as nanoGPT's train.py does), both sides
-   alike. ``--quick``: tiny sizes, H = 2 (and one intra-op thread on a CPU).
+   alike. ``--quick``: tiny sizes, H = 2 (and one intra-op thread on a CPU). Where the GPU has a
+   device profile (exogym.sim.devices: H200, H100, A100, L4, RTX 4090, RTX 3090), the plain
+   row also gives exogym's prediction of its samples/s: one step of the same model and rows
+   counted and priced on that profile, as a run's steps are (docs/devices.md).
 3. ``paging``: ``Trainer.fit`` of DiLoCo (H = 50), 32 nodes of the MNIST CNN (batch 64), 3 H
    steps, the loop engine (what a paged run uses), in memory and with ``resident=8,
    offload="host"`` (pinned host buffers on CUDA), alternating; samples/s over the last 2 H
@@ -79,7 +82,9 @@ from torch.utils.data import TensorDataset
 
 from exogym.run.trainer import Trainer
 from exogym.sim.comm import InProcessCommunicator
+from exogym.sim.devices import PROFILES, DeviceProfile
 from exogym.sim.engine import NodeStack, auto_engine
+from exogym.sim.flops import count_step
 from exogym.strategy import make
 from exogym.tasks.gpt import GPT, GPTConfig
 
@@ -249,6 +254,30 @@ def exogym_side(model: nn.Module, xs: Tensor, ys: Tensor, n: int, H: int, engine
     return run, nodes
 
 
+def device_profile_of(device: torch.device) -> DeviceProfile | None:
+    """The device profile (exogym.sim.devices) of this GPU, by its name; None: none matches."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_properties(device).name.lower().replace(" ", "")
+    for key in ("h200", "h100", "a100", "l4", "4090", "3090"):
+        if key in name:
+            return PROFILES[key if key[0] != "4" and key[0] != "3" else f"rtx{key}"]
+    return None
+
+
+def predict_plain(name: str, model: nn.Module, rows: int,
+                  device: torch.device) -> dict[str, Any] | None:
+    """exogym's predicted samples/s of the plain side (one model, ``rows`` rows a step, AdamW)
+    on this GPU's profile: the same count and roofline that price a run's steps."""
+    profile = device_profile_of(device)
+    if profile is None:
+        return None
+    xs, ys = batches(name, model, 1, rows, torch.device("cpu"))
+    count = count_step(model, (xs[0], ys[0]), make("diloco").optim)
+    step = profile.step_time(count)
+    return {"profile": profile.name, "step_time_s": step, "samples_per_s": rows / step}
+
+
 def measure_cell(cell: Cell, n: int, sizes: Sizes, device: torch.device,
                  clock: Clock) -> dict[str, Any]:
     """Every side of one (model, N): built and warmed one after another, then interleaved."""
@@ -300,6 +329,7 @@ def measure_cell(cell: Cell, n: int, sizes: Sizes, device: torch.device,
     for record in out["sides"].values():
         if record["rates"]:
             record["samples_per_s"] = statistics.median(record["rates"])
+    out["predicted"] = predict_plain(cell.model, model, n * cell.batch, device)
     out["ratios"] = {}
     for a, b in [(s, "plain") for s in SIDES[1:]] + [("vmap", "loop")]:
         ra, rb = out["sides"][a]["rates"], out["sides"][b]["rates"]
@@ -441,6 +471,11 @@ def table(report: dict[str, Any]) -> str:
                 note = (note + "; " if note else "") + f"{cell['ratios']['vmap/loop']:.2f}x loop"
             vs = cell["ratios"].get(f"{side}/plain")
             name = side if side != "plain" else f"plain ({cell['batch']}N rows)"
+            guess = cell.get("predicted")
+            if side == "plain" and guess and rec["samples_per_s"]:
+                note = (note + "; " if note else "") + (
+                    f"predicted on {guess['profile']}: {_num(guess['samples_per_s'])} "
+                    f"({100 * (guess['samples_per_s'] / rec['samples_per_s'] - 1):+.0f}%)")
             lines.append(f"| engines | {cell['model']} | {cell['nodes']} | {name} | "
                          f"{_num(rec['samples_per_s'])} | {_num(vs, 2)} | "
                          f"{_num(rec['peak_mb'])} | {note} |")

@@ -243,6 +243,8 @@ def _profile(name: str, title: str, kind: str, source: str, mem_bw: float,
 
 _H100 = ("NVIDIA H100 Tensor Core GPU datasheet, SXM5 (dense: the datasheet's sparse figures "
          "halved, as its footnote says)")
+_H200 = ("NVIDIA H200 Tensor Core GPU datasheet, SXM (the H100's compute, dense; 141 GB of "
+         "HBM3e at 4.8 TB/s)")
 _A100 = "NVIDIA A100 Tensor Core GPU datasheet and A100 whitepaper, SXM4 80GB (dense)"
 _L4 = "NVIDIA L4 Tensor Core GPU datasheet (dense: sparse figures halved)"
 _ADA = ("NVIDIA Ada GPU architecture whitepaper v2.1, Appendix A (GeForce RTX 4090: dense, "
@@ -258,6 +260,8 @@ _PHONE = ("order of magnitude only: Qualcomm publishes no GFLOPS; aggregators' f
 
 PROFILES: dict[str, DeviceProfile] = {p.name: p for p in (
     _profile("h100", "NVIDIA H100 SXM5 80GB", "datacenter-gpu", _H100, 3.35e12, 80,
+             fp32=67 * T, tf32=494.7 * T, bf16=989.4 * T, fp16=989.4 * T),
+    _profile("h200", "NVIDIA H200 SXM 141GB", "datacenter-gpu", _H200, 4.8e12, 141,
              fp32=67 * T, tf32=494.7 * T, bf16=989.4 * T, fp16=989.4 * T),
     _profile("a100", "NVIDIA A100 SXM4 80GB", "datacenter-gpu", _A100, 2.039e12, 80,
              fp32=19.5 * T, tf32=156 * T, bf16=312 * T, fp16=312 * T),

@@ -222,7 +222,8 @@ def test_trainer_with_dataset_factory() -> None:
     SEEN.clear()
     result = Trainer(Recorder(), factory, factory).fit(
         strategy=make("fedavg", H=4), num_nodes=3, max_steps=8, batch_size=4, engine="loop",
-        device="cpu", eval_interval=4, progress=False)
+        device="cpu", eval_interval=4, progress=False,
+        compute="measured")  # no step counted on a copy of the model, which would record it
     assert calls == [(0, 1, False), (0, 3, True), (1, 3, True), (2, 3, True)]
     assert len(SEEN) == 8 * 3  # the loop engine: node 0, 1, 2 per step
     for k, x in enumerate(SEEN):

@@ -281,7 +281,8 @@ def test_each_rank_s_measured_compute_makes_the_straggler_wait() -> None:
     # step, so node 0 idles at every all-reduce until node 1 arrives, exactly the difference.
     r = fit_processes(SlowRank1(), dataset(), None, strategy=make("ddp"), num_nodes=2,
                       max_steps=8, batch_size=BATCH, log_interval=8, progress=False,
-                      network="bw=1Gbps,latency=0s", backend="gloo", timeout_s=60.0, threads=1)
+                      network="bw=1Gbps,latency=0s", backend="gloo", timeout_s=60.0, threads=1,
+                      compute="measured")
     clock, trace = r.clock, r.trace
     assert clock.compute_source == "measured" and trace.node_process == (0, 1)
     rows = trace.step_seconds

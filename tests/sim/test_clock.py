@@ -279,15 +279,18 @@ def test_overlapped_run_uses_the_strategy_tau() -> None:
 
 
 def test_the_clock_changes_no_training_number() -> None:
-    """Measured, given or absent, on any network: the same seed gives the same losses (measuring
-    times the run's own steps and draws no random number)."""
-    runs = [fit(DiLoCo(H=2), model=model(0.3), network=net, step_time=c, seed=5)
-            for net, c in ((None, None), ("home-100mbps", None), ("mobile", 2.0),
-                           ("datacenter", None))]
+    """Priced on a device, measured, given or absent, on any network: the same seed gives the
+    same losses (counting a step runs a copy of the model and restores the RNG; measuring times
+    the run's own steps and draws no random number)."""
+    runs = [fit(DiLoCo(H=2), model=model(0.3), network=net, seed=5, **how)
+            for net, how in ((None, {}), ("home-100mbps", {"compute": "measured"}),
+                             ("mobile", {"step_time": 2.0}), ("datacenter", {}),
+                             ("home-100mbps", {"hardware": "m2"}))]
     losses = [[row["train_loss"] for row in r.history] for r in runs]
-    assert losses[0] == losses[1] == losses[2] == losses[3]
+    assert losses[0] == losses[1] == losses[2] == losses[3] == losses[4]
     assert runs[0].clock is None and "sim_time_s" not in runs[0].history[0]
     assert runs[1].clock.compute_source == "measured" and runs[1].clock.step_time_s > 0
+    assert runs[3].clock.compute_source == runs[4].clock.compute_source == "profile"
     for a, b in zip(runs[0].model.state_dict().values(), runs[1].model.state_dict().values(),
                     strict=True):
         assert torch.equal(a, b)
@@ -333,7 +336,8 @@ def test_measured_compute_is_each_training_step_as_it_took() -> None:
     # mean, and a replay of the trace gives the same clock.
     torch.manual_seed(0)
     r = fit(DiLoCo(H=4), model=Classifier(SlowTraining(0.03)), network="bw=1Gbps,latency=0s",
-            max_steps=8, log_interval=8, trainer_data=SlowLoading(TRAIN, 0.002))
+            max_steps=8, log_interval=8, trainer_data=SlowLoading(TRAIN, 0.002),
+            compute="measured")
     seconds = [row[0] for row in r.trace.step_seconds]
     cores = host_cores(torch.get_num_threads())
     assert r.trace.node_process == (0, 0, 0)  # one process
@@ -355,7 +359,7 @@ def test_measured_compute_reaches_the_clock_by_every_row() -> None:
     # The clock lags behind the steps and catches up at log steps: every row's simulated time
     # is the measured compute of the steps so far plus their all-reduces.
     r = fit(DDP(), network="bw=1Gbps,latency=0s", max_steps=6, log_interval=2, eval_interval=6,
-            model=model(0.25))
+            model=model(0.25), compute="measured")
     seconds = [row[0] for row in r.trace.step_seconds]
     rows = [row for row in r.history if "train_loss" in row]
     assert [row["step"] for row in rows] == [2, 4, 6]
@@ -535,7 +539,7 @@ def test_the_cores_a_run_is_given_can_be_set_by_exogym_cores(monkeypatch) -> Non
     assert 0.1 <= meter.stop(mark, 1) < 0.13
     torch.manual_seed(0)
     r = fit(DiLoCo(H=4), model=Classifier(SlowTraining(0.03)), network="bw=1Gbps,latency=0s",
-            max_steps=4, log_interval=4)
+            max_steps=4, log_interval=4, compute="measured")
     assert min(row[0] for row in r.trace.step_seconds) >= 0.03 / 0.5
     assert r.trace.compute_method.startswith(
         "CPU time of the step's training work per node / 0.5 cores (the run's share of this "
@@ -591,7 +595,7 @@ def test_a_collectives_cpu_time_is_transport_not_compute(monkeypatch) -> None:
         monkeypatch.setattr(InProcessCommunicator, "_all_reduce_inplace", method)
         torch.manual_seed(0)
         r = fit(DDP(), model=Classifier(SlowTraining(0.01)), network="bw=1Gbps,latency=0s",
-                max_steps=6, log_interval=6, num_nodes=2)
+                max_steps=6, log_interval=6, num_nodes=2, compute="measured")
         return sorted(row[0] for row in r.trace.step_seconds)[3]
 
     monkeypatch.setattr(InProcessCommunicator, "wall", None, raising=False)

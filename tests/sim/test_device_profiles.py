@@ -15,6 +15,7 @@ from exogym.sim.devices import (
     PROFILES,
     DeviceProfile,
     Pricing,
+    describe_profile,
     device_profile,
     load_profiles,
     parse_flops,
@@ -181,3 +182,16 @@ def test_a_fedscale_form_file_prices_each_client_and_gives_its_link(tmp_path: Pa
         parse_hardware(str(bad))
     with pytest.raises(ValueError, match="cannot read the device-profile file"):
         parse_hardware(str(tmp_path / "missing.csv"))
+
+
+def test_the_docs_table_shows_every_profile_as_it_is() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "devices.md").read_text()
+    rows = {}
+    for line in page.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if line.startswith("| `") and len(cells) == 7:
+            rows[cells[0].split("`")[1]] = cells
+    assert set(rows) == set(PROFILES)
+    for name, p in PROFILES.items():
+        _, _, fp32, bf16, bw, overhead = describe_profile(p)
+        assert rows[name][2:6] == [fp32, bf16, bw, overhead], name

@@ -58,16 +58,17 @@ def check_run(strategy: StackedStrategy | str, *, dtype: torch.dtype = torch.flo
 def client_run(strategy: Any, *, nodes: int = 6, steps: int = 12, **settings: Any) -> FitResult:
     """``strategy`` on a population of ``nodes`` clients (``resume_cases``' model and data), a
     row per client (``clients_in_memory="all"``) unless ``settings`` say otherwise: batch 4,
-    home-100mbps, 0.1 s a step, a row a step, one evaluation at the end; warnings (short runs)
-    silenced."""
-    settings.setdefault("clients_in_memory", "all")
+    home-100mbps, 0.1 s a step (unless ``hardware`` prices it), a row a step, one evaluation
+    at the end; warnings (short runs) silenced."""
+    args: dict[str, Any] = dict(
+        num_nodes=nodes, max_steps=steps, batch_size=4, network="home-100mbps",
+        clients_in_memory="all", progress=False, log_interval=1, eval_interval=steps,
+        **({} if "hardware" in settings else {"step_time": 0.1}))
+    args.update(settings)
     torch.manual_seed(1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return Trainer(Net(), data(), data()).fit(
-            strategy=strategy, num_nodes=nodes, max_steps=steps, batch_size=4,
-            network="home-100mbps", step_time=0.1, progress=False, log_interval=1,
-            eval_interval=steps, **settings)
+        return Trainer(Net(), data(), data()).fit(strategy=strategy, **args)
 
 
 class WorldNet(nn.Module):
