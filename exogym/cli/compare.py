@@ -66,7 +66,7 @@ def add_parser(sub: Any) -> None:
 def command(args: argparse.Namespace) -> int:
     """``exogym compare``: print the table and where the results were written."""
     from exogym.lab.compare import compare
-    from exogym.lab.report import format_table
+    from exogym.lab.report import compute_sources, format_table
 
     out = args.out or default_out(f"compare-{get_task(args.task).id}")
     with warnings.catch_warnings():
@@ -83,6 +83,8 @@ def command(args: argparse.Namespace) -> int:
             eval_samples=args.eval_samples, allow_unsynced=args.allow_unsynced,
             allow_nonfinite=args.allow_nonfinite, world=args.world, trace=args.trace)
     print("\n".join(format_table(c)))
+    print(f"sim times on {c.network}, each step priced {compute_sources(c)} "
+          f"(docs/devices.md)")
     if c.plot_note:
         print(f"exogym: {c.plot_note}")
     print(f"written to  {c.out_dir}  (results.md, results.json"

@@ -43,7 +43,8 @@ def add_parser(sub: Any) -> None:
     add_settings(swp, ["seed", "network", "step_time", "eval_samples"], helps={
         "seed": "the first seed (default 0)",
         "network": "simulated network, unless swept (default datacenter)",
-        "step_time": "compute per step per node for the clock (default: measured)",
+        "step_time": "compute per step per node for the clock (default: the step "
+                     "priced on an RTX 4090, docs/devices.md)",
         "eval_samples": "samples of each evaluation during training (default 2000)"})
     add_data_options(swp)
     add_results_options(swp, "results folder: new, or a sweep to continue (default "

@@ -100,7 +100,9 @@ class RunOutcome:
         sim_time_s: simulated wall clock of the run on the comparison's network.
         utilization: simulated compute / total.
         step_time_s: the compute per step per node the clock used; ``compute_source`` how it
-            was obtained (``measured``, ``given``).
+            was obtained (``profile``, ``measured``, ``given``).
+        hardware: the simulated device(s) that priced the step (``compute_source`` profile:
+            ``"NVIDIA GeForce RTX 4090"``); None otherwise.
         samples_per_s: measured training throughput on this machine.
         wall_time_s: measured wall time of the whole fit (evaluations included).
         curve: every evaluation, in step order (the first, at step 0, is the initial model).
@@ -125,6 +127,7 @@ class RunOutcome:
     warnings: tuple[str, ...] = ()
     world: dict[str, Any] | None = None
     failure_times_s: tuple[float, ...] = ()
+    hardware: str | None = None
 
     @property
     def improved(self) -> bool:
@@ -148,7 +151,9 @@ class RunOutcome:
                    samples_per_s=result.samples_per_s, wall_time_s=result.wall_time_s,
                    curve=curve, warnings=warnings, world=result.world,
                    failure_times_s=tuple(e["time_s"] for e in result.events
-                                         if e["event"] == "fail"))
+                                         if e["event"] == "fail"),
+                   hardware=(None if result.compute is None
+                             else result.compute["hardware"]["described"]))
 
     def reach(self, target: float | None) -> CurvePoint | None:
         """The first evaluation with ``eval_loss <= target`` (None: never, or no target)."""

@@ -233,6 +233,12 @@ def _run_link(run_dir: Path, root: Path) -> str:
     return f"{link} ({files})" if files else link
 
 
+def compute_sources(c: Comparison) -> str:
+    """How the runs' steps were priced: ``"profile: NVIDIA GeForce RTX 4090"``, ``"measured"``."""
+    return ", ".join(sorted({o.compute_source + (f": {o.hardware}" if o.hardware else "")
+                             for r in c.rows for o in r.runs}))
+
+
 def format_markdown(c: Comparison) -> str:
     """The ``results.md`` text."""
     runs = len(c.seeds)
@@ -240,7 +246,7 @@ def format_markdown(c: Comparison) -> str:
     steps_c = sorted({o.step_time_s for r in c.rows for o in r.runs})
     compute = (format_duration(steps_c[0]) if len(steps_c) == 1 else
                f"{format_duration(steps_c[0])} to {format_duration(steps_c[-1])}")
-    sources = ", ".join(sorted({o.compute_source for r in c.rows for o in r.runs}))
+    sources = compute_sources(c)
     micro = "" if c.micro_batch_size is None else f" (micro-batches of {c.micro_batch_size})"
     if c.target_loss is None:
         target = ("none: no run improved on the initial model's eval loss" if c.target_source
@@ -270,9 +276,9 @@ def format_markdown(c: Comparison) -> str:
         f"target; resolution {c.eval_interval} steps (the evaluation interval). Sim time to "
         "target: the simulated clock at that evaluation.",
         f"- Sent per node: bytes, max over nodes. Sim time: the simulated clock on {c.network} "
-        f"(compute {compute} per step per node, {sources}; a measured value is taken once and "
-        "shared by the runs with the same model and optimizer; `exogym recost RUN_DIR "
-        "--step-time T` re-costs a run with another); utilization = compute / total.",
+        f"(compute {compute} per step per node, {sources}: the same on every machine unless "
+        "measured; `exogym recost RUN_DIR --step-time T` re-costs a run with another); "
+        "utilization = compute / total.",
         "- Samples/s (training steps only) and wall time (the whole run, evaluations included) "
         "were measured on this machine and vary with its load.",
     ]

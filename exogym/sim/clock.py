@@ -1,8 +1,9 @@
 """The simulated wall clock: compute per node per step plus the network time of every collective.
 
-Compute model (:mod:`exogym.sim.compute`). One node's training step (forward, backward, optimizer
-step) takes ``c`` seconds: measured (the default; the time one node's step takes on the share of
-this machine one node is given), given (``step_time``) or from FLOPs. Measured compute where
+Compute model. One node's training step (forward, backward, optimizer step) takes ``c`` seconds:
+priced on a device (the default: the step counted once, :mod:`exogym.sim.flops`, on a profile,
+:mod:`exogym.sim.devices`), measured (:mod:`exogym.sim.compute`: the time one node's step takes
+on the share of this machine one node is given) or given (``step_time``). Measured compute where
 nobody's presence depends on time lags behind the steps: each step's measured ``c`` reaches the
 clock at log steps (:meth:`SimClock.compute` with ``seconds``), so each row's time is complete
 (on a GPU the steps' host times, which are launch times, are scaled to the wall time of the steps
@@ -586,9 +587,9 @@ class ClockTrace:
             who took part by simulated time), or None.
         step_seconds: measured compute: per step, the seconds of a node's step on each process
             (one value in a one-process run; the nodes are split evenly over the processes, in
-            order: :attr:`node_process`). None: every step took ``step_time_s`` (given, from
-            FLOPs, or priced before the run).
-        compute_method: how measured compute was priced (None: given or from FLOPs).
+            order: :attr:`node_process`). None: every step took ``step_time_s`` (priced on a
+            device, given, or priced before the run).
+        compute_method: how the step was priced (None: given).
     """
 
     num_nodes: int

@@ -618,7 +618,8 @@ class Pricing:
                 f"docs/devices.md)")
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"hardware": self.hardware.to_dict(),
+        out: dict[str, Any] = {"hardware": {**self.hardware.to_dict(),
+                                            "described": self.hardware.describe()},
                                "step": self.count.to_dict(), "step_time_s": self.step_time_s}
         if self.hardware.table is None:
             out["device_step_time_s"] = {d.name: d.step_time(self.count)

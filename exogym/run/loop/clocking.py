@@ -9,8 +9,8 @@ gives it every step's compute and every collective of the communicator's log, in
   (:class:`~exogym.sim.compute.StepMeter`); the clock lags and catches up at log steps with
   every step's price (a process run's ranks exchange theirs there), so each row's time is
   complete and the steps need no synchronisation;
-- otherwise (a given or FLOPs price, or one priced before the run because time steers it) every
-  step reaches the clock as it happens.
+- otherwise (a device's or a given price, or one measured before the run because time steers it)
+  every step reaches the clock as it happens.
 
 In a world with absent nodes the operations are recorded in order (``ops``) for re-costing.
 
@@ -56,7 +56,7 @@ class ClockFeed:
         network: the run's simulated network (None: no clock).
         world: the run's world (node speeds).
         num_nodes: ``N``.
-        step_time_s: a given, FLOPs or hardware price of a step (None: measured).
+        step_time_s: a device's or a given price of a step (None: measured).
         compute_source: how ``step_time_s`` was obtained (``profile``, ``measured``,
             ``given``, ``flops``).
         pricing: the hardware's price of the counted step (``compute="profile"``).
