@@ -84,16 +84,18 @@ def world_decides(settings: RunSettings, strategy: StackedStrategy) -> bool:
     return not settings.world.perfect or strategy.deadline is not None
 
 
-def priced(s: RunSettings, model: nn.Module, batch: Any, optim: OptimizerBuilder,
-           device: Any) -> RunSettings:
+def priced(s: RunSettings, model: nn.Module, batch: Any, optim: OptimizerBuilder
+           ) -> RunSettings:
     """``s`` with its compute priced on its hardware (``compute="profile"``, a run with a
     network): one node's step counted on ``model`` and ``batch`` (one node's), its price on
     each device (:class:`~exogym.sim.devices.Pricing`), the reference's as ``step_time_s``.
-    Counting is deterministic, so every process of a multi-process run counts for itself."""
+    Counted on the CPU whatever the run trains on (PyTorch picks the same ATen kernels on every
+    CPU, so the count is the same on every machine); deterministic, so every process of a
+    multi-process run counts for itself."""
     if s.hardware is None or s.network is None or s.pricing is not None:
         return s
     count = count_step(model, batch, optim, micro_batch_size=s.micro_batch_size,
-                       precision=s.precision, device=device)
+                       precision=s.precision, device="cpu")
     pricing = Pricing.of(s.hardware, count, s.num_nodes, s.seed)
     network = s.network
     if pricing.links is not None and not s.seats:  # each node's own link (a FedScale file's)

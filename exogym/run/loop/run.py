@@ -112,7 +112,7 @@ class Run:
             ClientBatches if s.seats else NodeBatches)(
             train_data, s.num_nodes, s.batch_size, seed=s.seed, partition=s.partition)
         # compute="profile": one node's step counted and priced on the hardware
-        s = self.settings = priced(s, model, self.batches.peek(0), strategy.optim, device)
+        s = self.settings = priced(s, model, self.batches.peek(0), strategy.optim)
         self.evaluation = Evaluation(model, val_data, s.eval_samples, s.eval_batch_size,
                                      device, ranks)
         self.evals = EvalTimes(s.eval_interval, s.total_steps, self.evaluation.during is not None)
