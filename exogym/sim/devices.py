@@ -613,9 +613,11 @@ class Pricing:
         if self.hardware.table is not None:
             return (f"FedScale-form profiles ({self.hardware.table.path}): ms per sample x "
                     f"{self.count.samples} samples")
+        mixed = ("" if self.hardware.uniform else
+                 f"; this is {self.hardware.devices[0].name}'s, each node at its device's speed")
         return (f"{self.count.flops / 1e9:,.3g} GFLOP and {self.count.kernels:,} kernels per "
                 f"step, counted; priced on {self.hardware.describe()} (roofline: "
-                f"docs/devices.md)")
+                f"docs/devices.md){mixed}")
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"hardware": {**self.hardware.to_dict(),
