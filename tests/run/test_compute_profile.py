@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import re
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +14,9 @@ import torch
 from support.runs import check_run, client_run
 
 from exogym.cli import main
+from exogym.lab.check import TinyNet, tiny_data
 from exogym.lab.devices import task_step
 from exogym.lab.estimate import estimate
-from exogym.lab.check import TinyNet, tiny_data
 from exogym.sim.devices import PROFILES, parse_hardware
 from exogym.sim.flops import count_step
 from exogym.strategy import make
