@@ -201,9 +201,8 @@ class FitOptions:
         offload: where paged-out groups live: ``"host"`` (host memory: on a GPU run, the
             device holds one group), ``"disk"`` (files in a temporary folder) or
             ``"disk:DIR"``. On a CPU only ``"disk"`` lowers the memory a run needs.
-        compute: how the clock prices a step: ``"profile"`` (counted once on the model,
-            :mod:`exogym.sim.flops`, priced on ``hardware``, :mod:`exogym.sim.devices`: the
-            same on every machine) or ``"measured"`` (this host's time, :mod:`exogym.sim.clock`).
+        compute: how the clock prices a step: ``"profile"`` (counted on the model, priced on
+            ``hardware``: :mod:`exogym.sim.devices`) or ``"measured"`` (this host's time).
         hardware: every node's or client's simulated device (None: ``"rtx4090"``; a list, a
             mix, a custom one, a file: :func:`exogym.sim.devices.parse_hardware`).
         device_profiles: a JSON file of the user's own profiles, for ``hardware``.

@@ -287,6 +287,8 @@ class Trainer:
         participation = participation_of(o.participation, o.concurrency, o.client_state,
                                          o.seed, strategy)
         resident = check_paging(o.resident, o.offload, o.num_nodes, strategy, engine)
+        if participation is not None and net is not None and net.topology is None:
+            net = dataclasses.replace(net, topology="server")  # a population's clients: FL's
         step_time_s, source, hardware = compute_of(o.values())
         if hardware is not None:
             hardware.check_nodes(o.num_nodes)

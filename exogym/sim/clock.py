@@ -54,6 +54,7 @@ from typing import Any
 from exogym.sim.comm import CommRecord
 from exogym.sim.compute import measure_step_time, resolve_step_time
 from exogym.sim.network import Network, format_duration, parse_duration, parse_network
+from exogym.sim.server import from_server, serve_to_server, server_round
 from exogym.sim.spans import SpanLog, node_ranges
 
 # measure_step_time and resolve_step_time are re-exported: the compute model lived here before
@@ -176,6 +177,8 @@ class SimClock:
         self.server_free = [0.0, 0.0]
         # Pushes waiting for the downlink: (ready time, sequence number, node, bytes).
         self.push_queue: list[tuple[float, int, int, float]] = []
+        # topology="server": every transfer between a node and a server, over the node's link
+        self.server = self.network.topology == "server"
         self.pushes_queued = 0
         self.pending: list[_Pending] = []
         self._times: dict[tuple[str, int, int], float] = {}
@@ -315,6 +318,9 @@ class SimClock:
         members = rec.member_ids(self.num_nodes)
         for p in [p for p in self.pending if p.tag == rec.tag]:
             self._await(p)  # its result is applied before the next one with this tag is sent
+        if self.server and not rec.overlap:
+            server_round(self, rec, members)
+            return
         issue = max(self.t[i] for i in members)  # when every member has joined it
         start = max(issue, max(self.link_free[i] for i in members))
         end = start + self.collective_time(rec)
@@ -340,6 +346,15 @@ class SimClock:
         """``src`` sends to ``dst``: it starts when both are there and both links are free; the
         receiver waits for it (comm), the sender goes on computing."""
         src, dst = rec.src, rec.dst
+        if self.server:  # the server sends what the sender holds: the receiver's download
+            start = max(self.t[src], self.t[dst], self.link_free[dst])
+            end = from_server(self, dst, rec.payload_bytes, start)
+            if self.spans is not None:
+                self.spans.add(dst, "comm", start, end, f"download {rec.tag} from the server",
+                               (("bytes", rec.payload_bytes), ("tag", rec.tag)), rec.step)
+            self.node_comm[dst] += end - self.t[dst]
+            self.t[dst] = end
+            return
         start = max(self.t[src], self.t[dst], self.link_free[src], self.link_free[dst])
         net = self.network
         end = start + (net.transfer_s(rec.payload_bytes, self.up_bps[src], self.down_bps[dst])
@@ -377,6 +392,8 @@ class SimClock:
         waiting for the server computes again only after its own push has arrived). A push
         ready no later than that is served; each arrival served lowers the bound in turn.
         ``final``: no push follows (the run's end): every queued push is served."""
+        if self.server:
+            return serve_to_server(self, until, final)
         net = self.network
         self.push_queue.sort()
         served = []
@@ -400,10 +417,15 @@ class SimClock:
         its uplink (one message at a time, first come, first served); the node, waiting since
         its push, continues when it has arrived (its wait counts as communication)."""
         net = self.network
-        start = max(at, self.server_free[1], self.link_free[node])
-        done = start + net.transfer_s(payload_bytes, net.up_bps, self.down_bps[node])
-        self.link_free[node] = self.server_free[1] = done
-        end = done + net.message_latency_s
+        if self.server:
+            start = max(at, self.link_free[node])
+            end = from_server(self, node, payload_bytes, start)
+            done = end - net.message_latency_s
+        else:
+            start = max(at, self.server_free[1], self.link_free[node])
+            done = start + net.transfer_s(payload_bytes, net.up_bps, self.down_bps[node])
+            self.link_free[node] = self.server_free[1] = done
+            end = done + net.message_latency_s
         if self.spans is not None:
             self._reply_spans(node, payload_bytes, at, start, done, end)
         if end > self.t[node]:

@@ -73,6 +73,7 @@ __all__ = [
     "finish_reduce",
     "member_mask",
     "payload_bytes",
+    "server_bytes",
 ]
 
 ReduceOp = Literal["mean", "sum"]
@@ -92,6 +93,24 @@ def all_gather_bytes(payload: int, num_nodes: int) -> float:
 def broadcast_bytes(payload: int, num_nodes: int) -> tuple[float, float]:
     """``(sent by the source, received by every other node)`` for a star broadcast."""
     return float((num_nodes - 1) * payload), float(payload) if num_nodes > 1 else 0.0
+
+
+def server_bytes(op: str, payload: int, num_nodes: int, members: int = -1,
+                 src: int = -1) -> tuple[list[float], list[float]]:
+    """Each node's bytes sent and received in a collective through a server (``topology=
+    "server"``): an all-reduce, its payload up and the result down; an all-gather, its payload
+    up and every member's down; a broadcast, the source's up and to each other member down.
+    ``members``: a bit mask (-1: every node); ``src``: a broadcast's source (-1: the first
+    member)."""
+    member = [members < 0 or bool(members >> i & 1) for i in range(num_nodes)]
+    if op == "broadcast":
+        source = src if src >= 0 else member.index(True)
+        return ([float(payload) if i == source else 0.0 for i in range(num_nodes)],
+                [float(payload) if member[i] and i != source else 0.0
+                 for i in range(num_nodes)])
+    back = payload * (sum(member) if op == "all_gather" else 1)
+    return ([float(payload) if member[i] else 0.0 for i in range(num_nodes)],
+            [float(back) if member[i] else 0.0 for i in range(num_nodes)])
 
 
 def accumulate_rows(accs: list[Tensor] | None, tensors: Sequence[Tensor]) -> list[Tensor]:
@@ -245,6 +264,10 @@ class Communicator(abc.ABC):
             a seat's previous client may then send to its next one (``send`` with
             ``src == dst``).
         on_record: told of every record's bytes per row (:data:`OnRecord`), or None.
+        server: the network's topology is a server's (``topology="server"``): a collective's
+            bytes are then each member's upload and download (an all-reduce: its payload each
+            way; an all-gather: its payload up, every member's down; a broadcast: the source's
+            up, to each other member down), and the server's are counted too.
 
     Attributes:
         bytes_sent / bytes_received: per global node, cumulative (floats: ring formulas divide).
@@ -253,7 +276,7 @@ class Communicator(abc.ABC):
 
     def __init__(self, num_nodes: int, node_ids: Sequence[int], *,
                  attendance: Attendance | None = None, seats: bool = False,
-                 on_record: OnRecord | None = None) -> None:
+                 on_record: OnRecord | None = None, server: bool = False) -> None:
         if num_nodes < 1:
             raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
         self.num_nodes = num_nodes
@@ -263,6 +286,7 @@ class Communicator(abc.ABC):
         # A parameter server's traffic (asynchronous strategies: push/pull), not a node's.
         self.server_bytes_sent = 0.0
         self.server_bytes_received = 0.0
+        self.server = server
         self.log: list[CommRecord] = []
         self.attendance = attendance if attendance is not None else Attendance()
         # Wall and CPU seconds this process spent in a real transport (a process run's
@@ -605,6 +629,10 @@ class Communicator(abc.ABC):
     def _record(self, op: str, payload: int, tag: str, overlap: bool, *, sent: list[float],
                 received: list[float], codec: str, members: int, src: int, dst: int) -> None:
         """Count a collective's bytes and log it at the current :attr:`step`."""
+        if self.server and op in ("all_reduce", "all_gather", "broadcast"):
+            sent, received = server_bytes(op, payload, self.num_nodes, members, src)
+            self.server_bytes_received += sum(sent)
+            self.server_bytes_sent += sum(received)
         for i in range(self.num_nodes):
             self.bytes_sent[i] += sent[i]
             self.bytes_received[i] += received[i]
@@ -618,9 +646,10 @@ class InProcessCommunicator(Communicator):
     """All ``N`` nodes live in this process, stacked along dim 0: collectives are reductions."""
 
     def __init__(self, num_nodes: int, *, attendance: Attendance | None = None,
-                 seats: bool = False, on_record: OnRecord | None = None) -> None:
+                 seats: bool = False, on_record: OnRecord | None = None,
+                 server: bool = False) -> None:
         super().__init__(num_nodes, range(num_nodes), attendance=attendance, seats=seats,
-                         on_record=on_record)
+                         on_record=on_record, server=server)
 
     def _all_reduce(self, tensors: list[Tensor], op: ReduceOp) -> list[Tensor]:
         return finish_reduce(accumulate_rows(None, tensors), op, self.num_nodes,

@@ -85,6 +85,8 @@ __all__ = [
     "write_network_file",
 ]
 
+Topology = Literal["peer", "server"]
+TOPOLOGIES: tuple[str, ...] = ("peer", "server")
 AllReduceAlgo = Literal["ring", "tree", "star"]
 AllGatherAlgo = Literal["ring"]
 BroadcastAlgo = Literal["star", "tree"]
@@ -327,6 +329,12 @@ class Network:
             point-to-point transfers (an asynchronous method's push and pull) do not pay it.
         ramp_bytes: the payload per node from which the whole ``ramp_s`` applies (below it, a
             share in proportion); 0 = every collective of more than 0 bytes pays all of it.
+        topology: ``"peer"`` (the nodes run their collectives among themselves, with the
+            algorithms above) or ``"server"`` (a federated system's: each node sends to and
+            receives from a server only, over its own uplink and downlink; the server's link
+            is not a bottleneck, as in FLSim and FedScale; :class:`exogym.sim.clock.SimClock`
+            has the rules). None: the run decides: a server for a population
+            (``participation``, ``concurrency``), peers otherwise.
         description: where a profile's numbers come from.
     """
 
@@ -347,6 +355,7 @@ class Network:
     hop_latency_s: float = HOP_LATENCY_S
     ramp_s: float = 0.0
     ramp_bytes: float = 0.0
+    topology: Topology | None = None
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -356,6 +365,8 @@ class Network:
         if not (isinstance(self.latency_s, (int, float)) and math.isfinite(self.latency_s)
                 and self.latency_s >= 0):
             raise ValueError(f"latency_s must be a number >= 0 (seconds), got {self.latency_s!r}")
+        if self.topology is not None and self.topology not in TOPOLOGIES:
+            raise ValueError(f"topology must be one of {TOPOLOGIES}, got {self.topology!r}")
         for op, allowed in ALGORITHMS.items():
             if getattr(self, op) not in allowed:
                 raise ValueError(f"{op} algorithm must be one of {allowed}, "
@@ -506,7 +517,9 @@ class Network:
         down = self.down_bps if self.down_bps is not None else self.up_bps
         bw = (format_rate(self.up_bps) if down == self.up_bps
               else f"{format_rate(down)} down / {format_rate(self.up_bps)} up")
-        parts = [bw, format_duration(self.latency_s), f"{self.all_reduce} all-reduce"]
+        parts = [bw, format_duration(self.latency_s),
+                 "a server (each node over its own link)" if self.topology == "server"
+                 else f"{self.all_reduce} all-reduce"]
         if self.node_up_bps or self.node_down_bps or self.bw_sigma:
             parts.append("per-node bandwidth")
         if self.node_speed or self.speed_sigma:
@@ -530,7 +543,8 @@ class Network:
             items.append(f"down={self.down_bps:g}bps")
         items.append(f"latency={self.latency_s:g}s")
         defaults = {f.name: f.default for f in fields(Network)}
-        for key in ("all_reduce", "all_gather", "broadcast", "bw_sigma", "speed_sigma", "seed"):
+        for key in ("all_reduce", "all_gather", "broadcast", "bw_sigma", "speed_sigma", "seed",
+                    "topology"):
             if getattr(self, key) != defaults[key]:
                 items.append(f"{key}={getattr(self, key)}")
         if self.efficiency != defaults["efficiency"]:
@@ -593,7 +607,7 @@ PROFILES: dict[str, Network] = {
 
 _SPEC_KEYS = ("name", "bw", "up", "down", "latency", "all_reduce", "all_gather", "broadcast",
               "node_bw", "node_up", "node_down", "node_speed", "bw_sigma", "speed_sigma", "seed",
-              "efficiency", "hop_latency", "ramp", "ramp_bytes")
+              "efficiency", "hop_latency", "ramp", "ramp_bytes", "topology")
 
 
 def parse_network(spec: str | Network | None = None) -> Network:
@@ -604,10 +618,10 @@ def parse_network(spec: str | Network | None = None) -> Network:
     ``all_gather`` (ring), ``broadcast`` (star, tree), per-node lists separated by ``:``
     (``node_bw``, ``node_up``, ``node_down`` with units, ``node_speed`` as plain numbers),
     ``bw_sigma``, ``speed_sigma``, ``seed``, ``name``, ``efficiency`` (a plain number in (0, 1])
-    and ``hop_latency`` (a duration), ``ramp`` (a duration) and ``ramp_bytes`` (a plain number
-    of bytes; :class:`Network`). The first item may instead be a network file (a path
-    ending in ``.json``, or any existing file: :func:`load_network_file`), changed by the items
-    after it as a profile is. None gives ``datacenter``.
+    and ``hop_latency`` (a duration), ``ramp`` (a duration), ``ramp_bytes`` (a plain number
+    of bytes) and ``topology`` (peer, server; :class:`Network`). The first item may instead be
+    a network file (a path ending in ``.json``, or any existing file: :func:`load_network_file`),
+    changed by the items after it as a profile is. None gives ``datacenter``.
     """
     if spec is None:
         return PROFILES["datacenter"]
@@ -686,7 +700,7 @@ def _parse_item(key: str, value: str, values: dict[str, Any]) -> None:
             values["seed"] = int(value)
         except ValueError:
             raise ValueError(f"seed takes an integer, got {value!r}") from None
-    if key in ("name", "all_reduce", "all_gather", "broadcast"):
+    if key in ("name", "all_reduce", "all_gather", "broadcast", "topology"):
         values[key] = value
 
 

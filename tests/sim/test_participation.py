@@ -75,9 +75,11 @@ def test_only_the_round_s_participants_compute_and_join_with_the_global_model() 
 
 
 def test_every_node_participating_is_the_run_without_participation() -> None:
-    # keeping their state (a fresh client restarts its inner optimizer every round)
+    # keeping their state (a fresh client restarts its inner optimizer every round), on peers'
+    # network (a population's default topology is a server's)
     a = client_run(make("diloco", H=2))
-    b = client_run(make("diloco", H=2), participation=6, client_state="keep")
+    b = client_run(make("diloco", H=2), participation=6, client_state="keep",
+                   network="home-100mbps,topology=peer")
     strip = [{k: v for k, v in row.items() if k not in WALL} for row in a.history]
     assert strip == [{k: v for k, v in row.items() if k not in WALL} for row in b.history]
     assert a.bytes_sent == b.bytes_sent and a.comm_log == b.comm_log

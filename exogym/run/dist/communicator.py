@@ -146,9 +146,10 @@ class DistributedCommunicator(Communicator):
         self, num_nodes: int, node_ids: Sequence[int], group: dist.ProcessGroup | None = None,
         *, attendance: Attendance | None = None, seats: bool = False,
         on_record: OnRecord | None = None, wall: WallSpans | None = None,
+        server: bool = False,
     ) -> None:
         super().__init__(num_nodes, node_ids, attendance=attendance, seats=seats,
-                         on_record=on_record)
+                         on_record=on_record, server=server)
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("DistributedCommunicator needs torch.distributed initialised "
                                "(torch.distributed.init_process_group) before it is built")

@@ -132,7 +132,8 @@ def hold(model: torch.nn.Module, strategy: StackedStrategy, settings: RunSetting
         return Seats.build(model, strategy, s, batches, ranks, device, out_dir, wall)
     assert isinstance(batches, NodeBatches)
     if s.resident is not None and ranks is None:
-        hub = InProcessCommunicator(s.num_nodes)
+        hub = InProcessCommunicator(
+            s.num_nodes, server=s.network is not None and s.network.topology == "server")
         engine = s.engine
         if engine == "auto":  # vmap (auto's choice on CUDA) batches what it holds: loop
             engine = auto_engine(device, s.num_nodes)
@@ -145,6 +146,7 @@ def hold(model: torch.nn.Module, strategy: StackedStrategy, settings: RunSetting
     n_here = s.num_nodes if ranks is None else ranks.nodes_per_process
     nodes = NodeStack(model, n_here, device=device, engine=s.engine,
                       micro_batch_size=s.micro_batch_size, precision=s.precision)
-    comm = (InProcessCommunicator(s.num_nodes) if ranks is None
-            else DistributedCommunicator(s.num_nodes, ranks.node_ids, wall=wall))
+    server = s.network is not None and s.network.topology == "server"
+    comm = (InProcessCommunicator(s.num_nodes, server=server) if ranks is None
+            else DistributedCommunicator(s.num_nodes, ranks.node_ids, wall=wall, server=server))
     return InMemory(nodes, comm, strategy, batches, ranks, s.total_steps)

@@ -75,9 +75,11 @@ class Seats(InMemory):
             availability=s.world.availability, speeds=client_speeds(s), links=client_links(s),
             next_change=s.world.next_availability_change)
         # a seat's previous client may send to its next one; the bytes are the clients'
-        comm = (InProcessCommunicator(k, seats=True, on_record=population.on_record)
+        server = s.network is not None and s.network.topology == "server"
+        comm = (InProcessCommunicator(k, seats=True, on_record=population.on_record,
+                                      server=server)
                 if ranks is None else
-                DistributedCommunicator(k, ranks.node_ids, seats=True,
+                DistributedCommunicator(k, ranks.node_ids, seats=True, server=server,
                                         on_record=population.on_record, wall=wall))
         return cls(population, nodes, comm, strategy, batches, ranks, s.total_steps)
 
