@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from exogym.sim.compute import OptimizerBuilder
 from exogym.sim.devices import Hardware, Pricing
 from exogym.sim.engine import EngineName, Precision
-from exogym.sim.flops import OptimizerBuilder, count_step
+from exogym.sim.flops import count_step
 from exogym.sim.network import Network
 from exogym.sim.participation import Participation
 from exogym.sim.partition import Partition

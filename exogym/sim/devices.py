@@ -33,7 +33,7 @@ import difflib
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -166,7 +166,7 @@ class DeviceProfile:
         name = str(data["name"])
         return cls(name=name, title=str(data.get("title", name)),
                    kind=str(data.get("kind", "custom")),
-                   peak_flops={str(k): _flops_value(v) for k, v in
+                   peak_flops={str(k): parse_flops(v) for k, v in
                                dict(data["peak_flops"]).items()},
                    mem_bw=_bytes_rate(data["mem_bw"]),
                    memory=float(data["memory"]) if data.get("memory") is not None else None,
@@ -199,10 +199,6 @@ def parse_flops(text: str | float) -> float:
     value = float(match.group(1)) * _FLOPS_UNIT[match.group(2).lower()]
     _positive("a FLOP/s figure", value)
     return value
-
-
-def _flops_value(value: Any) -> float:
-    return parse_flops(value)
 
 
 def _bytes_rate(value: Any) -> float:
@@ -567,13 +563,6 @@ def describe_profile(p: DeviceProfile) -> list[str]:
     return [p.name, p.title, format_flops(p.peak_flops["fp32"]),
             format_flops(p.peak_flops.get("bf16", p.peak_flops["fp32"])),
             f"{p.mem_bw / 1e9:,.0f} GB/s", f"{p.overhead_s * 1e6:g} us"]
-
-
-def hardware_links(hardware: Hardware, num_nodes: int) -> Sequence[float] | None:
-    """Each of ``num_nodes`` nodes' link in bits/s from a FedScale-form file (None: none)."""
-    links = hardware.links(np.arange(num_nodes))
-    return None if links is None else tuple(float(v) for v in links)
-
 
 
 @dataclass(frozen=True)

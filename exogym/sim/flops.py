@@ -39,7 +39,7 @@ import copy
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -47,6 +47,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
+from exogym.sim.compute import OptimizerBuilder
 from exogym.sim.engine import Precision, loss_of
 
 __all__ = ["Kernel", "StepCount", "count_step", "flop_counter"]
@@ -155,10 +156,6 @@ class StepCount:
                 "optimizer_bytes": self.optimizer_bytes,
                 "optimizer_kernels": self.optimizer_kernels, "parameters": self.parameters,
                 "samples": self.samples}
-
-
-class OptimizerBuilder(Protocol):
-    def build(self, params: list[torch.Tensor]) -> torch.optim.Optimizer: ...
 
 
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
