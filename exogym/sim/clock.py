@@ -161,8 +161,8 @@ class SimClock:
             raise ValueError(f"speeds lists {len(speeds)} nodes, the clock has {num_nodes}")
         self.speeds = [float(v) for v in speeds]
         self.node_step_s = [step_time_s / s for s in speeds]
-        up, down = self.network.node_bandwidths(num_nodes)
-        self.up_bps, self.down_bps = list(up), list(down)
+        self.base_links = self.network.node_bandwidths(num_nodes)  # (up, down) per node
+        self.up_bps, self.down_bps = list(self.base_links[0]), list(self.base_links[1])
         self.t = [0.0] * num_nodes
         self.node_compute = [0.0] * num_nodes
         self.node_comm = [0.0] * num_nodes
@@ -193,7 +193,7 @@ class SimClock:
     def set_link(self, node: int, bps: float | None) -> None:
         """Node ``node``'s link runs at ``bps`` up and down from now on (a population's seat
         takes its new client's link); None: the network's."""
-        up, down = self.network.node_bandwidths(self.num_nodes)
+        up, down = self.base_links
         self.up_bps[node] = up[node] if bps is None else float(bps)
         self.down_bps[node] = down[node] if bps is None else float(bps)
 
