@@ -78,8 +78,9 @@ def resumed_settings(o: FitOptions, given: frozenset[str], saved: dict[str, Any]
         raise ValueError(f"max_steps={max_steps} is before the checkpoint's step {step} "
                          f"({where}); a resumed run can only be extended")
     net = parse_network(v["network"]) if v["network"] is not None else None
-    if (net is not None and net.topology is None and v["participation"] is not None
-            and "topology=server" in str(saved.get("network"))):
+    ran = saved.get("network")
+    if (net is not None and net.topology is None and ran is not None
+            and parse_network(ran).topology == "server"):
         net = dataclasses.replace(net, topology="server")  # the population's default, as run
     # a given or measured price is recorded resolved (step_time_s); a profile's is counted
     # again (the same count), unless the resume gives another price

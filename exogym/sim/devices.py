@@ -123,11 +123,14 @@ class DeviceProfile:
             return rates.get("tf32", rates["fp32"]) if kind == "conv" else rates["fp32"]
         return rates.get(dtype, rates["fp32"])
 
+    def _roofline(self, kernel: Kernel) -> tuple[float, float]:
+        """``(compute, memory)`` seconds of one kernel on this device."""
+        return (kernel.flops / (self.peak(kernel.kind, kernel.dtype) * self.eta_c),
+                kernel.bytes / (self.mem_bw * self.eta_m))
+
     def kernel_time(self, kernel: Kernel) -> float:
         """One kernel's seconds on this device (module docstring)."""
-        compute = kernel.flops / (self.peak(kernel.kind, kernel.dtype) * self.eta_c)
-        memory = kernel.bytes / (self.mem_bw * self.eta_m)
-        return max(compute, memory, self.overhead_s)
+        return max(*self._roofline(kernel), self.overhead_s)
 
     def step_time(self, count: StepCount) -> float:
         """Seconds of the counted step on this device: its kernels' times added up."""
@@ -138,8 +141,7 @@ class DeviceProfile:
         ``overhead``."""
         out = {"compute": 0.0, "memory": 0.0, "overhead": 0.0}
         for k, n in count.profile:
-            compute = k.flops / (self.peak(k.kind, k.dtype) * self.eta_c)
-            memory = k.bytes / (self.mem_bw * self.eta_m)
+            compute, memory = self._roofline(k)
             t = max(compute, memory, self.overhead_s)
             which = ("overhead" if t == self.overhead_s and t > max(compute, memory)
                      else "compute" if compute >= memory else "memory")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -74,7 +75,8 @@ class ClockFeed:
 
     def __init__(self, network: Network | None, world: World, num_nodes: int,
                  step_time_s: float | None, compute_source: str, overlap_steps: int | None, *,
-                 pricing: Pricing | None = None, device_speeds: Any = None,
+                 pricing: Pricing | None = None,
+                 device_speeds: Sequence[float] | None = None,
                  comm: Communicator, ranks: RankContext | None, device: torch.device,
                  record_ops: bool, spans: bool = False, trace: bool = False) -> None:
         self.network, self.world, self.num_nodes = network, world, num_nodes
