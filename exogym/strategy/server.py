@@ -26,6 +26,10 @@ Choices common to every server method here (each method's docstring adds its own
 - the learning-rate schedule: the inner optimizer's lr is constant (a warm-up/cosine schedule is
   per node on per-node timelines, and this base refuses one rather than step it by the fastest
   node's count);
+- a staleness cap (FLSim's ``max_staleness``, ``flsim/trainers/async_trainer.py`` at commit
+  7311f2d, ``_can_participate``): an update more than ``max_staleness`` versions old is
+  discarded on arrival (not applied, its staleness listed in :attr:`ServerStrategy.discarded`);
+  the node is sent the current model and starts again as after any arrival;
 - the run ends when the fastest node has taken ``--steps`` steps; updates already pushed are
   still delivered and applied (the network carries them), a node's unfinished local round is
   not sent;
@@ -55,15 +59,23 @@ class ServerStrategy(StackedStrategy):
     Attributes:
         H: local steps between two pushes of a node (its ``H_i`` unless
             :meth:`local_steps` says otherwise).
+        max_staleness: discard an arriving update more than this many server versions old
+            (FLSim's ``max_staleness``); None: apply every update.
     """
 
     supports_codec: ClassVar[bool] = False
 
     H: int = 50
+    max_staleness: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         positive_int("H", self.H)
+        if self.max_staleness is not None and (
+                isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, int)
+                or self.max_staleness < 0):
+            raise ValueError(f"max_staleness must be an integer >= 0 (server versions) or None "
+                             f"(no cap), got {self.max_staleness!r}")
         if self.schedule.active:
             raise ValueError(
                 f"{type(self).__name__}: schedule={self.schedule!r}: an asynchronous method's "
@@ -88,6 +100,7 @@ class ServerStrategy(StackedStrategy):
         self.outbox: list[list[float]] = []
         self.speeds: list[float] = [1.0] * n  # the nodes' relative speeds (set by the run)
         self.staleness: list[int] = []  # of every update applied, in order
+        self.discarded: list[int] = []  # of every update the staleness cap discarded, in order
 
     def set_speeds(self, speeds: Sequence[float]) -> None:
         """The nodes' relative compute speeds (the run's world and network), for methods whose
@@ -133,6 +146,9 @@ class ServerStrategy(StackedStrategy):
         """The server applies node ``node``'s arrived pseudo-gradient (:meth:`apply`) and adopts
         its float buffers; the update's staleness."""
         staleness = self.version - self.base_version[node]
+        if self.max_staleness is not None and staleness > self.max_staleness:
+            self.discarded.append(staleness)  # FLSim's _can_participate: not applied
+            return staleness
         delta = {k: self.base[k][node] - p[node] for k, p in self.nodes.params.items()}
         self.apply(node, delta, staleness)
         self.staleness.append(staleness)

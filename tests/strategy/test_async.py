@@ -82,6 +82,25 @@ def test_fedbuff_trace_buffers_k_updates_weighted_by_staleness() -> None:
     assert s.buffer["w"].item() == pytest.approx(0.25 / math.sqrt(2), abs=1e-7)
 
 
+def test_max_staleness_discards_old_updates_as_flsim() -> None:
+    """FedBuff, K = 1, eta_g = 1, a = 0 (each arrival is a server step ``theta -= Delta``), the
+    same timelines, and FLSim's cap ``max_staleness = 0``:
+    - node 0's push (t=2): tau 0, applied: theta 1 - 1/4 = 3/4, version 1;
+    - the end: node 1's (base 0, version 1: tau 1 > 0) is discarded, theta stays 3/4;
+      node 0's (base 1, tau 0; its round moved it from 3/4 by 1/4) is applied: 1/2.
+    Without the cap node 1's would apply too (1/2, version 2) and node 0's then be 1 old: 1/4."""
+    capped = make("fedbuff", H=2, K=1, eta_g=1.0, a=0.0, max_staleness=0, optim=sgd())
+    r = async_run(capped)
+    assert r.model.w.item() == 0.5
+    assert capped.staleness == [0, 0] and capped.discarded == [1]
+    assert r.asynchronous["updates"] == 2 and r.asynchronous["discarded_stale"] == 1
+    free = make("fedbuff", H=2, K=1, eta_g=1.0, a=0.0, optim=sgd())
+    assert async_run(free).model.w.item() == 0.25 and free.discarded == []
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match=f"max_staleness must be an integer >= 0.*{bad!r}"):
+            make("fedbuff", max_staleness=bad)
+
+
 def test_dylu_scales_local_steps_by_speed_and_equal_speeds_keep_h() -> None:
     s = make("async_local_sgd", H=10, dylu=True)
     async_run(s, nodes=4, steps=10, speeds="1:1:0.5:0.25", model=Slope())

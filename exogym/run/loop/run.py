@@ -385,6 +385,7 @@ def _result(run: Run, model: nn.Module, final: dict[str, float], report: ClockRe
         events=list(run.record.events),
         asynchronous=(None if tl is None else
                       {**tl.summary(),
+                       "discarded_stale": len(getattr(strategy, "discarded", ())),
                        "server_bytes_received": comm.server_bytes_received,
                        "server_bytes_sent": comm.server_bytes_sent}),
         **run.held.result(),
