@@ -184,6 +184,10 @@ def seats_for(asked: str, participation: Participation | None, world: World,
                              "clients_in_memory='all' does not apply to it")
         asked = "round"  # clients in flight are seats, always
     if asked == "all" or (participation is None and asked == "auto"):
+        if world.duration is not None:
+            raise ValueError(f"world duration={world.duration.spec()} draws a population's "
+                             "client sessions: give the run participation=K or concurrency=C "
+                             "and clients_in_memory 'auto' or 'round'")
         return False
     why = None
     if participation is None:
@@ -202,6 +206,11 @@ def seats_for(asked: str, participation: Participation | None, world: World,
         why = "a dataset_factory builds every node's data up front"
     if why is None:
         return True
+    if world.duration is not None:
+        raise ValueError(f"world duration={world.duration.spec()} draws a population's client "
+                         "sessions, which needs the round's clients in seats "
+                         "(participation=K or concurrency=C, clients_in_memory 'auto' or "
+                         f"'round'), but {why}")
     if asked == "round":
         raise ValueError(f"clients_in_memory='round' holds only the round's clients, but {why}; "
                          "use clients_in_memory='all'")

@@ -290,6 +290,11 @@ class Trainer:
         if participation is not None and net is not None and net.topology is None:
             net = dataclasses.replace(net, topology="server")  # a population's clients: FL's
         step_time_s, source, hardware = compute_of(o.values())
+        if the_world.duration is not None and source == "measured":
+            raise ValueError(f"world duration={the_world.duration.spec()} gives the clients' "
+                             "compute times; compute='measured' would rescale them with this "
+                             "host's step time: use compute='profile' (the default) or "
+                             "step_time=")
         if hardware is not None:
             hardware.check_nodes(o.num_nodes)
         checkpointing = checkpointing_of(o.values())

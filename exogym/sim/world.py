@@ -22,6 +22,10 @@ SimClock`): a node is down at time ``t`` of its clock if
 Time-based availability is checked when a node is about to start a step: a node that fails
 during a step finishes nothing of it (the step is lost with the rest of what it had not sent).
 
+Client session durations ``duration=halfnormal:SD[:MIN]`` (and FLSim's other distributions,
+:mod:`exogym.sim.durations`): a population's client trains its round in a drawn number of
+seconds, drawn afresh per session, instead of the device's step time.
+
 Message loss ``drop=p``: each node's contribution to each synchronisation is lost independently
 with probability ``p``, drawn from a generator seeded by ``(seed, the synchronisation's index)``,
 so every process of a multi-process run draws the same.
@@ -59,6 +63,7 @@ from typing import Any, Literal
 import numpy as np
 
 from exogym.sim.availability import Diurnal
+from exogym.sim.durations import Durations, parse_durations
 from exogym.sim.network import format_duration, parse_duration
 
 __all__ = ["PERFECT", "Event", "Trace", "World", "parse_world", "speeds_of"]
@@ -200,6 +205,8 @@ class World:
             ``d = MIN + |N(0, SD)|`` seeded by ``seed`` (speed ``1 / d``): FedBuff's client
             training durations (FLSim's ``PerUserHalfNormalDurationDistribution``, its sent140
             configuration: SD 1, MIN 0).
+        duration: a population's client sessions last a drawn number of seconds
+            (:mod:`exogym.sim.durations`, FLSim's distributions), instead of the step time.
         mtbf_s: mean time between failures (seconds) of every node, exponential draws; with
             ``mttr_s`` (both or neither).
         mttr_s: mean time to repair (seconds) of every node, exponential draws.
@@ -217,6 +224,7 @@ class World:
     speed: tuple[float, ...] | None = None
     speed_sigma: float = 0.0
     speed_halfnormal: tuple[float, float] | None = None
+    duration: Durations | None = None
     mtbf_s: float | None = None
     mttr_s: float | None = None
     events: tuple[Event, ...] = ()
@@ -249,6 +257,11 @@ class World:
             if self.speed is not None or self.speed_sigma:
                 raise ValueError("give one of speed (per node), speed_sigma and "
                                  "speed=halfnormal:SD[:MIN]")
+        if self.duration is not None and (self.speed is not None or self.speed_sigma
+                                          or self.speed_halfnormal is not None):
+            raise ValueError(f"world duration={self.duration.spec()} draws each client "
+                             "session's time, which replaces speeds: give duration= or a "
+                             "speed, not both")
         if (self.mtbf_s is None) != (self.mttr_s is None):
             raise ValueError(f"mtbf and mttr go together (the mean up and down durations), got "
                              f"mtbf={self.mtbf_s!r}, mttr={self.mttr_s!r}")
@@ -285,7 +298,8 @@ class World:
     def perfect(self) -> bool:
         """Every node up at speed 1, nothing lost: a run gives the numbers of no world."""
         return (self.speed is None or all(s == 1.0 for s in self.speed)) and not (
-            self.speed_sigma or self.speed_halfnormal or self.mtbf_s or self.events
+            self.speed_sigma or self.speed_halfnormal or self.duration or self.mtbf_s
+            or self.events
             or self.trace or self.drop or self.online)
 
     @property
@@ -429,6 +443,8 @@ class World:
             items.append(f"speed_sigma={self.speed_sigma:g}")
         if self.speed_halfnormal is not None:
             items.append("speed=halfnormal:{:g}:{:g}".format(*self.speed_halfnormal))
+        if self.duration is not None:
+            items.append(f"duration={self.duration.spec()}")
         if self.mtbf_s is not None:
             items.append(f"mtbf={self.mtbf_s:g}s,mttr={self.mttr_s:g}s")
         items += [e.spec() for e in self.events]
@@ -456,6 +472,8 @@ class World:
         if self.speed_halfnormal is not None:
             parts.append("step times {1:g} + |N(0, {0:g})| x the step".format(
                 *self.speed_halfnormal))
+        if self.duration is not None:
+            parts.append(self.duration.describe())
         if self.mtbf_s is not None:
             parts.append(f"MTBF {format_duration(self.mtbf_s)}, MTTR "
                          f"{format_duration(self.mttr_s or 0.0)}")
@@ -478,6 +496,7 @@ class World:
     def to_dict(self) -> dict[str, Any]:
         return {"spec": self.spec(), "perfect": self.perfect, "speed": self.speed,
                 "speed_sigma": self.speed_sigma, "speed_halfnormal": self.speed_halfnormal,
+                "duration": None if self.duration is None else self.duration.spec(),
                 "mtbf_s": self.mtbf_s, "mttr_s": self.mttr_s,
                 "events": [e.spec() for e in self.events],
                 "trace": self.trace.source if self.trace is not None else None,
@@ -549,8 +568,8 @@ def _finite(name: str, value: Any, lo: float = -math.inf, hi: float = math.inf, 
                          f"{value!r}")
 
 
-_KEYS = ("speed", "speed_sigma", "mtbf", "mttr", "fail", "rejoin", "trace", "online", "day",
-         "session", "drop", "min_nodes", "max_wait", "seed")
+_KEYS = ("speed", "speed_sigma", "duration", "mtbf", "mttr", "fail", "rejoin", "trace", "online",
+         "day", "session", "drop", "min_nodes", "max_wait", "seed")
 
 
 def parse_world(spec: str | World | None = None) -> World:
@@ -622,6 +641,8 @@ def _value(key: str, text: str) -> Any:
         return tuple(_number(v) for v in text.split(":"))
     if key in ("speed_sigma", "drop"):
         return _number(text)
+    if key == "duration":
+        return parse_durations(text)
     if key in ("mtbf", "mttr", "max_wait", "day", "session"):
         return parse_duration(text)
     if key == "online":

@@ -279,7 +279,7 @@ def test_world_specs_parse_and_bad_ones_say_what_is_allowed(tmp_path: Path) -> N
     for spec, message in [
         ("mtbf=-1min,mttr=1min", "a duration must be >= 0"),
         ("mtbf=0s,mttr=1s", r"world mtbf must be a finite number in \(0"),
-        ("colour=red", "unknown world key 'colour'.*allowed: speed, speed_sigma, mtbf"),
+        ("colour=red", "unknown world key 'colour'.*allowed: speed, speed_sigma, duration, mtbf"),
         ("mtbf=1min", "mtbf and mttr go together"),
         ("drop=1", r"world drop must be a finite number in \[0, 1\)"),
         ("fail=x", "expected NODE@STEP or NODE@TIME"),

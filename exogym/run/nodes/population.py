@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from exogym.run.nodes.client_store import ClientStore
     from exogym.sim.client_data import ClientBatches
     from exogym.sim.clock import SimClock
+    from exogym.sim.durations import Durations
     from exogym.sim.engine import NodeStack
 
 __all__ = ["InFlight", "Population", "client_records"]
@@ -86,13 +87,18 @@ class Population:
                  batches: ClientBatches, *, store: ClientStore | None = None,
                  availability: Callable[[float], Availability | None] | None = None,
                  speeds: np.ndarray | None = None, links: np.ndarray | None = None,
-                 next_change: Callable[[float], float | None] | None = None) -> None:
+                 next_change: Callable[[float], float | None] | None = None,
+                 durations: Durations | None = None, duration_seed: int = 0,
+                 batch_size: int = 1) -> None:
         if participation.client_state == "keep" and store is None:
             raise ValueError("client_state='keep' needs a client store")
         self.num_clients, self.participation, self.period = num_clients, participation, period
         self.num_seats = participation.per_round(num_clients)
         self.batches, self.store, self.availability = batches, store, availability
         self.speeds, self.links, self.next_change = speeds, links, next_change
+        # FLSim's session durations (exogym.sim.durations): a seat's speed per session
+        self.durations, self.duration_seed = durations, duration_seed
+        self.session_samples = period * batch_size
         self.seated: list[int] = []  # this round's clients, sorted (seat j: the j-th)
         self.previous: list[int] = []  # the previous round's
         self.rounds: list[list[int]] = []  # every round's clients (a round: K ints)
@@ -211,11 +217,21 @@ class Population:
             self._seat(clock, seat, client if seat < len(self.seated) else None)
 
     def _seat(self, clock: SimClock, seat: int, client: int | None) -> None:
-        """The clock's seat ``seat`` takes ``client``'s speed and link (None: empty)."""
-        if self.speeds is not None:
+        """The clock's seat ``seat`` takes ``client``'s speed and link (None: empty): with
+        session durations, the speed at which the session's ``H`` steps take its drawn
+        ``D`` seconds."""
+        if self.durations is not None and client is not None:
+            d = self.durations.draw(self.duration_seed, self.session(seat), client,
+                                    self.session_samples)
+            clock.set_speed(seat, clock.step_time_s * self.period / max(d, 1e-12))
+        elif self.speeds is not None:
             clock.set_speed(seat, 1.0 if client is None else float(self.speeds[client]))
         if self.links is not None:
             clock.set_link(seat, None if client is None else float(self.links[client]))
+
+    def session(self, seat: int) -> int:
+        """The session of seat ``seat``'s client: the round's index (a draw per round)."""
+        return len(self.rounds) - 1
 
     def seated_rows(self, local: Sequence[int] | None = None) -> list[int]:
         """Each of the ``local`` seats' client (None: every seat's; the threads engine seeds a
@@ -341,14 +357,17 @@ class InFlight(Population):
                  batches: ClientBatches, *, store: ClientStore | None = None,
                  availability: Callable[[float], Availability | None] | None = None,
                  speeds: np.ndarray | None = None, links: np.ndarray | None = None,
-                 next_change: Callable[[float], float | None] | None = None) -> None:
+                 next_change: Callable[[float], float | None] | None = None,
+                 durations: Durations | None = None, duration_seed: int = 0,
+                 batch_size: int = 1) -> None:
         if (participation.count or 0) >= num_clients:
             raise ValueError(f"concurrency={participation.count} must be below the "
                              f"population's {num_clients} clients: a client whose update "
                              "arrives is replaced by one not in flight")
         super().__init__(num_clients, participation, period, batches, store=store,
                          availability=availability, speeds=speeds, links=links,
-                         next_change=next_change)
+                         next_change=next_change, durations=durations,
+                         duration_seed=duration_seed, batch_size=batch_size)
 
     def fill(self, strategy: StackedStrategy, nodes: NodeStack, clock: SimClock | None,
              local: Sequence[int]) -> None:
@@ -398,6 +417,14 @@ class InFlight(Population):
         if clock is not None:
             self._seat(clock, seat, client)
         return client
+
+    def session(self, seat: int) -> int:
+        """The draw that seated seat ``seat``'s client: 0 the first fill, ``k`` the server's
+        ``k``-th replacement."""
+        for k in range(len(self.draw_seats) - 1, -1, -1):
+            if self.draw_seats[k] == seat:
+                return k + 1
+        return 0
 
     def _too_few(self, found: int, now: float) -> str:
         return (f"no client free to train at simulated time {now:.1f} s: {found} of the "
