@@ -155,6 +155,7 @@ _CONVERTERS: dict[str, Callable[[str], Any] | str] = {
     "network": "exogym.sim.network:parse_network",
     "partition": "exogym.sim.partition:parse_partition",
     "world": "exogym.sim.world:parse_world",
+    "round_policy": "exogym.sim.round_policy:parse_round_policy",
     "count": "exogym.lab.estimate:parse_count",
     "any_duration": "exogym.sim.network:parse_duration",
 }

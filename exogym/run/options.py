@@ -35,6 +35,7 @@ from exogym.run.output.sinks import Sink
 from exogym.sim.engine import ENGINES, PRECISIONS, EngineName, Precision
 from exogym.sim.network import Network
 from exogym.sim.partition import Partition
+from exogym.sim.round_policy import RoundPolicy
 from exogym.sim.world import World
 from exogym.strategy import StackedStrategy
 from exogym.utils.validation import check_int
@@ -184,6 +185,10 @@ class FitOptions:
             most ``C`` train at once; when the server receives one's update, the next client is
             drawn among the available ones not in flight (seeded by ``seed``), with its own
             speed (the world's) and data. None: every node is a client that is always there.
+        round_policy: with ``participation``, a round as deployed systems run it
+            (:mod:`exogym.sim.round_policy`): over-selection, a report deadline, a minimum of
+            reports, dropouts; a :class:`~exogym.sim.round_policy.RoundPolicy` or its spec
+            (``"over_selection=1.3,deadline=60s"``). None: every drawn client reports.
         clients_in_memory: with ``participation``, which clients the run holds
             (:mod:`exogym.run.nodes.population`): ``"round"``, only the round's ``K`` participants
             (seats filled from the global model each round: time and memory set by ``K``, not
@@ -332,6 +337,12 @@ class FitOptions:
         "clients: at most C train at once; when the server receives an update the next client "
         "is drawn among the available ones", flag="--concurrency", parse="positive_int",
         metavar="C", record="population.concurrency")
+    round_policy: RoundPolicy | str | None = setting(
+        None, "with --participation K: a round as deployed systems run it: over_selection=1.3 "
+        "(draw ceil(1.3 K), aggregate the first K reports), deadline=60s (later reports "
+        "discarded), min_reports=M (fewer: the round is abandoned), dropouts=on|off (clients "
+        "whose availability ends before they report)", flag="--round-policy",
+        parse="round_policy", metavar="KEY=VALUE,...", record="population.round_policy")
     clients_in_memory: str = setting(
         "auto", "with --participation: hold only the round's K clients (round: time and memory "
         "set by K, a million clients start in seconds) or a row per client (all: worlds whose "

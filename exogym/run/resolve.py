@@ -40,6 +40,7 @@ from exogym.sim.engine import (
 from exogym.sim.network import Network, parse_network
 from exogym.sim.participation import Participation, parse_participation
 from exogym.sim.partition import parse_partition
+from exogym.sim.round_policy import RoundPolicy, parse_round_policy
 from exogym.sim.world import World, parse_world, speeds_of
 from exogym.strategy import StackedStrategy, make
 from exogym.strategy import get as get_strategy
@@ -98,19 +99,29 @@ def resumed_settings(o: FitOptions, given: frozenset[str], saved: dict[str, Any]
         engine=v["engine"], network=net, step_time_s=step_time_s, compute_source=source,
         hardware=hardware, world=the_world,
         participation=_resumed_participation(v, given, strategy),
+        round_policy=parse_round_policy(v["round_policy"]),
         **_resumed_paging(v, num_nodes, strategy), **_resumed_population(v, given, saved))
 
 
 def participation_of(participation: Any, concurrency: int | None, client_state: str, seed: int,
-                   strategy: StackedStrategy) -> Participation | None:
-    """Partial participation (a synchronous strategy's ``K`` per round), or an asynchronous
-    one's ``concurrency`` (its clients in flight), as one :class:`Participation`."""
+                     strategy: StackedStrategy, policy: RoundPolicy | None = None
+                     ) -> Participation | None:
+    """Partial participation (a synchronous strategy's ``K`` per round, drawn with the round
+    policy's over-selection), or an asynchronous one's ``concurrency`` (its clients in flight),
+    as one :class:`Participation`."""
+    if policy is not None and (concurrency is not None or participation is None):
+        raise ValueError(f"round_policy={policy.spec()!r} rules a synchronous population's "
+                         "rounds: give the run participation=K (an asynchronous server's "
+                         "clients report when they are done)")
     if concurrency is None:
         if participation is not None and isinstance(strategy, ServerStrategy):
             raise ValueError(f"{strategy.id} is asynchronous: its clients are in flight, not "
                              f"drawn per round; give concurrency=C (the clients it keeps in "
                              f"flight), not participation={participation!r}")
-        return parse_participation(participation, client_state=client_state, seed=seed)
+        drawn = parse_participation(participation, client_state=client_state, seed=seed)
+        if policy is None or drawn is None:
+            return drawn
+        return dataclasses.replace(drawn, over_selection=policy.over_selection)
     if not isinstance(strategy, ServerStrategy):
         raise ValueError(f"concurrency={concurrency!r} is an asynchronous server's clients in "
                          f"flight; {strategy.id} is synchronous: it takes participation=K")
@@ -140,16 +151,17 @@ def seats_of(strategy: StackedStrategy, num_nodes: int, fit_args: Mapping[str, A
     """How many seats a run of :meth:`Trainer.fit`'s ``fit_args`` holds (its round's clients,
     :mod:`exogym.run.nodes.population`), or None when it holds a row per node: how many processes a
     process run of it needs (:func:`exogym.run.launch.fit_processes`)."""
+    policy = parse_round_policy(fit_args.get("round_policy"))
     participation = participation_of(fit_args.get("participation"), fit_args.get("concurrency"),
-                                   fit_args.get("client_state", "fresh"),
-                                   fit_args.get("seed", 0), strategy)
+                                     fit_args.get("client_state", "fresh"),
+                                     fit_args.get("seed", 0), strategy, policy)
     if participation is None:
         return None
     network = fit_args.get("network", "datacenter")
     holds = seats_for(fit_args.get("clients_in_memory", "auto"), participation,
                    parse_world(fit_args.get("world")),
                    parse_network(network) if network is not None else None, strategy,
-                   fit_args.get("resident"), None, data)
+                   fit_args.get("resident"), None, data, policy)
     return participation.per_round(num_nodes) if holds else None
 
 
@@ -172,7 +184,7 @@ def check_client_store(spec: str) -> str:
 
 def seats_for(asked: str, participation: Participation | None, world: World,
            net: Network | None, strategy: StackedStrategy, resident: int | None,
-           ranks: RankContext | None, data: Any) -> bool:
+           ranks: RankContext | None, data: Any, policy: RoundPolicy | None = None) -> bool:
     """Whether a run holds only the round's clients (:mod:`exogym.run.nodes.population`): asked
     (``"round"``: an error naming what prevents it), allowed (``"auto"``), or not
     (``"all"``)."""
@@ -184,6 +196,9 @@ def seats_for(asked: str, participation: Participation | None, world: World,
                              "clients_in_memory='all' does not apply to it")
         asked = "round"  # clients in flight are seats, always
     if asked == "all" or (participation is None and asked == "auto"):
+        if policy is not None:
+            raise ValueError(f"round_policy={policy.spec()!r} rules a population's rounds in "
+                             "seats: give clients_in_memory 'auto' or 'round'")
         if world.duration is not None:
             raise ValueError(f"world duration={world.duration.spec()} draws a population's "
                              "client sessions: give the run participation=K or concurrency=C "
@@ -206,6 +221,9 @@ def seats_for(asked: str, participation: Participation | None, world: World,
         why = "a dataset_factory builds every node's data up front"
     if why is None:
         return True
+    if policy is not None:
+        raise ValueError(f"round_policy={policy.spec()!r} rules a population's rounds in seats "
+                         f"(clients_in_memory 'auto' or 'round'), but {why}")
     if world.duration is not None:
         raise ValueError(f"world duration={world.duration.spec()} draws a population's client "
                          "sessions, which needs the round's clients in seats "
@@ -251,7 +269,7 @@ def _resumed_participation(v: dict[str, Any], given: frozenset[str],
     if v["concurrency"] is not None and "participation" not in given:
         participation = None  # an asynchronous run records its clients in flight as both
     return participation_of(participation, v["concurrency"], v["client_state"], v["seed"],
-                          strategy)
+                            strategy, parse_round_policy(v["round_policy"]))
 
 
 def check_engine(engine: str, precision: str) -> None:

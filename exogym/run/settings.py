@@ -25,6 +25,7 @@ from exogym.sim.flops import count_step
 from exogym.sim.network import Network
 from exogym.sim.participation import Participation
 from exogym.sim.partition import Partition
+from exogym.sim.round_policy import RoundPolicy
 from exogym.sim.world import PERFECT, World
 from exogym.strategy.base import StackedStrategy
 
@@ -57,6 +58,7 @@ class RunSettings:
     allow_unsynced: bool
     world: World = PERFECT
     participation: Participation | None = None
+    round_policy: RoundPolicy | None = None  # a population's round rules (seats)
     trace: bool = False
     resident: int | None = None  # nodes in memory at once (exogym.run.nodes.paging); None: all
     offload: str = "host"

@@ -69,6 +69,7 @@ from exogym.sim.engine import (
 )
 from exogym.sim.network import Network, parse_network
 from exogym.sim.partition import Partition, parse_partition
+from exogym.sim.round_policy import RoundPolicy, parse_round_policy
 from exogym.sim.sharding import DatasetFactory, NodeBatches
 from exogym.sim.world import World, parse_world
 from exogym.strategy import StackedStrategy
@@ -227,6 +228,7 @@ class Trainer:
         participation: int | float | str | None = None,
         client_state: str = "fresh",
         concurrency: int | None = None,
+        round_policy: RoundPolicy | str | None = None,
         clients_in_memory: str = "auto",
         client_store: str = "512MB",
         resident: int | None = None,
@@ -284,8 +286,9 @@ class Trainer:
         if net is not None:
             net.check_nodes(o.num_nodes)
         the_world = check_world(parse_world(o.world), o.num_nodes, net, strategy)
+        policy = parse_round_policy(o.round_policy)
         participation = participation_of(o.participation, o.concurrency, o.client_state,
-                                         o.seed, strategy)
+                                         o.seed, strategy, policy)
         resident = check_paging(o.resident, o.offload, o.num_nodes, strategy, engine)
         if participation is not None and net is not None and net.topology is None:
             net = dataclasses.replace(net, topology="server")  # a population's clients: FL's
@@ -307,7 +310,7 @@ class Trainer:
                 check_out_dir(o.out_dir)
             n_here = o.num_nodes if ranks is None else ranks.nodes_per_process
             seats = seats_for(o.clients_in_memory, participation, the_world, net, strategy,
-                              resident, ranks, self.train_dataset)
+                              resident, ranks, self.train_dataset, policy)
             if seats:
                 assert participation is not None
                 ranks = seat_ranks(ranks, participation.per_round(o.num_nodes))
@@ -329,7 +332,8 @@ class Trainer:
                 eval_interval=o.eval_interval or max(total // 10, 1), engine=engine,
                 network=net, step_time_s=step_time_s, compute_source=source,
                 hardware=hardware, world=the_world,
-                participation=participation, resident=resident, seats=seats,
+                participation=participation, round_policy=policy, resident=resident,
+                seats=seats,
                 client_store=check_client_store(o.client_store))
             run = Run(self.model, self.train_dataset, self.val_dataset, strategy, settings,
                       device=dev, ranks=ranks, out_dir=o.out_dir, sink=sink,

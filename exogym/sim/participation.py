@@ -49,12 +49,15 @@ class Participation:
         client_state: ``"fresh"`` (a participant's inner optimizer state starts fresh each
             round) or ``"keep"`` (kept from its previous round).
         seed: seeds the draws (with the round's index).
+        over_selection: ``r``: a round draws ``ceil(r k)`` clients of which the first ``k``
+            reports count (:mod:`exogym.sim.round_policy`); 1: the ``k`` drawn.
     """
 
     count: int | None = None
     fraction: float | None = None
     client_state: ClientState = "fresh"
     seed: int = 0
+    over_selection: float = 1.0
 
     def __post_init__(self) -> None:
         if (self.count is None) == (self.fraction is None):
@@ -72,7 +75,16 @@ class Participation:
                              f"{self.client_state!r}")
 
     def per_round(self, num_nodes: int) -> int:
-        """``k``, the participants of a round among ``num_nodes``."""
+        """The clients a round draws among ``num_nodes``: ``k``, or ``ceil(r k)`` with
+        over-selection (at most ``num_nodes``)."""
+        k = self.reports(num_nodes)
+        if self.over_selection == 1.0:
+            return k
+        return min(math.ceil(self.over_selection * k - 1e-9), num_nodes)
+
+    def reports(self, num_nodes: int) -> int:
+        """``k``, the participants of a round among ``num_nodes`` (the reports it
+        aggregates)."""
         if self.count is not None:
             if self.count > num_nodes:
                 raise ValueError(f"participation={self.count} is more than the {num_nodes} "

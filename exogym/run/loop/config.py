@@ -57,6 +57,7 @@ def run_config(s: RunSettings, strategy: StackedStrategy, derived: dict[str, Any
         else {"resident": s.resident, "offload": s.offload},
         "population": None if s.participation is None else {
             "clients_in_memory": "round" if s.seats else "all",
+            "round_policy": None if s.round_policy is None else s.round_policy.spec(),
             **({"concurrency": s.participation.count}
                if isinstance(strategy, ServerStrategy) else {}),
             **({"client_store": s.client_store} if s.seats

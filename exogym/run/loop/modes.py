@@ -19,6 +19,7 @@ from exogym.run.loop.rounds import PopulationSeating, Rounds
 from exogym.run.loop.schedule import Lockstep, Scheduler
 from exogym.run.loop.timelines import ParameterServer, PerNodeTimelines
 from exogym.run.loop.world_step import WorldStep
+from exogym.run.nodes.reports import ReportRule
 from exogym.run.nodes.seats import Seats
 from exogym.run.settings import RunSettings, device_speeds, world_decides
 from exogym.sim.world import speeds_of
@@ -77,6 +78,10 @@ def scheduler(mode: Mode, strategy: StackedStrategy, held: Holder, compute: Comp
     if mode.kind == "rounds":
         assert isinstance(held, Seats)
         seating = PopulationSeating(held, presence, feed, event)
+        if s.round_policy is not None:  # who a round hears: its policy's outcome
+            rule = ReportRule(s.round_policy, held.population, strategy, lambda: feed.clock,
+                              event, lambda: held.comm.step)
+            held.comm.attendance.heard = rule.heard
         return Rounds(compute, seating, period, s.total_steps), None
     if mode.kind == "timelines":
         assert isinstance(strategy, ServerStrategy) and s.network is not None

@@ -109,6 +109,9 @@ class Population:
         self.sent = np.zeros(num_clients)  # per client (module docstring)
         self.received = np.zeros(num_clients)
         self._joining = False  # sends are joins: from the seat's previous occupant
+        # the previous round's clients whose reports its round policy did not keep: drawn
+        # again, they receive the global model as any new client (exogym.run.nodes.reports)
+        self.unheard: set[int] = set()
         self.counts: dict[str, Any] = {"joins": 0, "join_bytes": 0.0, "join_time_s": 0.0}
 
     # -- the round -----------------------------------------------------------------------------
@@ -247,12 +250,13 @@ class Population:
         them if none is up)."""
         if not self.previous:
             return []
-        before = set(self.previous)
-        seats = list(range(len(self.previous)))
+        before = set(self.previous) - self.unheard
+        seats = [s for s, c in enumerate(self.previous) if c in before] or [0]
         if up is not None:
             flags = up(np.asarray(self.previous, dtype=np.int64))
-            seats = [s for s in seats if flags[s]] or [0]
+            seats = [s for s in seats if flags[s]] or seats[:1]
         new = [seat for seat, c in enumerate(self.seated) if c not in before]
+        self.unheard = set()
         return [(seat, seats[k % len(seats)]) for k, seat in enumerate(new)]
 
     def _own_state(self, strategy: StackedStrategy, row: int, client: int) -> None:
@@ -306,7 +310,10 @@ class Population:
     def report(self) -> dict[str, Any]:
         """The population's part of ``summary.json``."""
         trained = self.batches.position
+        over = self.participation.over_selection != 1.0
         return {"clients": self.num_clients, "per_round": self.num_seats,
+                **({"reports_per_round": self.participation.reports(self.num_clients)}
+                   if over else {}),
                 "asynchronous": self.asynchronous,
                 "client_state": self.participation.client_state, "rounds": len(self.rounds),
                 "clients_trained": len(trained), **self.counts,
@@ -325,7 +332,7 @@ class Population:
                 "touched": torch.from_numpy(touched),
                 "sent": torch.from_numpy(self.sent[touched]),
                 "received": torch.from_numpy(self.received[touched]),
-                "counts": dict(self.counts),
+                "counts": dict(self.counts), "unheard": sorted(self.unheard),
                 **({} if self.store is None else {"store": self.store.state_dict()})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -342,6 +349,7 @@ class Population:
         self.sent[touched] = state["sent"].numpy()
         self.received[touched] = state["received"].numpy()
         self.counts = dict(state["counts"])
+        self.unheard = {int(c) for c in state.get("unheard", ())}
         if self.store is not None:
             self.store.load_state_dict(state["store"])
 
