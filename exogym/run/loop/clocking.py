@@ -43,6 +43,7 @@ from exogym.sim.devices import Pricing
 from exogym.sim.engine import NodeStack
 from exogym.sim.network import Network
 from exogym.sim.presence import bits
+from exogym.sim.round_policy import RoundPolicy
 from exogym.sim.spans import SpanLog
 from exogym.sim.world import World, speeds_of
 from exogym.strategy.base import StackedStrategy
@@ -351,9 +352,13 @@ def _processes_here(ranks: RankContext) -> int:
     return int(os.environ.get("LOCAL_WORLD_SIZE", ranks.world_size))
 
 
-def not_recostable(strategy: StackedStrategy, world: World, asynchronous: bool) -> str | None:
+def not_recostable(strategy: StackedStrategy, world: World, asynchronous: bool,
+                   policy: RoundPolicy | None = None) -> str | None:
     """Why a run's clock cannot be replayed on another network (time decided who took part
     or when), or None."""
+    if policy is not None and (policy.over_selection != 1.0 or policy.deadline_s is not None):
+        return (f"its round policy ({policy.spec()}) keeps the reports that arrive first, which "
+                "another network would change")
     if asynchronous:
         return (f"{strategy.id} is asynchronous: when each update arrives, and so which model "
                 "each node trains from, is decided by the network")

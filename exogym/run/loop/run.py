@@ -269,7 +269,8 @@ class Run:
                 self.settings.total_steps,
                 tuple(self.clock.speeds) if not self.settings.world.perfect
                 or device_speeds(self.settings) is not None else None,
-                not_recostable(self.strategy, self.settings.world, self.timelines is not None))
+                not_recostable(self.strategy, self.settings.world, self.timelines is not None,
+                               self.settings.round_policy))
         self.record.timeline(self.feed.timeline(trace, self.record.events, self.strategy.id,
                                                 self.timelines is None),
                              self.feed.real_timeline(self.strategy.id, self.settings.total_steps))

@@ -383,10 +383,17 @@ class FitResult:
         sent, recv = self.bytes_sent, self.bytes_received
         if self.population is not None:
             p = self.population
+            drawn = "drawn per round" if "reports_per_round" in p else "per round"
             lines.append(f"population  {p['clients']:,} clients, {p['per_round']:,} "
-                         f"{'in flight' if p['asynchronous'] else 'per round'} "
+                         f"{'in flight' if p['asynchronous'] else drawn} "
                          f"({p['client_state']}): {p['clients_trained']:,} trained"
                          + ("" if p["asynchronous"] else f" in {p['rounds']:,} rounds"))
+            if "abandoned_rounds" in p:  # a round policy's
+                kept = p.get("reports_per_round", p["per_round"])
+                lines.append(f"            round policy: first {kept:,} reports kept; "
+                             f"{p['discarded']:,} discarded, {p['late']:,} late, "
+                             f"{p['dropouts']:,} dropped out, {p['abandoned_rounds']:,} rounds "
+                             "abandoned")
         lines.append(
             f"throughput  {self.samples_per_s:,.0f} samples/s  ({self.samples:,} samples in "
             f"{self.train_time_s:.1f} s of training, {self.wall_time_s:.1f} s in all)"
