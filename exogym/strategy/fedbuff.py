@@ -79,7 +79,7 @@ class FedBuff(ServerStrategy):
         ``async_weight`` keeps FLSim's constant staleness weight), the clients' plain SGD at lr
         0.1. FLSim starts 100 clients per unit of time whose training lasts ``|N(0, 1)|`` units
         (``per_user_half_normal_duration_distribution``, sd 1, min 0): about 80 in flight. In
-        exogym: ``--concurrency 80 --world speed=halfnormal:1:0``, and on the command line
+        exogym: ``--concurrency 80 --world duration=halfnormal:1:0``, and on the command line
         ``--strategy fedbuff --set K=10 --set eta_g=0.7 --set server_momentum=0.9 --set a=0
         --set optim.name=sgd --set optim.lr=0.1``. FLSim's clients train one local epoch;
         ``H`` stays yours to set. ``changes`` override any of these fields."""
