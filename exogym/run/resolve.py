@@ -207,10 +207,11 @@ def seats_for(asked: str, participation: Participation | None, world: World,
     why = None
     if participation is None:
         why = "the run has no partial participation (participation=K): every node trains"
-    elif world.mtbf_s or world.events or world.drop or world.min_nodes != 1 \
-            or strategy.deadline is not None:
+    elif (world.mtbf_s and not (policy is not None and policy.dropouts)) or world.events \
+            or world.drop or world.min_nodes != 1 or strategy.deadline is not None:
         why = (f"world {world.spec()!r} (failures, message loss, a quorum or a deadline change "
-               "who computes inside a round: a row per client)")
+               "who computes inside a round: a row per client; with --round-policy, mtbf "
+               "failures are seats' dropouts)")
     elif net is not None and (net.node_up_bps or net.node_down_bps or net.bw_sigma
                               or net.node_speed or net.speed_sigma):
         why = (f"network {net.spec()!r} lists per-node values (a population's clients get "

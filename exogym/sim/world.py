@@ -351,11 +351,11 @@ class World:
 
     def availability(self, t: float) -> Callable[[np.ndarray], np.ndarray] | None:
         """Which of an array of node ids are up at time ``t`` by the world's availability
-        (a trace, ``online``; vectorized where the source is): for drawing a population's
-        clients without listing them. None: every node is."""
-        if self.trace is None and self.online is None:
+        (a trace, ``online``, vectorized; ``mtbf`` failures, each id's own draws): for drawing
+        a population's clients without listing them. None: every node is."""
+        if self.trace is None and self.online is None and self.mtbf_s is None:
             return None
-        trace, online = self.trace, self.online
+        trace, online, mtbf = self.trace, self.online, self.mtbf_s is not None
 
         known: dict[int, bool] = {}  # trace node -> up at t (each tested once per draw)
         every: list[np.ndarray] = []  # all T trace nodes' states, once a draw asks for many
@@ -376,6 +376,8 @@ class World:
             ok = online.up(ids, t) if online is not None else np.ones(len(ids), dtype=bool)
             if trace is not None and ok.any():
                 ok[ok] = traced(ids[ok] % len(trace.up))
+            if mtbf and ok.any():
+                ok[ok] = [self._next_up_random(int(i), t) == t for i in ids[ok].tolist()]
             return ok
 
         return up

@@ -107,3 +107,17 @@ def test_an_asynchronous_server_takes_no_round_policy() -> None:
     with pytest.raises(ValueError, match="rules a synchronous population's rounds"):
         client_run(make("fedbuff", H=2), nodes=40, concurrency=4, clients_in_memory="round",
                    round_policy="over_selection=1.3")
+
+
+def test_failures_inside_a_round_are_dropouts_on_seats_with_a_policy() -> None:
+    """mtbf failures in a population: with a round policy the seats hold the round and a client
+    down when its report would arrive drops out; without one, a row per client as before."""
+    world = "duration=uniform:2:1,mtbf=6s,mttr=3s,seed=5"
+    r = run(world=world, round_policy="over_selection=1.5", steps=15)
+    assert r.population is not None and r.population["dropouts"] > 0
+    w = parse_world(world)
+    for e in r.events:
+        if e["event"] == "dropout":
+            assert not w.is_up(e["node"], e["report_s"], 0)
+    with pytest.raises(ValueError, match="with --round-policy, mtbf failures are seats' dropouts"):
+        run(world="mtbf=6s,mttr=3s,seed=5", round_policy=None)
