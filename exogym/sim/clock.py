@@ -54,7 +54,7 @@ from typing import Any
 from exogym.sim.comm import CommRecord
 from exogym.sim.compute import measure_step_time, resolve_step_time
 from exogym.sim.network import Network, format_duration, parse_duration, parse_network
-from exogym.sim.server import from_server, serve_to_server, server_round
+from exogym.sim.server import ServerLink, from_server, serve_to_server, server_round
 from exogym.sim.spans import SpanLog, node_ranges
 
 # measure_step_time and resolve_step_time are re-exported: the compute model lived here before
@@ -179,6 +179,7 @@ class SimClock:
         self.push_queue: list[tuple[float, int, int, float]] = []
         # topology="server": every transfer between a node and a server, over the node's link
         self.server = self.network.topology == "server"
+        self.server_link = ServerLink()  # with a server rate: what its link carries
         self.pushes_queued = 0
         self.pending: list[_Pending] = []
         self._times: dict[tuple[str, int, int], float] = {}
@@ -217,7 +218,7 @@ class SimClock:
                 "node_down": list(self.node_down), "link_free": list(self.link_free),
                 "last_release": self.last_release, "server_free": list(self.server_free),
                 "push_queue": [list(p) for p in self.push_queue],
-                "pushes_queued": self.pushes_queued,
+                "pushes_queued": self.pushes_queued, "server_link": self.server_link.state_dict(),
                 "pending": [(p.tag, p.end, p.deadline_step, p.members) for p in self.pending],
                 **({"spans": self.spans.state_dict()} if self.spans is not None else {})}
 
@@ -232,6 +233,8 @@ class SimClock:
         self.push_queue = [(float(t), int(k), int(i), float(b))
                            for t, k, i, b in state.get("push_queue", ())]
         self.pushes_queued = int(state.get("pushes_queued", 0))
+        if "server_link" in state:
+            self.server_link.load_state_dict(state["server_link"])
         self.pending = [_Pending(tag, float(end), deadline,
                                  tuple(members) if members is not None else None)
                         for tag, end, deadline, members in state["pending"]]
@@ -348,7 +351,7 @@ class SimClock:
         src, dst = rec.src, rec.dst
         if self.server:  # the server sends what the sender holds: the receiver's download
             start = max(self.t[src], self.t[dst], self.link_free[dst])
-            end = from_server(self, dst, rec.payload_bytes, start)
+            end = from_server(self, dst, rec.payload_bytes, start, forget=False)
             if self.spans is not None:
                 self.spans.add(dst, "comm", start, end, f"download {rec.tag} from the server",
                                (("bytes", rec.payload_bytes), ("tag", rec.tag)), rec.step)

@@ -332,9 +332,14 @@ class Network:
         topology: ``"peer"`` (the nodes run their collectives among themselves, with the
             algorithms above) or ``"server"`` (a federated system's: each node sends to and
             receives from a server only, over its own uplink and downlink; the server's link
-            is not a bottleneck, as in FLSim and FedScale; :class:`exogym.sim.clock.SimClock`
-            has the rules). None: the run decides: a server for a population
-            (``participation``, ``concurrency``), peers otherwise.
+            is not a bottleneck, as in FLSim and FedScale, unless ``server_bps`` gives it a
+            rate; :class:`exogym.sim.clock.SimClock` has the rules). None: the run decides: a
+            server for a population (``participation``, ``concurrency``), peers otherwise.
+        server_bps: the server's link, bits/s each way (full duplex), shared by the transfers
+            in flight through it (:mod:`exogym.sim.server`, :mod:`exogym.sim.sharing`: max-min
+            fair, each transfer at most its node's own link); None: no bottleneck. A server's
+            setting: it makes the topology ``"server"`` where none is given, and is refused
+            with ``"peer"``.
         description: where a profile's numbers come from.
     """
 
@@ -356,6 +361,7 @@ class Network:
     ramp_s: float = 0.0
     ramp_bytes: float = 0.0
     topology: Topology | None = None
+    server_bps: float | None = None
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -367,6 +373,17 @@ class Network:
             raise ValueError(f"latency_s must be a number >= 0 (seconds), got {self.latency_s!r}")
         if self.topology is not None and self.topology not in TOPOLOGIES:
             raise ValueError(f"topology must be one of {TOPOLOGIES}, got {self.topology!r}")
+        if self.server_bps is not None:
+            if isinstance(self.server_bps, bool) or not isinstance(
+                    self.server_bps, (int, float)) or not 0 < self.server_bps < math.inf:
+                raise ValueError(f"server_bps (the server's link) must be a finite number > 0, "
+                                 f"bits per second, got {self.server_bps!r}")
+            if self.topology == "peer":
+                raise ValueError(f"server_bps ({format_rate(self.server_bps)}, the server's "
+                                 "link) needs a server: topology=server, or no topology (a "
+                                 "server rate makes it server); got topology=peer, whose nodes "
+                                 "talk among themselves")
+            object.__setattr__(self, "topology", "server")
         for op, allowed in ALGORITHMS.items():
             if getattr(self, op) not in allowed:
                 raise ValueError(f"{op} algorithm must be one of {allowed}, "
@@ -517,9 +534,7 @@ class Network:
         down = self.down_bps if self.down_bps is not None else self.up_bps
         bw = (format_rate(self.up_bps) if down == self.up_bps
               else f"{format_rate(down)} down / {format_rate(self.up_bps)} up")
-        parts = [bw, format_duration(self.latency_s),
-                 "a server (each node over its own link)" if self.topology == "server"
-                 else f"{self.all_reduce} all-reduce"]
+        parts = [bw, format_duration(self.latency_s), self._describe_topology()]
         if self.node_up_bps or self.node_down_bps or self.bw_sigma:
             parts.append("per-node bandwidth")
         if self.node_speed or self.speed_sigma:
@@ -532,6 +547,13 @@ class Network:
             parts.append(f"ramp {format_duration(self.ramp_s)} per collective"
                          + (f" from {self.ramp_bytes:,.0f} B" if self.ramp_bytes else ""))
         return ", ".join(parts)
+
+    def _describe_topology(self) -> str:
+        if self.topology != "server":
+            return f"{self.all_reduce} all-reduce"
+        if self.server_bps is None:
+            return "a server (each node over its own link)"
+        return f"a server of {format_rate(self.server_bps)} shared by the transfers in flight"
 
     def spec(self) -> str:
         """A string that :func:`parse_network` turns back into this network."""
@@ -555,6 +577,8 @@ class Network:
             items.append(f"ramp={self.ramp_s!r}s")
         if self.ramp_bytes:
             items.append(f"ramp_bytes={self.ramp_bytes!r}")
+        if self.server_bps is not None:
+            items.append(f"server={self.server_bps!r}bps")  # repr: round-trips exactly
         for key, unit in (("node_up_bps", "bps"), ("node_down_bps", "bps"), ("node_speed", "")):
             values = getattr(self, key)
             if values is not None:
@@ -607,7 +631,7 @@ PROFILES: dict[str, Network] = {
 
 _SPEC_KEYS = ("name", "bw", "up", "down", "latency", "all_reduce", "all_gather", "broadcast",
               "node_bw", "node_up", "node_down", "node_speed", "bw_sigma", "speed_sigma", "seed",
-              "efficiency", "hop_latency", "ramp", "ramp_bytes", "topology")
+              "efficiency", "hop_latency", "ramp", "ramp_bytes", "topology", "server")
 
 
 def parse_network(spec: str | Network | None = None) -> Network:
@@ -619,9 +643,10 @@ def parse_network(spec: str | Network | None = None) -> Network:
     (``node_bw``, ``node_up``, ``node_down`` with units, ``node_speed`` as plain numbers),
     ``bw_sigma``, ``speed_sigma``, ``seed``, ``name``, ``efficiency`` (a plain number in (0, 1])
     and ``hop_latency`` (a duration), ``ramp`` (a duration), ``ramp_bytes`` (a plain number
-    of bytes) and ``topology`` (peer, server; :class:`Network`). The first item may instead be
-    a network file (a path ending in ``.json``, or any existing file: :func:`load_network_file`),
-    changed by the items after it as a profile is. None gives ``datacenter``.
+    of bytes), ``topology`` (peer, server) and ``server`` (the server's link, a bandwidth;
+    :class:`Network`). The first item may instead be a network file (a path ending in ``.json``,
+    or any existing file: :func:`load_network_file`), changed by the items after it as a profile
+    is. None gives ``datacenter``.
     """
     if spec is None:
         return PROFILES["datacenter"]
@@ -693,6 +718,8 @@ def _parse_item(key: str, value: str, values: dict[str, Any]) -> None:
         values["hop_latency_s"] = parse_duration(value)
     if key == "ramp":
         values["ramp_s"] = parse_duration(value)
+    if key == "server":
+        values["server_bps"] = parse_rate(value)
     if key == "ramp_bytes":
         values["ramp_bytes"] = _number(key, value)
     if key == "seed":

@@ -266,7 +266,8 @@ def test_parse_custom_network() -> None:
     ["home-100mbps", "bw=1Gbps,latency=5ms", "mobile,latency=80ms",
      "up=10Mbps,down=20Mbps,latency=1ms,all_reduce=star,node_speed=1:0.5",
      "cloud-10g,node_bw=1Gbps:2Gbps,seed=4", "datacenter,speed_sigma=0.3,seed=9",
-     "home-100mbps,efficiency=0.9,hop_latency=50us", "bw=1Gbps,efficiency=1,hop_latency=0s"],
+     "home-100mbps,efficiency=0.9,hop_latency=50us", "bw=1Gbps,efficiency=1,hop_latency=0s",
+     "home-100mbps,server=1Gbps", "bw=1Gbps,topology=server,server=1.23456789Gbps"],
 )
 def test_spec_round_trips(spec: str) -> None:
     net = parse_network(spec)
