@@ -156,6 +156,7 @@ _CONVERTERS: dict[str, Callable[[str], Any] | str] = {
     "partition": "exogym.sim.partition:parse_partition",
     "world": "exogym.sim.world:parse_world",
     "round_policy": "exogym.sim.round_policy:parse_round_policy",
+    "arrivals": "exogym.sim.arrivals:parse_arrivals",
     "count": "exogym.lab.estimate:parse_count",
     "any_duration": "exogym.sim.network:parse_duration",
 }

@@ -32,6 +32,7 @@ from typing import Any, Literal
 import torch
 
 from exogym.run.output.sinks import Sink
+from exogym.sim.arrivals import Arrivals
 from exogym.sim.engine import ENGINES, PRECISIONS, EngineName, Precision
 from exogym.sim.network import Network
 from exogym.sim.partition import Partition
@@ -163,12 +164,10 @@ class FitOptions:
         network: the simulated network under the run's clock (:mod:`exogym.sim.network`): a
             profile name (``"datacenter"``, ``"home-100mbps"``, ...), a spec string
             (``"bw=1Gbps,latency=5ms"``) or a :class:`Network`; None: no simulated clock.
-        world: the world the nodes train in (:mod:`exogym.sim.world`): per-node speeds,
-            failures and rejoins (MTBF/MTTR, explicit events, a trace), lost messages, a
-            quorum; a spec string (``"speed=1:1:0.5:0.25,mtbf=30min,mttr=5min,seed=3"``)
-            or a :class:`World`; None: a perfect world (every node up at speed 1, nothing
-            lost: the numbers of a run without one). Failures by simulated time and a
-            strategy's ``deadline`` need a ``network``. What happened goes to
+        world: the world the nodes train in (:mod:`exogym.sim.world`): speeds, failures and
+            rejoins, lost messages, a quorum, session durations; a spec string
+            (``"speed=1:1:0.5:0.25,mtbf=30min,mttr=5min,seed=3"``) or a :class:`World`; None:
+            a perfect world (the numbers of a run without one). What happened goes to
             ``events.jsonl`` and ``result.world``.
         participation: partial participation (:mod:`exogym.sim.participation`): ``K`` (an
             integer) or a fraction ``C`` in (0, 1] of the nodes take part in each round (the
@@ -185,10 +184,8 @@ class FitOptions:
             most ``C`` train at once; when the server receives one's update, the next client is
             drawn among the available ones not in flight (seeded by ``seed``), with its own
             speed (the world's) and data. None: every node is a client that is always there.
-        round_policy: with ``participation``, a round as deployed systems run it
-            (:mod:`exogym.sim.round_policy`): over-selection, a report deadline, a minimum of
-            reports, dropouts; a :class:`~exogym.sim.round_policy.RoundPolicy` or its spec
-            (``"over_selection=1.3,deadline=60s"``). None: every drawn client reports.
+        arrivals, round_policy: :mod:`exogym.sim.arrivals` (FLSim's client starts, with
+            ``concurrency``), :mod:`exogym.sim.round_policy` (with ``participation``).
         clients_in_memory: with ``participation``, which clients the run holds
             (:mod:`exogym.run.nodes.population`): ``"round"``, only the round's ``K`` participants
             (seats filled from the global model each round: time and memory set by ``K``, not
@@ -219,7 +216,6 @@ class FitOptions:
             ``torch.distributed`` is initialised or the process was launched by
             ``torchrun`` (it then joins torchrun's group, and leaves it at the end); False:
             simulate all ``N`` nodes in this process regardless.
-
         allow_nonfinite: a NaN or infinite training loss (any node) or eval loss stops the run
             with :class:`exogym.run.output.result.NonFiniteLossError` naming the step, the nodes and
             the strategy, after the metrics so far are written; True trains on regardless (the
@@ -234,24 +230,16 @@ class FitOptions:
         async_checkpoint: copy the state to host memory, then write it in a background
             thread while training goes on (one process; multi-process runs write
             synchronously).
-        resume: a run folder to continue from its newest usable checkpoint: every setting
-            comes from the checkpoint (the strategy too, if none is given); arguments given
-            here must agree with it, except ``max_steps``, which may extend the run. The
-            continued run is bit-identical to one that never stopped (every metrics row,
-            bytes, collectives, the simulated clock, the final model; wall-clock times
-            aside).
-        handle_signals: in the main thread, SIGINT (Ctrl-C) and SIGTERM end the run cleanly
-            at the next step (in a multi-process run: the next logged step): a checkpoint
-            when there is an ``out_dir``, metrics flushed, then
-            :class:`exogym.run.loop.drive.RunInterrupted` says how to resume; a second signal
-            aborts at once.
-        trace: write the run's timeline as a Chrome trace, ``out_dir/trace.json`` (open it in
-            https://ui.perfetto.dev or chrome://tracing; :mod:`exogym.run.output.trace`): every
-            node's compute, collectives, straggler waits, down time and recoveries on the
-            simulated clock, and the world's events. Needs ``out_dir`` and a ``network``. A
-            real multi-process run also writes ``trace_real.json``, its ranks on the wall
-            clock. ``timeline.png`` (its picture) is drawn beside every run with a world,
-            nodes that differ or an asynchronous strategy, and with ``trace``.
+        resume: a run folder to continue from its newest usable checkpoint, every setting
+            from it (arguments given must agree, but ``max_steps`` may extend the run):
+            bit-identical to a run that never stopped (wall-clock times aside).
+        handle_signals: SIGINT (Ctrl-C) and SIGTERM end the run cleanly at the next (logged)
+            step: a checkpoint with ``out_dir``, metrics flushed,
+            :class:`exogym.run.loop.drive.RunInterrupted`; a second signal aborts at once.
+        trace: write the simulated timeline as a Chrome trace, ``out_dir/trace.json``
+            (:mod:`exogym.run.output.trace`; needs ``out_dir`` and a ``network``); a real
+            multi-process run also writes ``trace_real.json``. ``timeline.png`` is drawn with
+            it and beside every run with a world, unequal nodes or an asynchronous strategy.
     """
 
     # Each field is one run setting, declared once: its default, and (``setting``) the help and
@@ -337,12 +325,15 @@ class FitOptions:
         "clients: at most C train at once; when the server receives an update the next client "
         "is drawn among the available ones", flag="--concurrency", parse="positive_int",
         metavar="C", record="population.concurrency")
+    arrivals: Arrivals | str | None = setting(
+        None, "with --concurrency C: clients start at R per simulated second, as FLSim starts "
+        "them (C caps those in flight)", flag="--arrivals", parse="arrivals",
+        metavar="constant:R|poisson:R", record="population.arrivals")
     round_policy: RoundPolicy | str | None = setting(
-        None, "with --participation K: a round as deployed systems run it: over_selection=1.3 "
-        "(draw ceil(1.3 K), aggregate the first K reports), deadline=60s (later reports "
-        "discarded), min_reports=M (fewer: the round is abandoned), dropouts=on|off (clients "
-        "whose availability ends before they report)", flag="--round-policy",
-        parse="round_policy", metavar="KEY=VALUE,...", record="population.round_policy")
+        None, "with --participation K: over_selection=1.3 (the first K reports of ceil(1.3 K)), "
+        "deadline=60s, min_reports=M (fewer: the round is abandoned), dropouts=on|off",
+        flag="--round-policy", parse="round_policy", metavar="KEY=VALUE,...",
+        record="population.round_policy")
     clients_in_memory: str = setting(
         "auto", "with --participation: hold only the round's K clients (round: time and memory "
         "set by K, a million clients start in seconds) or a row per client (all: worlds whose "

@@ -30,6 +30,7 @@ from exogym.run.nodes.paging import parse_offload, resident_check
 from exogym.run.options import FitOptions, changeable_records, recorded
 from exogym.run.options import resumed as resumed_values
 from exogym.run.settings import RunSettings
+from exogym.sim.arrivals import Arrivals, parse_arrivals
 from exogym.sim.clock import resolve_step_time
 from exogym.sim.devices import Hardware, load_profiles, parse_hardware
 from exogym.sim.engine import (
@@ -50,6 +51,7 @@ from exogym.utils.validation import check_int
 
 __all__ = [
     "as_strategy",
+    "check_arrivals",
     "check_client_store",
     "check_engine",
     "check_paging",
@@ -100,7 +102,17 @@ def resumed_settings(o: FitOptions, given: frozenset[str], saved: dict[str, Any]
         hardware=hardware, world=the_world,
         participation=_resumed_participation(v, given, strategy),
         round_policy=parse_round_policy(v["round_policy"]),
+        arrivals=check_arrivals(parse_arrivals(v["arrivals"]), v["concurrency"]),
         **_resumed_paging(v, num_nodes, strategy), **_resumed_population(v, given, saved))
+
+
+def check_arrivals(arrivals: Arrivals | None, concurrency: int | None) -> Arrivals | None:
+    """Arrivals start an asynchronous server's clients: they need its ``concurrency``."""
+    if arrivals is not None and concurrency is None:
+        raise ValueError(f"arrivals={arrivals.spec()!r} start an asynchronous server's clients "
+                         "at a rate: give the run concurrency=C (the most in flight at once; "
+                         "fedbuff, async_local_sgd)")
+    return arrivals
 
 
 def participation_of(participation: Any, concurrency: int | None, client_state: str, seed: int,

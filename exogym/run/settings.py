@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from exogym.sim.arrivals import Arrivals
 from exogym.sim.compute import OptimizerBuilder
 from exogym.sim.devices import Hardware, Pricing
 from exogym.sim.engine import EngineName, Precision
@@ -59,6 +60,7 @@ class RunSettings:
     world: World = PERFECT
     participation: Participation | None = None
     round_policy: RoundPolicy | None = None  # a population's round rules (seats)
+    arrivals: Arrivals | None = None  # when an asynchronous server's clients start (FLSim)
     trace: bool = False
     resident: int | None = None  # nodes in memory at once (exogym.run.nodes.paging); None: all
     offload: str = "host"

@@ -43,6 +43,7 @@ from exogym.run.output.result import FitResult, check_out_dir, read_json
 from exogym.run.output.sinks import MultiSink, Sink
 from exogym.run.resolve import (
     as_strategy,
+    check_arrivals,
     check_client_store,
     check_engine,
     check_paging,
@@ -59,6 +60,7 @@ from exogym.run.resolve import (
     total_steps,
 )
 from exogym.run.settings import RunSettings
+from exogym.sim.arrivals import Arrivals, parse_arrivals
 from exogym.sim.client_data import ClientBatches
 from exogym.sim.engine import (
     EngineName,
@@ -228,6 +230,7 @@ class Trainer:
         participation: int | float | str | None = None,
         client_state: str = "fresh",
         concurrency: int | None = None,
+        arrivals: Arrivals | str | None = None,
         round_policy: RoundPolicy | str | None = None,
         clients_in_memory: str = "auto",
         client_store: str = "512MB",
@@ -287,6 +290,7 @@ class Trainer:
             net.check_nodes(o.num_nodes)
         the_world = check_world(parse_world(o.world), o.num_nodes, net, strategy)
         policy = parse_round_policy(o.round_policy)
+        arrivals = check_arrivals(parse_arrivals(o.arrivals), o.concurrency)
         participation = participation_of(o.participation, o.concurrency, o.client_state,
                                          o.seed, strategy, policy)
         resident = check_paging(o.resident, o.offload, o.num_nodes, strategy, engine)
@@ -332,7 +336,8 @@ class Trainer:
                 eval_interval=o.eval_interval or max(total // 10, 1), engine=engine,
                 network=net, step_time_s=step_time_s, compute_source=source,
                 hardware=hardware, world=the_world,
-                participation=participation, round_policy=policy, resident=resident,
+                participation=participation, round_policy=policy, arrivals=arrivals,
+                resident=resident,
                 seats=seats,
                 client_store=check_client_store(o.client_store))
             run = Run(self.model, self.train_dataset, self.val_dataset, strategy, settings,

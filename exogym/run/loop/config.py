@@ -58,6 +58,7 @@ def run_config(s: RunSettings, strategy: StackedStrategy, derived: dict[str, Any
         "population": None if s.participation is None else {
             "clients_in_memory": "round" if s.seats else "all",
             "round_policy": None if s.round_policy is None else s.round_policy.spec(),
+            "arrivals": None if s.arrivals is None else s.arrivals.spec(),
             **({"concurrency": s.participation.count}
                if isinstance(strategy, ServerStrategy) else {}),
             **({"client_store": s.client_store} if s.seats

@@ -50,6 +50,7 @@ from exogym.strategy.base import StackedStrategy
 
 if TYPE_CHECKING:
     from exogym.run.nodes.client_store import ClientStore
+    from exogym.sim.arrivals import Arrivals
     from exogym.sim.client_data import ClientBatches
     from exogym.sim.clock import SimClock
     from exogym.sim.durations import Durations
@@ -367,7 +368,7 @@ class InFlight(Population):
                  speeds: np.ndarray | None = None, links: np.ndarray | None = None,
                  next_change: Callable[[float], float | None] | None = None,
                  durations: Durations | None = None, duration_seed: int = 0,
-                 batch_size: int = 1) -> None:
+                 batch_size: int = 1, arrivals: Arrivals | None = None) -> None:
         if (participation.count or 0) >= num_clients:
             raise ValueError(f"concurrency={participation.count} must be below the "
                              f"population's {num_clients} clients: a client whose update "
@@ -376,6 +377,10 @@ class InFlight(Population):
                          availability=availability, speeds=speeds, links=links,
                          next_change=next_change, durations=durations,
                          duration_seed=duration_seed, batch_size=batch_size)
+        # FLSim's arrivals (exogym.sim.arrivals): the j-th client drawn starts no sooner than
+        # the j-th arrival; the arrivals so far and the last one's time
+        self.arrivals, self.arrival_seed = arrivals, participation.seed
+        self.arrived, self.last_arrival = 0, 0.0
 
     def fill(self, strategy: StackedStrategy, nodes: NodeStack, clock: SimClock | None,
              local: Sequence[int]) -> None:
@@ -392,6 +397,9 @@ class InFlight(Population):
         for row, seat in enumerate(local):
             self._own_state(strategy, row, clients[seat])
         self.apply_speeds(clock)
+        if self.arrivals is not None and clock is not None:
+            for seat in range(self.num_seats):  # the first C clients arrive one by one
+                _idle_until(clock, seat, self._next_arrival(), "waiting for its client")
 
     def replace(self, seat: int, strategy: StackedStrategy, nodes: NodeStack,
                 clock: SimClock | None, local: Sequence[int], step: int, at: float) -> int:
@@ -424,7 +432,41 @@ class InFlight(Population):
             self._own_state(strategy, row, client)
         if clock is not None:
             self._seat(clock, seat, client)
+            if self.arrivals is not None:
+                self._await_arrival(clock, seat, at)
         return client
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "arrived": self.arrived,
+                "last_arrival": self.last_arrival}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.arrived = int(state.get("arrived", 0))
+        self.last_arrival = float(state.get("last_arrival", 0.0))
+
+    def _next_arrival(self) -> float:
+        """The next client's arrival (FLSim's start time, :mod:`exogym.sim.arrivals`)."""
+        assert self.arrivals is not None
+        self.arrived += 1
+        self.last_arrival += self.arrivals.gap(self.arrived, self.arrival_seed)
+        return self.last_arrival
+
+    def _await_arrival(self, clock: SimClock, seat: int, at: float) -> None:
+        """Seat ``seat``'s new client arrives at its arrival time: if that is after ``at`` (the
+        previous client's update reached the server), the previous client's push is
+        communication until ``at`` and the seat idles until the arrival, then the new client
+        downloads the model (the reply starts no sooner)."""
+        arrival = self._next_arrival()
+        if arrival <= at:
+            return  # it arrived before a seat was free: it starts now
+        t = clock.t[seat]
+        if at > t:
+            if clock.spans is not None:
+                clock.spans.add(seat, "comm", t, at, "push (until it reached the server)")
+            clock.node_comm[seat] += at - t
+            clock.t[seat] = at
+        _idle_until(clock, seat, arrival, "waiting for the next client to arrive")
 
     def session(self, seat: int) -> int:
         """The draw that seated seat ``seat``'s client: 0 the first fill, ``k`` the server's
@@ -500,6 +542,17 @@ class _SeatLinks:
         if src != dst:
             c.t[src], c.link_free[src] = here
         return donor_t
+
+
+def _idle_until(clock: SimClock, seat: int, until: float, why: str) -> None:
+    """Seat ``seat`` idles until ``until`` (its link too), a span ``why``."""
+    t = clock.t[seat]
+    if until > t:
+        if clock.spans is not None:
+            clock.spans.add(seat, "idle", t, until, why)
+        clock.node_idle[seat] += until - t
+        clock.t[seat] = until
+    clock.link_free[seat] = max(clock.link_free[seat], until)
 
 
 def _time(clock: SimClock | None, seat: int) -> float:

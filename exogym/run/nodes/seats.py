@@ -74,7 +74,8 @@ class Seats(InMemory):
             s.num_nodes, s.participation, strategy.sync_period or 1, batches, store=store,
             availability=s.world.availability, speeds=client_speeds(s), links=client_links(s),
             next_change=s.world.next_availability_change, durations=s.world.duration,
-            duration_seed=s.world.seed, batch_size=s.batch_size)
+            duration_seed=s.world.seed, batch_size=s.batch_size,
+            **({"arrivals": s.arrivals} if kind is InFlight else {}))
         # a seat's previous client may send to its next one; the bytes are the clients'
         server = s.network is not None and s.network.topology == "server"
         comm = (InProcessCommunicator(k, seats=True, on_record=population.on_record,
