@@ -349,8 +349,8 @@ class SimClock:
         """``src`` sends to ``dst``: it starts when both are there and both links are free; the
         receiver waits for it (comm), the sender goes on computing."""
         src, dst = rec.src, rec.dst
-        if self.server:  # the server sends what the sender holds: the receiver's download
-            start = max(self.t[src], self.t[dst], self.link_free[dst])
+        if self.server:  # the server holds the state since its last release: a download
+            start = max(self.last_release, self.t[dst], self.link_free[dst])
             end = from_server(self, dst, rec.payload_bytes, start, forget=False)
             if self.spans is not None:
                 self.spans.add(dst, "comm", start, end, f"download {rec.tag} from the server",

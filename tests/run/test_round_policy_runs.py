@@ -121,3 +121,39 @@ def test_failures_inside_a_round_are_dropouts_on_seats_with_a_policy() -> None:
             assert not w.is_up(e["node"], e["report_s"], 0)
     with pytest.raises(ValueError, match="with --round-policy, mtbf failures are seats' dropouts"):
         run(world="mtbf=6s,mttr=3s,seed=5", round_policy=None)
+
+
+def test_a_round_lasts_until_its_kth_report_as_fedscale_prices_it(tmp_path: Path) -> None:
+    """FedScale's rule (aggregator.py, tictak_client_tasks): a client's completion is its
+    download, compute and upload over its own link; the first K of the over-selected clients
+    are kept and the round lasts as long as the K-th. 3 clients, K = 2, over_selection 1.5 (all
+    3 drawn each round), a FedScale-form device file, the model's 332 bytes (2,656 bits), no
+    latency, H = 3 steps of batch 4 (12 samples a round):
+
+    | client | ms/sample | compute | kbit/s | upload = download |
+    | 0 | 10 | 0.12 s | 8     | 0.332 s  |
+    | 1 | 50 | 0.6 s  | 80    | 0.0332 s |
+    | 2 | 20 | 0.24 s | 26.56 | 0.1 s    |
+
+    Round 1 (exogym's clients start from the initial model: no download): completions 0.452,
+    0.6332, 0.34: clients 2 and 0 kept, released at 0.452; client 1 discarded. Round 2 (each
+    downloads from 0.452, then computes and uploads): 0.452 + 0.784 = 1.236, 0.452 + 0.6664 =
+    1.1184, 0.452 + 0.44 = 0.892: clients 2 and 1 kept, released at 1.1184 (FedScale's round
+    time 0.6664, the 2nd of 0.784, 0.6664, 0.44); client 0 discarded. The run ends when client
+    2 has downloaded the result: 1.1184 + 0.1 = 1.2184."""
+    import json
+
+    table = tmp_path / "fedscale.json"
+    table.write_text(json.dumps({"0": {"computation": 10, "communication": 8},
+                                 "1": {"computation": 50, "communication": 80},
+                                 "2": {"computation": 20, "communication": 26.56}}))
+    r = client_run(make("fedavg", H=3), nodes=3, participation=2, clients_in_memory="round",
+                   steps=6, network="bw=1Gbps,latency=0s,efficiency=1,hop_latency=0s",
+                   hardware=str(table), round_policy="over_selection=1.5")
+    assert r.comm_log[0].payload_bytes == 332
+    cut = [(e["node"], e["time_s"], e["report_s"]) for e in r.events
+           if e["event"] == "discarded"]  # who, when let go, when its report would arrive
+    assert [n for n, _, _ in cut] == [1, 0]
+    assert [t for _, t, _ in cut] == pytest.approx([0.452, 1.1184], rel=1e-9)
+    assert [s for _, _, s in cut] == pytest.approx([0.6332, 1.236], rel=1e-9)
+    assert r.clock is not None and r.clock.total_s == pytest.approx(1.2184, rel=1e-9)

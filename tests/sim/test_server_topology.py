@@ -67,6 +67,16 @@ def test_a_seat_downloads_its_new_client_state_from_the_server() -> None:
     assert clock.node_comm == pytest.approx([0.0, 0.0, 0.81])
 
 
+def test_a_join_downloads_from_the_server_s_last_release() -> None:
+    """The server holds the state since its last release (2.21 s, the round above): a new
+    client there at 1 s starts its download then, not when the donor (node 0, 2.42 s) is."""
+    clock = _clock()
+    clock.collective(CommRecord("all_reduce", MB, 0, "grads"))
+    clock.t[2] = clock.link_free[2] = 1.0  # a new client in seat 2, there since 1 s
+    clock.collective(CommRecord("send", MB, 1, "join", src=0, dst=2))
+    assert clock.t[2] == pytest.approx(2.21 + 0.8 + 0.01)  # its 10 Mbit/s downlink
+
+
 def test_pushes_to_a_server_do_not_queue_behind_each_other() -> None:
     legacy, server = _clock("peer"), _clock()
     for clock in (legacy, server):

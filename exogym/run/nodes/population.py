@@ -536,12 +536,15 @@ class _SeatLinks:
         here = (c.t[src], c.link_free[src])
         donor_t, donor_link = self.donors[src]
         c.t[src], c.link_free[src] = donor_t, donor_link
-        c.t[dst], c.link_free[dst] = min(c.t[dst], donor_t), min(c.link_free[dst], donor_t)
+        # the new client exists from when it can receive: the donor's time, or through a
+        # server the server's release (FedScale: a round starts when the last one ended)
+        new = min(donor_t, c.last_release) if c.server else donor_t
+        c.t[dst], c.link_free[dst] = min(c.t[dst], new), min(c.link_free[dst], new)
         transfer()
         self.donors[src] = (donor_t, c.link_free[dst])  # the donor's link was busy until then
         if src != dst:
             c.t[src], c.link_free[src] = here
-        return donor_t
+        return new
 
 
 def _idle_until(clock: SimClock, seat: int, until: float, why: str) -> None:
