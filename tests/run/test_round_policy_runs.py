@@ -157,3 +157,10 @@ def test_a_round_lasts_until_its_kth_report_as_fedscale_prices_it(tmp_path: Path
     assert [t for _, t, _ in cut] == pytest.approx([0.452, 1.1184], rel=1e-9)
     assert [s for _, _, s in cut] == pytest.approx([0.6332, 1.236], rel=1e-9)
     assert r.clock is not None and r.clock.total_s == pytest.approx(1.2184, rel=1e-9)
+
+
+def test_a_population_in_seats_is_not_re_costed_from_its_log() -> None:
+    """The log in seats does not carry the seats' changing clients (their speeds, links,
+    joins): re-costing it would give another number than the run's own clock, so it refuses."""
+    with pytest.raises(ValueError, match="seats change clients every round"):
+        run().recost("home-100mbps")

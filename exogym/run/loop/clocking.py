@@ -353,9 +353,13 @@ def _processes_here(ranks: RankContext) -> int:
 
 
 def not_recostable(strategy: StackedStrategy, world: World, asynchronous: bool,
-                   policy: RoundPolicy | None = None) -> str | None:
+                   policy: RoundPolicy | None = None, seats: bool = False) -> str | None:
     """Why a run's clock cannot be replayed on another network (time decided who took part
-    or when), or None."""
+    or when; a population's seats change clients), or None."""
+    if seats and not asynchronous:
+        return ("its population's seats change clients every round (their speeds, links and "
+                "joins are the seats' clients', which the recorded log in seats does not "
+                "carry)")
     if policy is not None and (policy.over_selection != 1.0 or policy.deadline_s is not None):
         return (f"its round policy ({policy.spec()}) keeps the reports that arrive first, which "
                 "another network would change")

@@ -270,7 +270,7 @@ class Run:
                 tuple(self.clock.speeds) if not self.settings.world.perfect
                 or device_speeds(self.settings) is not None else None,
                 not_recostable(self.strategy, self.settings.world, self.timelines is not None,
-                               self.settings.round_policy))
+                               self.settings.round_policy, self.settings.seats))
         self.record.timeline(self.feed.timeline(trace, self.record.events, self.strategy.id,
                                                 self.timelines is None),
                              self.feed.real_timeline(self.strategy.id, self.settings.total_steps))

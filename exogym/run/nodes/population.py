@@ -544,7 +544,7 @@ class _SeatLinks:
         self.donors[src] = (donor_t, c.link_free[dst])  # the donor's link was busy until then
         if src != dst:
             c.t[src], c.link_free[src] = here
-        return new
+        return donor_t
 
 
 def _idle_until(clock: SimClock, seat: int, until: float, why: str) -> None:
