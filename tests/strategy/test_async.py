@@ -227,3 +227,17 @@ def test_the_default_outer_optimizer_is_delayed_nesterov_and_bad_options_are_nam
     with pytest.raises(ValueError, match=r"outer must be one of \['delayed_nesterov', "
                                          r"'nesterov'\], got 'adam'"):
         make("async_local_sgd", outer="adam")
+
+
+def test_fedbuff_s_buffer_follows_the_clients_in_flight() -> None:
+    """K's default: max(2, round(C / 10)): 2 for a few nodes, 10 for 100 in flight (FLSim's
+    ratio), so an update is about C / K = 10 server steps stale at any concurrency."""
+    from support.runs import client_run
+
+    few = make("fedbuff", H=2, optim=sgd())
+    async_run(few)
+    assert few.K is None and few.buffer_size == 2
+    crowd = make("fedbuff", H=2)
+    r = client_run(crowd, nodes=400, concurrency=100, clients_in_memory="round", steps=4)
+    assert crowd.buffer_size == 10 and r.hyperparameters["K"] is None
+    assert make("fedbuff", K=3).buffer_size == 3
