@@ -184,8 +184,8 @@ class FitOptions:
             most ``C`` train at once; when the server receives one's update, the next client is
             drawn among the available ones not in flight (seeded by ``seed``), with its own
             speed (the world's) and data. None: every node is a client that is always there.
-        arrivals, round_policy: :mod:`exogym.sim.arrivals` (FLSim's client starts, with
-            ``concurrency``), :mod:`exogym.sim.round_policy` (with ``participation``).
+        arrivals: FLSim's client starts (:mod:`exogym.sim.arrivals`; with ``concurrency``).
+        round_policy: a round's rules (:mod:`exogym.sim.round_policy`; with ``participation``).
         clients_in_memory: with ``participation``, which clients the run holds
             (:mod:`exogym.run.nodes.population`): ``"round"``, only the round's ``K`` participants
             (seats filled from the global model each round: time and memory set by ``K``, not
