@@ -304,12 +304,13 @@ class ClockFeed:
 
     # -- the timeline ----------------------------------------------------------------------
     def timeline(self, trace: ClockTrace | None, events: list[dict[str, Any]], strategy: str,
-                 replayable: bool) -> dict[str, Any] | None:
+                 replayable: bool, *, seats: bool = False) -> dict[str, Any] | None:
         """The run's Chrome trace (:func:`exogym.run.output.trace.run_trace`) from the spans its
         clock recorded (after :meth:`SimClock.finish`), or from ``trace`` replayed where they do not
         cover the whole run (``replayable``: a synchronous run); None: no spans recorded, or
         an asynchronous run resumed from a checkpoint written without them (a warning says
-        so: its clock is not replayable, and the run itself is done)."""
+        so: its clock is not replayable, and the run itself is done). ``seats``: a
+        population's rows are seats, named so (their clients' speeds change)."""
         clock = self.clock
         if clock is None or clock.spans is None or trace is None:
             return None
@@ -317,15 +318,18 @@ class ClockFeed:
         log = clock.spans
         if not self.spans_whole:
             if not replayable:
-                warnings.warn(f"{strategy} is asynchronous and this run was resumed from a "
-                              "checkpoint written without its timeline: no trace or picture "
-                              "(its clock cannot be replayed)", RuntimeWarning, stacklevel=2)
+                why = "a population in seats" if seats else f"{strategy} is asynchronous"
+                warnings.warn(f"{why} and this run was resumed from a checkpoint written "
+                              "without its timeline: no trace or picture (its clock cannot be "
+                              "replayed)", RuntimeWarning, stacklevel=2)
                 return None
             log = SpanLog(self.num_nodes)
             trace.cost(self.network, spans=log)
         meta = trace_meta(strategy, self.num_nodes, trace.steps, self.network.spec(),
                           self.world.spec(), clock.now)
-        return run_trace(log, events, node_names(clock.speeds), meta)
+        names = ([f"seat {i}" for i in range(clock.num_nodes)] if seats
+                 else node_names(clock.speeds))
+        return run_trace(log, events, names, meta)
 
     def real_timeline(self, strategy: str, steps: int) -> dict[str, Any] | None:
         """A process run's real trace (:func:`exogym.run.output.trace.real_trace`): every rank's

@@ -272,7 +272,9 @@ class Run:
                 not_recostable(self.strategy, self.settings.world, self.timelines is not None,
                                self.settings.round_policy, self.settings.seats))
         self.record.timeline(self.feed.timeline(trace, self.record.events, self.strategy.id,
-                                                self.timelines is None),
+                                                self.timelines is None
+                                                and not self.settings.seats,
+                                                seats=self.settings.seats),
                              self.feed.real_timeline(self.strategy.id, self.settings.total_steps))
         model = copy.deepcopy(self.model).to(self.device)
         load_state(model, self.held.global_state())
