@@ -421,8 +421,12 @@ class FitResult:
                          f"{':'.join(map(str, steps))}")
         if self.clock is not None and self.network is not None:
             c = self.clock
+            split = c.line() if self.population is None else (  # a seat hosts many clients
+                f"{format_duration(c.total_s)}; per seat, its clients' time: compute "
+                f"{format_duration(c.compute_s)}, comm {format_duration(c.comm_s)}, idle "
+                f"{format_duration(c.idle_s)}")
             lines.append(f"sim clock   {self.network.name} ({self.network.describe()}): "
-                         f"{c.line()}")
+                         f"{split}")
             how = c.compute_source
             if self.trace is not None and self.trace.compute_method:
                 how += f": {self.trace.compute_method}"
