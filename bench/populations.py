@@ -14,6 +14,12 @@ Suites (``--suite``, several allowed):
 - ``keep``: FedAvg (AdamW clients) over 100,000 clients, 100 per round, ``--client-state
   fresh`` against ``keep`` (their AdamW moments stored: 1.7 MB a client). Goals: keep's peak
   RSS < 2 GB and >= 0.8x fresh's samples/s.
+- ``world``: FedAvg over 1,000,000 clients, 10 reports a round, through a server
+  (``home-100mbps``): plain, against the cross-device world (per-client phones
+  ``phone-low=0.5,phone-mid=0.3,phone-high=0.2``, ``--round-policy
+  over_selection=1.3,deadline=DEADLINE``, failures inside rounds ``mtbf=5s,mttr=5s``).
+  Goal: the world at >= 0.9x the plain run's samples/s (computed samples: the world trains 13
+  clients a round), no row per client.
 - ``async``: over 100,000 clients with FedBuff's half-normal client durations
   (``speed=halfnormal:1:0``, 100 Mbit/s): FedBuff (K = 10) with 100 clients in flight against
   synchronous FedAvg with 100 clients per round, both H = 10; the simulated time at which each
@@ -22,6 +28,7 @@ Suites (``--suite``, several allowed):
     python bench/populations.py --suite scale --repeats 3
     python bench/populations.py --suite keep --rounds 20
     python bench/populations.py --suite async --steps 400
+    python bench/populations.py --suite world --repeats 3
 
 Never run it beside another benchmark (two cores).
 """
@@ -69,6 +76,14 @@ def suite_cases(suite: str, a: argparse.Namespace) -> list[Case]:
         return [Case(suite, f"{state}, N=100,000, 100 per round",
                      _fedavg(100_000, 100, steps, "--client-state", state))
                 for state in ("fresh", "keep")]
+    if suite == "world":
+        steps = a.steps or 300
+        plain = (*_fedavg(1_000_000, 10, steps)[:-2], "--network", "home-100mbps")
+        return [Case(suite, "N=1,000,000, plain", plain),
+                Case(suite, "N=1,000,000, phones, over-selection, deadline, failures",
+                     (*plain, "--hardware", "phone-low=0.5,phone-mid=0.3,phone-high=0.2",
+                      "--round-policy", f"over_selection=1.3,deadline={a.deadline}",
+                      "--world", "mtbf=5s,mttr=5s"))]
     if suite == "async":
         steps = a.steps or 400
         common = ("--task", "mnist", "--nodes", "100000", "--batch-size", "8", "--steps",
@@ -81,7 +96,7 @@ def suite_cases(suite: str, a: argparse.Namespace) -> list[Case]:
                 Case(suite, "fedavg, 100 per round",
                      ("--strategy", "fedavg", "--set", "H=10", "--participation", "100",
                       *common))]
-    raise ValueError(f"unknown suite {suite!r}; suites: scale, keep, async")
+    raise ValueError(f"unknown suite {suite!r}; suites: scale, keep, world, async")
 
 
 def measure(case: Case, target: float) -> dict[str, Any]:
@@ -94,15 +109,19 @@ def measure(case: Case, target: float) -> dict[str, Any]:
             "samples_per_s": summary["samples"] / train, "train_time_s": train,
             "wall_s": wall, "accuracy": summary["final"].get("eval_accuracy"),
             "sim_time_s": summary.get("sim_time_s"), "time_to_target_s": reached,
-            "store": pop.get("store"), "clients_trained": pop.get("clients_trained")}
+            "store": pop.get("store"), "clients_trained": pop.get("clients_trained"),
+            "seats": pop.get("per_round"), "late": pop.get("late"),
+            "discarded": pop.get("discarded"), "dropouts": pop.get("dropouts")}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--suite", default="scale", help="comma-separated: scale, keep, async")
+    parser.add_argument("--suite", default="scale",
+                        help="comma-separated: scale, keep, world, async")
     parser.add_argument("--repeats", type=int, default=1, help="rounds (cases alternate)")
     parser.add_argument("--steps", type=int, default=None, help="override the suite's steps")
     parser.add_argument("--rounds", type=int, default=None, help="keep: rounds of H = 10")
+    parser.add_argument("--deadline", default="0.25s", help="world: the rounds' deadline")
     parser.add_argument("--target", type=float, default=0.9, help="async: accuracy target")
     parser.add_argument("--eval-every", type=int, default=20, help="async: steps")
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
