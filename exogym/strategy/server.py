@@ -117,9 +117,16 @@ class ServerStrategy(StackedStrategy):
     # -- the hooks the event loop calls ---------------------------------------------------------
     @torch.no_grad()
     def step(self, step: int) -> None:
-        """The nodes that computed (``comm.active``; None: all) take their inner step; those
-        that completed their round push their pseudo-gradient (listed in :attr:`outbox`)."""
+        """The nodes that computed (``comm.active``; None: all) take their inner step and
+        count it (:meth:`count_steps`)."""
         self.inner_step()
+        self.count_steps()
+
+    def count_steps(self) -> None:
+        """The nodes that computed (``comm.active``; None: all) count a local step; those that
+        completed their round push their pseudo-gradient (listed in :attr:`outbox`). It reads
+        no parameter (a push's bytes are its shapes'): the event loop counts a step when it is
+        due and may compute it later, batched with other nodes' (exogym.run.loop.timelines)."""
         mask = self.comm.active
         for i in range(self.nodes.num_nodes):
             if mask is not None and not mask[i]:

@@ -12,12 +12,13 @@ repeats, in simulated time order:
    that starts no earlier than the free nodes' clocks and arrives later still, so applying
    arrivals in this order needs no foresight of completion times (the error FedScale PR #197
    fixed);
-3. otherwise the free nodes whose clocks equal the earliest (to a relative ``1e-9``) compute one
-   step together (one masked step of the node-stacked engine); those that finish their round
-   push and wait for the reply. A push queues for the server's downlink, which serves pushes
-   first come, first served by the simulated time each was ready; it is served (and becomes an
-   arrival at the time the network delivers it) once no push can be ready before it, i.e. when
-   the free nodes' clocks have passed its ready time
+3. otherwise the free nodes whose clocks equal the earliest (to a relative ``1e-9``) take one
+   step together (a group: its data, clock and local counts now, its compute later, batched
+   with other groups': :class:`exogym.run.loop.timelines.BatchedSteps`); those that finish
+   their round push and wait for the reply. A push queues for the server's downlink, which
+   serves pushes first come, first served by the simulated time each was ready; it is served
+   (and becomes an arrival at the time the network delivers it) once no push can be ready
+   before it, i.e. when the free nodes' clocks have passed its ready time
    (:meth:`exogym.sim.clock.SimClock.serve_pushes`). Ties between arrivals go in service
    order.
 

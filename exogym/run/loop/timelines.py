@@ -1,38 +1,63 @@
-"""Asynchronous strategies: per-node timelines (:class:`PerNodeTimelines`, the scheduler) and
-the parameter server as they see it (:class:`ParameterServer`, the
-:class:`~exogym.run.loop.schedule.Server` it drives).
+"""Asynchronous strategies: per-node timelines (:class:`PerNodeTimelines`, the scheduler), the
+parameter server as they see it (:class:`ParameterServer`, the
+:class:`~exogym.run.loop.schedule.Server` it drives), and how the steps the timelines find due are
+computed (:class:`BatchedSteps`; :class:`ImmediateSteps` for a bare
+:class:`~exogym.run.loop.schedule.Compute`).
 
 Events run in simulated time order until the fastest node has taken one more step: the next
 event is the earliest of the free nodes' clocks and the pushes in flight; an arrival due no
 later than every free node's clock is applied first, else the free nodes due at that instant
-compute one step together (one masked step of the node-stacked engine). At the end of the run
-the pushes in flight are delivered. The state between two steps is
-:class:`~exogym.run.loop.events.Timelines`.
+take one step together (a *group*). At the end of the run the pushes in flight are delivered.
+The state between two steps is :class:`~exogym.run.loop.events.Timelines`.
+
+A group's step is *counted* when it is due (its data taken, the clock told, the strategy's local
+counts and pushes made: everything the event loop and the records read) and *computed* later:
+a node's step depends on nothing but its own parameters, optimizer state and data until the
+server replies to it, so the steps counted since the last computation run as few batched steps
+of the node-stacked engine, each taking the next counted step of every node that has one,
+whatever its simulated time. They are all computed before the server reads or writes a node
+(a delivery), and at the end of each run step, where their losses are accounted group by group
+in the order the groups were due; so a delivery, an evaluation, a metrics row and a checkpoint
+see exactly what computing each group at once would give (docs/design/async.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from exogym.run.loop.events import Timelines, same_or_before
+import torch
+from torch import Tensor
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
+
+from exogym.run.loop.clocking import ClockFeed
+from exogym.run.loop.events import SAME_INSTANT, Timelines, same_or_before
+from exogym.run.loop.losses import TrainLoss
+from exogym.run.nodes.memory import InMemory
+from exogym.run.nodes.seats import Seats
+from exogym.strategy.server import ServerStrategy
 
 if TYPE_CHECKING:
     from exogym.run.dist.ranks import RankContext
     from exogym.run.loop.schedule import ClockSource, Compute, Server
-    from exogym.run.nodes.seats import Seats
     from exogym.sim.network import Network
     from exogym.sim.world import World
-    from exogym.strategy.server import ServerStrategy
 
-__all__ = ["ParameterServer", "PerNodeTimelines"]
+__all__ = ["BatchedSteps", "ImmediateSteps", "ParameterServer", "PerNodeTimelines"]
 
 
 class PerNodeTimelines:
     """The event loop of an asynchronous run over ``num_rows`` nodes (a population's seats).
 
     Args:
-        compute: computes a step of the nodes due.
+        compute: computes a step of the nodes due: the run's
+            :class:`~exogym.run.loop.losses.TrainLoss` over nodes in memory, whose steps are
+            batched (:class:`BatchedSteps`), or any :class:`~exogym.run.loop.schedule.Compute`,
+            called for each group as it is due (:class:`ImmediateSteps`).
         server: the parameter server (the pushes, their delivery).
         clocks: the simulated clock (each node's time).
         num_rows: the nodes (seats) the run computes, over every process.
@@ -46,6 +71,8 @@ class PerNodeTimelines:
         self.compute, self.server, self.clocks = compute, server, clocks
         self.num_rows, self.total_steps = num_rows, total_steps
         self.timelines = Timelines(num_rows)
+        self.due: BatchedSteps | ImmediateSteps = (BatchedSteps.of(compute, server, clocks)
+                                                    or ImmediateSteps(compute))
 
     @staticmethod
     def check(sid: str, network: Network | None, w: World, ranks: RankContext | None,
@@ -67,35 +94,43 @@ class PerNodeTimelines:
                              f"loss; got world {w.spec()!r}")
 
     def advance(self, step: int) -> int:
-        tl, clock = self.timelines, self.clocks.clock
+        tl, clock, due = self.timelines, self.clocks.clock, self.due
         assert clock is not None
         self.server.fill()  # a population's first clients in flight (once)
         n, target = self.num_rows, step + 1
-        while tl.fastest < target:
-            free = [i for i in range(n) if not tl.waiting[i]]
-            start = min((clock.t[i] for i in free), default=math.inf)
+        fastest = tl.fastest
+        while fastest < target:
+            t, waiting = clock.t, tl.waiting
+            free = [i for i in range(n) if not waiting[i]]
+            start = min((t[i] for i in free), default=math.inf)
             arrival = tl.next_arrival()
             for node, at in clock.serve_pushes(min(start, arrival[0] if arrival else math.inf)):
                 tl.arrive(node, at)
             arrival = tl.next_arrival()
             if arrival is not None and same_or_before(arrival[0], start):
                 at, _, node = tl.pop_arrival()
+                due.catch_up()  # the server reads and writes the node: its steps come first
                 self._deliver(step, at, node)
                 continue
-            group = [not tl.waiting[i] and same_or_before(clock.t[i], start) for i in range(n)]
-            self.compute(step, None if all(group) else group)
-            for i in range(n):
-                tl.steps[i] += group[i]
+            # the free nodes due at that instant (same_or_before, inline: it is the hot loop)
+            rows = [i for i in free
+                    if t[i] <= start + SAME_INSTANT * max(1.0, abs(t[i]), abs(start))]
+            due.take(step, None if len(rows) == n else _mask(rows, n))
+            for i in rows:
+                tl.steps[i] += 1
+                fastest = max(fastest, tl.steps[i])
             for node, size in self.server.pushes():
                 clock.push(node, size)
-                tl.waiting[node] = True
+                waiting[node] = True
         if target >= self.total_steps:
+            due.catch_up()
             for node, at in clock.serve_pushes(math.inf, final=True):
                 tl.arrive(node, at)
             while tl.in_flight:
                 at, _, node = tl.pop_arrival()
                 self._deliver(step, at, node, final=True)
-        return tl.fastest
+        due.settle()
+        return fastest
 
     def row(self) -> dict[str, Any]:
         """A metrics row's view of the timelines (:meth:`Timelines.row`)."""
@@ -155,3 +190,245 @@ class ParameterServer:
         if not final and self.seats is not None:
             self.seats.next_client(node, self.clocks.clock, step, at)
         return self.strategy.restart(node)
+
+
+class ImmediateSteps:
+    """Each group's step computed as it is due: ``compute(step, active)`` (a bare
+    :class:`~exogym.run.loop.schedule.Compute`, which also tells the clock; the protocol's
+    fakes, a holder not in memory, a strategy whose ``step`` is its own)."""
+
+    def __init__(self, compute: Compute) -> None:
+        self.compute = compute
+
+    def take(self, step: int, active: list[bool] | None) -> None:
+        self.compute(step, active)
+
+    def catch_up(self) -> None:
+        pass
+
+    def settle(self) -> None:
+        pass
+
+
+@dataclass(eq=False)
+class _Group:
+    """A group's step, counted and not yet accounted: its run step, who took it (None: every
+    node), its data (the leaves of the batch its nodes took, flattened) and, once computed,
+    ``(node, batched step)`` of each of its nodes."""
+
+    step: int
+    active: list[bool] | None
+    rows: list[int]
+    leaves: list[Any]
+    spec: TreeSpec
+    computed: list[tuple[int, int]] = field(default_factory=list)
+
+
+class BatchedSteps:
+    """The run's steps on per-node timelines, counted when due and computed batched (module
+    docstring): :meth:`take` counts a group's step as the run's step does (the data, the clock,
+    the strategy's local counts and pushes: :meth:`ServerStrategy.count_steps`, the
+    communicator's attendance), :meth:`catch_up` computes the steps counted so far, as few
+    masked steps of the engine (each the oldest counted step of every node that has one),
+    :meth:`settle` also accounts their losses (:class:`~exogym.run.loop.losses.TrainLoss`,
+    group by group in the order they were due, as when each is computed at once).
+
+    Each node's row computes the same numbers in any mask (the engines compute a node's row
+    from its own parameters, data and optimizer state; ``tests/run/test_async_engine.py``), so
+    the run's numbers are those of computing each group as it is due, bit for bit. A batch
+    whose nodes all took a step of a group of every node is computed unmasked (the optimizer's
+    own step while no node has missed one), any other with its mask, as those groups were. A
+    model that draws random numbers (dropout) would draw other ones in other batches: the
+    first run step of each session computes each group at once and watches the random
+    generators; if the model moved them, every group is computed at once from then on (the
+    numbers of the engine before, at its speed).
+
+    Args:
+        compute: the run's loss accounting; its holder, the nodes (in memory or a
+            population's seats) and their data.
+        strategy: the server strategy (inner steps, local counts).
+        feed: the run's clock feed (told of each group's compute when it is due).
+    """
+
+    def __init__(self, compute: TrainLoss, strategy: ServerStrategy, feed: ClockFeed) -> None:
+        assert isinstance(compute.held, InMemory)
+        self.compute, self.held, self.strategy, self.feed = compute, compute.held, strategy, feed
+        self.nodes, self.comm = self.held.nodes, self.held.comm
+        self.seats = self.held if isinstance(self.held, Seats) else None
+        # each node's counted steps not yet computed: (group, its row in the group's data)
+        self.queues: list[deque[tuple[_Group, int]]] = [
+            deque() for _ in range(self.nodes.num_nodes)]
+        self.groups: list[_Group] = []  # counted since the last settle, in order
+        self.losses: list[Tensor] = []  # each batched step's, [n] (0 for the nodes not in it)
+        self.members: list[int] = []  # how many nodes each batched step computed
+        # the session's first run step computes each group at once, watching the generators;
+        # a model that draws random numbers is computed so to the end (the class docstring)
+        self.probing, self.each_at_once = True, False
+
+    @classmethod
+    def of(cls, compute: Compute, server: Server, clocks: ClockSource) -> BatchedSteps | None:
+        """Batched steps over the run's parts, or None where a step cannot be counted apart
+        from its compute: a bare Compute, nodes not all in memory (paged), a strategy that
+        overrides ``step``."""
+        if not (isinstance(compute, TrainLoss) and isinstance(compute.held, InMemory)
+                and isinstance(server, ParameterServer) and isinstance(clocks, ClockFeed)):
+            return None
+        if type(server.strategy).step is not ServerStrategy.step:
+            return None
+        return cls(compute, server.strategy, clocks)
+
+    def take(self, step: int, active: list[bool] | None) -> None:
+        """The ``active`` nodes (None: all) take ``step``: counted now, computed later."""
+        attendance = self.comm.attendance
+        attendance.step, attendance.active = step, active
+        n = self.nodes.num_nodes
+        rows = list(range(n)) if active is None else [i for i in range(n) if active[i]]
+        if self.seats is not None:  # the computing seats' clients' samples only
+            batch, index = self.seats.population.batch(active, rows), range(len(rows))
+        else:
+            batch, index = self.held.next_batch(active), rows
+        self.feed.computed(step, active)
+        self.strategy.count_steps()
+        leaves, spec = tree_flatten(batch)
+        group = _Group(step, active, rows, leaves, spec)
+        self.groups.append(group)
+        for row, j in zip(rows, index, strict=True):
+            self.queues[row].append((group, j))
+        if self.probing or self.each_at_once:
+            self.catch_up()
+
+    def catch_up(self) -> None:
+        """Compute every step counted so far (before the server reads or writes a node)."""
+        while self._batched_step():
+            pass
+
+    def settle(self) -> None:
+        """Compute every step counted so far and account their losses, group by group in the
+        order they were due (the end of a run step: a metrics row or a checkpoint may
+        follow)."""
+        self.catch_up()
+        if not self.groups:
+            return
+        with _losses_given(self.compute, self._group_losses()):
+            for g in self.groups:
+                self.compute(g.step, g.active)
+        self.groups, self.losses, self.members = [], [], []
+        self.probing = False
+
+    def _batched_step(self) -> bool:
+        """One masked step of the engine: the oldest counted step of every node that has one;
+        False when none has."""
+        rows = [i for i, q in enumerate(self.queues) if q]
+        if not rows:
+            return False
+        taken = [self.queues[i].popleft() for i in rows]
+        n = self.nodes.num_nodes
+        every = len(rows) == n and all(g.active is None for g, _ in taken)
+        mask = None if every else _mask(rows, n)
+        batch = _stacked(dict(zip(rows, taken, strict=True)), n)
+        attendance = self.comm.attendance
+        counted = attendance.active
+        attendance.active = mask  # whom the inner step moves (the strategy's active rows)
+        before = _generators(self.nodes.device) if self.probing else None
+        try:
+            losses = self.nodes.forward_backward(self.nodes.to_batch_device(batch), mask)
+            with torch.no_grad():
+                self.strategy.inner_step()
+            self.nodes.zero_grad()
+        finally:
+            attendance.active = counted
+        if before is not None and not all(
+                torch.equal(a, b) for a, b in zip(before, _generators(self.nodes.device),
+                                                  strict=True)):
+            self.each_at_once = True  # the model draws random numbers
+        k = len(self.losses)
+        self.losses.append(losses)
+        self.members.append(len(rows))
+        for i, (g, _) in zip(rows, taken, strict=True):
+            g.computed.append((i, k))
+        return True
+
+    def _group_losses(self) -> list[Tensor]:
+        """Each group's ``[n]`` losses as computing it at once gives them: its nodes' losses,
+        0 for the others. A group computed alone is its batched step's; the others are gathered
+        at once, and a group of every node gets a tensor of its own (as computing it would)."""
+        computed = torch.stack(self.losses)  # [batched steps, n]
+        which: list[int] = []
+        rows: list[int] = []
+        steps: list[int] = []
+        for j, g in enumerate(self.groups):
+            for i, k in g.computed:
+                which.append(j)
+                rows.append(i)
+                steps.append(k)
+        device = computed.device
+        row = torch.tensor(rows, device=device)
+        out = computed.new_zeros(len(self.groups), computed.shape[1])
+        out[torch.tensor(which, device=device), row] = computed[torch.tensor(steps, device=device),
+                                                                row]
+        given = []
+        for j, g in enumerate(self.groups):
+            k = g.computed[0][1]
+            if all(k == c for _, c in g.computed) and self.members[k] == len(g.rows):
+                given.append(self.losses[k])  # computed alone: that batched step's
+            else:
+                given.append(out[j] if g.active is not None else out[j].clone())
+        return given
+
+
+def _generators(device: torch.device) -> list[Tensor]:
+    """The states of the random generators a step on ``device`` may draw from."""
+    states = [torch.get_rng_state()]
+    if device.type == "cuda":
+        states.append(torch.cuda.get_rng_state(device))
+    return states
+
+
+def _mask(rows: Sequence[int], n: int) -> list[bool]:
+    """``n`` booleans, True at ``rows``."""
+    mask = [False] * n
+    for i in rows:
+        mask[i] = True
+    return mask
+
+
+def _stacked(taken: dict[int, tuple[_Group, int]], n: int) -> Any:
+    """The ``[n, B, ...]`` batch of a batched step: each computing node's counted sample rows;
+    a node not in it repeats the first one's (it is not computed, or is discarded)."""
+    first = next(iter(taken.values()))
+    group, _ = first
+    leaves = []
+    for k, leaf in enumerate(group.leaves):
+        if not isinstance(leaf, Tensor):
+            leaves.append(leaf)
+            continue
+        parts = []
+        for i in range(n):
+            g, j = taken.get(i, first)
+            parts.append(g.leaves[k][j])
+        leaves.append(torch.stack(parts))
+    return tree_unflatten(leaves, group.spec)
+
+
+class _Given:
+    """The holder :class:`TrainLoss` sees while :class:`BatchedSteps` accounts computed steps:
+    its ``step`` returns their losses in turn (nothing else is asked of it)."""
+
+    def __init__(self, losses: Sequence[Tensor]) -> None:
+        self.losses = iter(losses)
+
+    def step(self, step: int, active: list[bool] | None, clock: Any) -> Tensor:
+        return next(self.losses)
+
+
+@contextlib.contextmanager
+def _losses_given(compute: TrainLoss, losses: Sequence[Tensor]) -> Iterator[None]:
+    """Within the block ``compute(step, active)`` accounts the given losses, one per call,
+    with TrainLoss's own code (its sums, counts and non-finite tracking) and computes
+    nothing."""
+    held = compute.held
+    compute.held = _Given(losses)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        compute.held = held
