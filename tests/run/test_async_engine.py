@@ -50,6 +50,10 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any], dict[str, bool]]] = 
         "async_local_sgd", {"H": 3},
         {"num_nodes": 200, "concurrency": 6, "world": "speed=halfnormal:1:0.1,seed=5",
          "client_state": "keep", "engine": "loop"}, {}),
+    "fedbuff, 60 clients, 10 in flight, the server's link shared (server=2Mbps)": (
+        "fedbuff", {"H": 2, "K": 3},
+        {"num_nodes": 60, "concurrency": 10, "world": "speed=halfnormal:1:0,seed=4",
+         "network": "home-100mbps,server=2Mbps"}, {}),
     "fedbuff, staleness cap, datacenter network, threads engine": (
         "fedbuff", {"H": 2, "K": 2, "max_staleness": 1},
         {"num_nodes": 100, "concurrency": 8, "world": "speed=halfnormal:1:0,seed=1",

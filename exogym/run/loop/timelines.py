@@ -213,14 +213,16 @@ class ImmediateSteps:
 @dataclass(eq=False)
 class _Group:
     """A group's step, counted and not yet accounted: its run step, who took it (None: every
-    node), its data (the leaves of the batch its nodes took, flattened) and, once computed,
-    ``(node, batched step)`` of each of its nodes."""
+    node), its data (a population's: each node's sample ids, fetched with the batched step's;
+    else the leaves of the batch its nodes took, flattened) and, once computed, ``(node,
+    batched step)`` of each of its nodes."""
 
     step: int
     active: list[bool] | None
     rows: list[int]
-    leaves: list[Any]
-    spec: TreeSpec
+    ids: list[Tensor] | None = None
+    leaves: list[Any] | None = None
+    spec: TreeSpec | None = None
     computed: list[tuple[int, int]] = field(default_factory=list)
 
 
@@ -283,14 +285,18 @@ class BatchedSteps:
         attendance.step, attendance.active = step, active
         n = self.nodes.num_nodes
         rows = list(range(n)) if active is None else [i for i in range(n) if active[i]]
-        if self.seats is not None:  # the computing seats' clients' samples only
-            batch, index = self.seats.population.batch(active, rows), range(len(rows))
+        if self.seats is not None:
+            # the computing seats' clients' next sample ids, taken as Population.batch takes
+            # them (every client's position and the epoch move on now); their samples are
+            # fetched with the batched step's
+            population = self.seats.population
+            ids = population.batches.take([population.seated[i] for i in rows])
+            group, index = _Group(step, active, rows, ids=ids), range(len(rows))
         else:
-            batch, index = self.held.next_batch(active), rows
+            leaves, spec = tree_flatten(self.held.next_batch(active))
+            group, index = _Group(step, active, rows, leaves=leaves, spec=spec), rows
         self.feed.computed(step, active)
         self.strategy.count_steps()
-        leaves, spec = tree_flatten(batch)
-        group = _Group(step, active, rows, leaves, spec)
         self.groups.append(group)
         for row, j in zip(rows, index, strict=True):
             self.queues[row].append((group, j))
@@ -325,7 +331,7 @@ class BatchedSteps:
         n = self.nodes.num_nodes
         every = len(rows) == n and all(g.active is None for g, _ in taken)
         mask = None if every else _mask(rows, n)
-        batch = _stacked(dict(zip(rows, taken, strict=True)), n)
+        batch = self._batch(dict(zip(rows, taken, strict=True)))
         attendance = self.comm.attendance
         counted = attendance.active
         attendance.active = mask  # whom the inner step moves (the strategy's active rows)
@@ -347,6 +353,19 @@ class BatchedSteps:
         for i, (g, _) in zip(rows, taken, strict=True):
             g.computed.append((i, k))
         return True
+
+    def _batch(self, taken: dict[int, tuple[_Group, int]]) -> Any:
+        """The ``[n, B, ...]`` batch of a batched step: each computing node's counted samples;
+        a node not in it repeats the first one's (it is not computed, or is discarded)."""
+        first = next(iter(taken.values()))
+        pick = [taken.get(i, first) for i in range(self.nodes.num_nodes)]
+        if self.seats is not None:
+            return self.seats.population.batches.fetch([g.ids[j] for g, j in pick])  # type: ignore[index]
+        group = first[0]
+        assert group.leaves is not None and group.spec is not None
+        leaves = [torch.stack([g.leaves[k][j] for g, j in pick])  # type: ignore[index]
+                  if isinstance(leaf, Tensor) else leaf for k, leaf in enumerate(group.leaves)]
+        return tree_unflatten(leaves, group.spec)
 
     def _group_losses(self) -> list[Tensor]:
         """Each group's ``[n]`` losses as computing it at once gives them: its nodes' losses,
@@ -390,24 +409,6 @@ def _mask(rows: Sequence[int], n: int) -> list[bool]:
     for i in rows:
         mask[i] = True
     return mask
-
-
-def _stacked(taken: dict[int, tuple[_Group, int]], n: int) -> Any:
-    """The ``[n, B, ...]`` batch of a batched step: each computing node's counted sample rows;
-    a node not in it repeats the first one's (it is not computed, or is discarded)."""
-    first = next(iter(taken.values()))
-    group, _ = first
-    leaves = []
-    for k, leaf in enumerate(group.leaves):
-        if not isinstance(leaf, Tensor):
-            leaves.append(leaf)
-            continue
-        parts = []
-        for i in range(n):
-            g, j = taken.get(i, first)
-            parts.append(g.leaves[k][j])
-        leaves.append(torch.stack(parts))
-    return tree_unflatten(leaves, group.spec)
 
 
 class _Given:
