@@ -215,8 +215,8 @@ def test_a_bare_compute_or_a_strategy_with_its_own_step_is_computed_as_due(
 
     taken: list[list[bool] | None] = []
     take = ImmediateSteps.take
-    monkeypatch.setattr(ImmediateSteps, "take",
-                        lambda self, step, active: (taken.append(active), take(self, step, active)))
+    monkeypatch.setattr(ImmediateSteps, "take", lambda self, step, rows, active: (
+        taken.append(active), take(self, step, rows, active)))
     r = Trainer(Net(), data(), data()).fit(
         strategy=OwnStep(H=2, K=2), num_nodes=2, max_steps=4, batch_size=4,
         network=FAST, step_time=1.0, world="speed=1:0.5", progress=False)

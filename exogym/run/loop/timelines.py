@@ -115,7 +115,7 @@ class PerNodeTimelines:
             # the free nodes due at that instant (same_or_before, inline: it is the hot loop)
             rows = [i for i in free
                     if t[i] <= start + SAME_INSTANT * max(1.0, abs(t[i]), abs(start))]
-            due.take(step, None if len(rows) == n else _mask(rows, n))
+            due.take(step, rows, None if len(rows) == n else _mask(rows, n))
             for i in rows:
                 tl.steps[i] += 1
                 fastest = max(fastest, tl.steps[i])
@@ -200,7 +200,7 @@ class ImmediateSteps:
     def __init__(self, compute: Compute) -> None:
         self.compute = compute
 
-    def take(self, step: int, active: list[bool] | None) -> None:
+    def take(self, step: int, rows: list[int], active: list[bool] | None) -> None:
         self.compute(step, active)
 
     def catch_up(self) -> None:
@@ -279,12 +279,11 @@ class BatchedSteps:
             return None
         return cls(compute, server.strategy, clocks)
 
-    def take(self, step: int, active: list[bool] | None) -> None:
-        """The ``active`` nodes (None: all) take ``step``: counted now, computed later."""
+    def take(self, step: int, rows: list[int], active: list[bool] | None) -> None:
+        """The nodes ``rows`` (``active``: their mask, None: all) take ``step``: counted now,
+        computed later."""
         attendance = self.comm.attendance
         attendance.step, attendance.active = step, active
-        n = self.nodes.num_nodes
-        rows = list(range(n)) if active is None else [i for i in range(n) if active[i]]
         if self.seats is not None:
             # the computing seats' clients' next sample ids, taken as Population.batch takes
             # them (every client's position and the epoch move on now); their samples are
@@ -340,7 +339,12 @@ class BatchedSteps:
             losses = self.nodes.forward_backward(self.nodes.to_batch_device(batch), mask)
             with torch.no_grad():
                 self.strategy.inner_step()
-            self.nodes.zero_grad()
+                if mask is None:
+                    self.nodes.zero_grad()
+                else:  # the others' gradients are zero still (forward_backward's contract)
+                    index = torch.tensor(rows, device=self.nodes.device)
+                    for g in self.nodes.grads.values():
+                        g.index_fill_(0, index, 0.0)
         finally:
             attendance.active = counted
         if before is not None and not all(
