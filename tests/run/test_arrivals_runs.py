@@ -4,17 +4,12 @@ by name."""
 
 from __future__ import annotations
 
-import shutil
-import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from support.resume_cases import Net, data
-from support.runs import client_run
+from support.runs import client_run, resume_cut
 
-from exogym import Trainer
 from exogym.strategy import make
 
 
@@ -48,15 +43,7 @@ def test_without_arrivals_a_client_starts_when_its_seat_is_free() -> None:
 def test_a_run_with_poisson_arrivals_resumes_bit_for_bit(tmp_path: Path) -> None:
     full = run(arrivals="poisson:3", steps=10, out_dir=tmp_path / "full", checkpoint_every=4,
                keep_checkpoints=4)
-    cut = tmp_path / "cut"
-    shutil.copytree(tmp_path / "full", cut)
-    for step in (8, 10):
-        shutil.rmtree(cut / "checkpoints" / f"step-{step:08d}", ignore_errors=True)
-    (cut / "summary.json").unlink()
-    torch.manual_seed(1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        again = Trainer(Net(), data(), data()).fit(resume=cut, progress=False)
+    again = resume_cut(tmp_path / "full", tmp_path / "cut", (8, 10))
     assert again.resumed_from["step"] == 4
     assert again.history == full.history or [
         {k: v for k, v in r.items() if k != "wall_s"} for r in again.history] == [

@@ -5,18 +5,15 @@ errors by name. The rule's arithmetic is tests/sim/test_round_policy.py's."""
 
 from __future__ import annotations
 
-import shutil
-import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from support.resume_cases import Net, data
-from support.runs import client_run
+from support.resume_cases import Net
+from support.runs import client_run, resume_cut
 
-from exogym import Trainer
 from exogym.sim.world import parse_world
 from exogym.strategy import make
 
@@ -76,15 +73,7 @@ def test_clients_drop_out_when_their_availability_ends_before_they_report() -> N
 def test_a_run_with_a_policy_resumes_bit_for_bit(tmp_path: Path) -> None:
     full = run(round_policy="over_selection=1.5,deadline=2s", out_dir=tmp_path / "full",
                checkpoint_every=4, keep_checkpoints=4)
-    cut = tmp_path / "cut"
-    shutil.copytree(tmp_path / "full", cut)
-    for step in (8, 12):
-        shutil.rmtree(cut / "checkpoints" / f"step-{step:08d}", ignore_errors=True)
-    (cut / "summary.json").unlink()
-    torch.manual_seed(1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        again = Trainer(Net(), data(), data()).fit(resume=cut, progress=False)
+    again = resume_cut(tmp_path / "full", tmp_path / "cut", (8, 12))
     assert again.resumed_from["step"] == 4  # mid-round (H = 3)
     assert rows(again) == rows(full) and again.comm_log == full.comm_log
     assert again.events == full.events and again.population == full.population

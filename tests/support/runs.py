@@ -20,7 +20,10 @@ default).
 
 from __future__ import annotations
 
+import shutil
 import warnings
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -134,3 +137,16 @@ def noise_data(n: int, seed: int = 0) -> TensorDataset:
     of it (drawn after the features, from the same generator)."""
     g = torch.Generator().manual_seed(seed)
     return TensorDataset(torch.randn(n, 8, generator=g), torch.randint(0, 4, (n,), generator=g))
+
+
+def resume_cut(full: Path, cut: Path, later: Sequence[int]) -> FitResult:
+    """A copy of run folder ``full`` at ``cut`` without the checkpoints of steps ``later`` and
+    its summary, resumed (``resume_cases``' model, seeded as :func:`client_run` seeds it)."""
+    shutil.copytree(full, cut)
+    for step in later:
+        shutil.rmtree(cut / "checkpoints" / f"step-{step:08d}", ignore_errors=True)
+    (cut / "summary.json").unlink()
+    torch.manual_seed(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return Trainer(Net(), data(), data()).fit(resume=cut, progress=False)
