@@ -269,11 +269,11 @@ class SimClock:
             self.t[node] = until
             self.link_free[node] = max(self.link_free[node], until)
 
-    def wait(self, node: int, until: float) -> None:
-        """Node ``node`` idles until ``until`` (waiting for a quorum)."""
+    def wait(self, node: int, until: float, why: str = "quorum wait") -> None:
+        """Node ``node`` idles until ``until`` (waiting for a quorum, or ``why``)."""
         if until > self.t[node]:
             if self.spans is not None:
-                self.spans.add(node, "idle", self.t[node], until, "quorum wait")
+                self.spans.add(node, "idle", self.t[node], until, why)
             self.node_idle[node] += until - self.t[node]
             self.t[node] = until
 

@@ -23,10 +23,11 @@ rounds those rules:
   instant, as FedScale does).
 
 A report's time is the client's compute finish plus its upload of the round's payload over its
-own uplink (``topology=server``). The round's release is the last kept report's arrival; every
-client not kept is let go then (its seat's clock stops at the release, or waits until it). Each
-discarded, late, dropped or abandoned client is an event (``events.jsonl``, the timeline) and a
-count in ``summary.json``'s ``population``.
+own uplink (``topology=server``; with a server rate, every drawn client's upload shares the
+server's link: :func:`exogym.sim.server.upload_arrivals`). The round's release is the last kept
+report's arrival; every client not kept is let go then (its seat's clock stops at the release,
+or waits until it). Each discarded, late, dropped or abandoned client is an event
+(``events.jsonl``, the timeline) and a count in ``summary.json``'s ``population``.
 """
 
 from __future__ import annotations

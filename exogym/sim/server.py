@@ -33,7 +33,8 @@ from exogym.sim.sharing import Flow, Step, add_steps, prune_steps, share_link
 if TYPE_CHECKING:
     from exogym.sim.clock import SimClock
 
-__all__ = ["ServerLink", "from_server", "serve_to_server", "server_round", "to_server"]
+__all__ = ["ServerLink", "from_server", "serve_to_server", "server_round", "to_server",
+           "upload_arrivals"]
 
 
 class ServerLink:
@@ -68,6 +69,15 @@ def from_server(clock: SimClock, node: int, size: float, at: float, *,
     ``forget=False``: keep all the server's link remembers (a seat's join, whose two clients
     show the clock times earlier than the nodes', :func:`_share`)."""
     return _transfers(clock, 1, [node], size, [at], forget=forget)[0]
+
+
+def upload_arrivals(clock: SimClock, nodes: Sequence[int], size: float) -> list[float]:
+    """When each of ``nodes``' uploads of ``size`` bytes, from when it is done computing, would
+    reach the server, priced as :func:`server_round` prices a round's uploads (together, on
+    the server's link as it is), nothing committed: a round policy's report times."""
+    starts = [max(clock.t[i], clock.link_free[i]) for i in nodes]
+    done = _finishes(clock, 0, nodes, size, starts, commit=False)
+    return [d + clock.network.message_latency_s for d in done]
 
 
 def server_round(clock: SimClock, rec: CommRecord, members: Sequence[int]) -> None:
@@ -169,21 +179,30 @@ def _transfers(clock: SimClock, way: int, nodes: Sequence[int], size: float,
     the server over the node's uplink (``way`` 0) or out of it over its downlink (1), from
     when the node's link is free, then one latency. Without a server rate each is alone;
     with one they share the server's link (:func:`_share`)."""
-    net = clock.network
-    links = clock.up_bps if way == 0 else clock.down_bps
     starts = [max(at, clock.link_free[i]) for i, at in zip(nodes, ats, strict=True)]
-    if net.server_bps is None:
-        done = [s + net.transfer_s(size, links[i], math.inf)
-                for i, s in zip(nodes, starts, strict=True)]
-    else:
-        done = _share(clock, way, [Flow(s, 8 * size, net.efficiency * links[i])
-                                   for i, s in zip(nodes, starts, strict=True)], forget)
+    done = _finishes(clock, way, nodes, size, starts, forget=forget)
     for i, d in zip(nodes, done, strict=True):
         clock.link_free[i] = d
-    return [d + net.message_latency_s for d in done]
+    return [d + clock.network.message_latency_s for d in done]
 
 
-def _share(clock: SimClock, way: int, flows: Sequence[Flow], forget: bool) -> list[float]:
+def _finishes(clock: SimClock, way: int, nodes: Sequence[int], size: float,
+              starts: Sequence[float], *, forget: bool = True, commit: bool = True
+              ) -> list[float]:
+    """When each of ``nodes``' transfers of ``size`` bytes, from ``starts``, is through its
+    node's link (``way`` 0: up, 1: down) and, with a server rate, the server's (:func:`_share`;
+    ``commit``: the rate they take is added to the link's load)."""
+    net = clock.network
+    links = clock.up_bps if way == 0 else clock.down_bps
+    if net.server_bps is None:
+        return [s + net.transfer_s(size, links[i], math.inf)
+                for i, s in zip(nodes, starts, strict=True)]
+    return _share(clock, way, [Flow(s, 8 * size, net.efficiency * links[i])
+                               for i, s in zip(nodes, starts, strict=True)], forget, commit)
+
+
+def _share(clock: SimClock, way: int, flows: Sequence[Flow], forget: bool,
+           commit: bool = True) -> list[float]:
     """When each of ``flows`` finishes through the server's link (``way`` 0: in, 1: out),
     sharing it max-min fairly with each other, at the rate the transfers priced before leave
     (they keep theirs); their own rate is then added to what is taken. ``forget``: what ended
@@ -192,7 +211,8 @@ def _share(clock: SimClock, way: int, flows: Sequence[Flow], forget: bool) -> li
     net, link = clock.network, clock.server_link
     assert net.server_bps is not None
     rate = net.efficiency * net.server_bps
-    load = prune_steps(link.load[way], min(clock.t)) if forget else link.load[way]
+    load = prune_steps(link.load[way], min(clock.t)) if forget and commit else link.load[way]
     shared = share_link(flows, [(t, max(rate - used, 0.0)) for t, used in load])
-    link.load[way] = add_steps(load, shared.used)
+    if commit:
+        link.load[way] = add_steps(load, shared.used)
     return shared.finish

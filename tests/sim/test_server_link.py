@@ -114,6 +114,18 @@ def test_a_round_through_a_20_mbits_server() -> None:
     assert clock.node_comm == close([3.67 - 1 - 0.65, 3.67 - 1.5 - 0.35, 3.67 - 2])
 
 
+def test_a_round_policy_s_report_times_are_the_round_s_upload_arrivals() -> None:
+    """upload_arrivals prices the uploads as the round does (the case above: 1.81, 2.11,
+    2.46 through a 20 Mbit/s server; 1.81, 1.91, 2.21 alone) and commits nothing."""
+    from exogym.sim.server import upload_arrivals
+
+    for server, expected in (("20Mbps", [1.81, 2.11, 2.46]), ("", [1.81, 1.91, 2.21])):
+        clock = _clock(server)
+        before = (list(clock.link_free), [list(w) for w in clock.server_link.load])
+        assert upload_arrivals(clock, [0, 1, 2], MB) == close(expected)
+        assert (clock.link_free, clock.server_link.load) == before
+
+
 def test_a_round_through_a_40_mbits_server() -> None:
     clock = _clock("40Mbps")
     clock.collective(CommRecord("all_reduce", MB, 0, "grads"))

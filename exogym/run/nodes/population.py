@@ -549,12 +549,7 @@ class _SeatLinks:
 
 def _idle_until(clock: SimClock, seat: int, until: float, why: str) -> None:
     """Seat ``seat`` idles until ``until`` (its link too), a span ``why``."""
-    t = clock.t[seat]
-    if until > t:
-        if clock.spans is not None:
-            clock.spans.add(seat, "idle", t, until, why)
-        clock.node_idle[seat] += until - t
-        clock.t[seat] = until
+    clock.wait(seat, until, why)
     clock.link_free[seat] = max(clock.link_free[seat], until)
 
 

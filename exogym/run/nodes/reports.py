@@ -5,13 +5,13 @@ go, the events and counts. :class:`ReportRule` is the communicator's
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from exogym.sim.round_policy import Outcome, RoundPolicy, decide
+from exogym.sim.server import upload_arrivals
 
 if TYPE_CHECKING:
     from exogym.run.nodes.population import Population
@@ -55,8 +55,7 @@ class ReportRule:
                              "give the run a network")
         pop = self.population
         seats = [j for j in range(len(pop.seated)) if active is None or active[j]]
-        size = self._payload()
-        reports = {j: self._report_time(clock, j, size) for j in seats}
+        reports = dict(zip(seats, upload_arrivals(clock, seats, self._payload()), strict=True))
         gone = self._dropped(reports) if self.policy.dropouts else set()
         k = pop.participation.reports(pop.num_clients)
         out = decide(self.policy, k, clock.last_release, reports, gone)
@@ -77,15 +76,6 @@ class ReportRule:
         tensors = [*nodes.params.values(), *nodes.float_buffers.values()]
         return float(sum(codec.payload_bytes(t[0].numel(), t.dtype) if codec is not None
                          else t[0].numel() * t.element_size() for t in tensors))
-
-    @staticmethod
-    def _report_time(clock: SimClock, seat: int, size: float) -> float:
-        """When seat ``seat``'s report reaches the server: its compute finish, then its upload
-        over its own uplink (the server's link no bottleneck), then one latency."""
-        net = clock.network
-        start = max(clock.t[seat], clock.link_free[seat])
-        return (start + net.transfer_s(size, clock.up_bps[seat], math.inf)
-                + net.message_latency_s)
 
     def _dropped(self, reports: dict[int, float]) -> set[int]:
         """The seats whose client is no longer available when its report would arrive."""
@@ -127,9 +117,6 @@ def _let_go(clock: SimClock, seat: int, release: float) -> None:
     if t > release:
         clock.node_compute[seat] -= t - release
         clock.t[seat] = release
-    elif t < release:
-        if clock.spans is not None:
-            clock.spans.add(seat, "idle", t, release, "report not kept")
-        clock.node_idle[seat] += release - t
-        clock.t[seat] = release
+    else:
+        clock.wait(seat, release, "report not kept")
     clock.link_free[seat] = min(clock.link_free[seat], release)
