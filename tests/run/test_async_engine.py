@@ -11,7 +11,6 @@ were due."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import pytest
 import torch
 from support.async_runs import FAST
 from support.resume_cases import Net, data
+from support.runs import resume_cut
 
 from exogym import Trainer
 from exogym.run.loop.timelines import BatchedSteps, ImmediateSteps, PerNodeTimelines
@@ -140,13 +140,7 @@ def test_a_batched_population_resumes_bit_for_bit(tmp_path: Path,
     case = "async_local_sgd, 200 clients, 6 in flight, kept state, loop engine"
     full, _ = run(case, batched=True, monkeypatch=monkeypatch, out_dir=tmp_path / "full",
                   checkpoint_every=7, keep_checkpoints=4)
-    cut = tmp_path / "cut"
-    shutil.copytree(tmp_path / "full", cut)
-    for step in (14, 21, 24):
-        shutil.rmtree(cut / "checkpoints" / f"step-{step:08d}", ignore_errors=True)
-    (cut / "summary.json").unlink()
-    torch.manual_seed(1)
-    again = Trainer(Net(), data(), data()).fit(resume=cut, progress=False)
+    again = resume_cut(tmp_path / "full", tmp_path / "cut", (14, 21, 24))
     assert again.resumed_from["step"] == 7
     got, want = numbers(again), numbers(full)
     for key in ("rows", "log", "sent", "received", "rounds", "draw_seats", "clock"):
