@@ -68,7 +68,11 @@ class TrainLoss:
         """The ``active`` nodes (None: all) compute ``step``; their losses are kept."""
         attendance = self.comm.attendance
         attendance.step, attendance.active = step, active
-        losses = self.held.step(step, active, self.feed)
+        self.account(step, active, self.held.step(step, active, self.feed))
+
+    def account(self, step: int, active: list[bool] | None, losses: Tensor) -> None:
+        """Keep step ``step``'s per-node ``losses`` of the ``active`` nodes (None: all), computed
+        now or, by the asynchronous engine's batched steps, before."""
         # the computing nodes' losses only (others' rows are 0): a run holding the round's
         # clients in seats sums the very same values in the same order
         self.loss_sum += (losses if active is None else

@@ -23,10 +23,9 @@ see exactly what computing each group at once would give (docs/design/async.md).
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -314,9 +313,10 @@ class BatchedSteps:
         self.catch_up()
         if not self.groups:
             return
-        with _losses_given(self.compute, self._group_losses()):
-            for g in self.groups:
-                self.compute(g.step, g.active)
+        attendance = self.comm.attendance
+        for g, loss in zip(self.groups, self._group_losses(), strict=True):
+            attendance.step, attendance.active = g.step, g.active  # as computing it sets them
+            self.compute.account(g.step, g.active, loss)
         self.groups, self.losses, self.members = [], [], []
         self.probing = False
 
@@ -415,25 +415,3 @@ def _mask(rows: Sequence[int], n: int) -> list[bool]:
     return mask
 
 
-class _Given:
-    """The holder :class:`TrainLoss` sees while :class:`BatchedSteps` accounts computed steps:
-    its ``step`` returns their losses in turn (nothing else is asked of it)."""
-
-    def __init__(self, losses: Sequence[Tensor]) -> None:
-        self.losses = iter(losses)
-
-    def step(self, step: int, active: list[bool] | None, clock: Any) -> Tensor:
-        return next(self.losses)
-
-
-@contextlib.contextmanager
-def _losses_given(compute: TrainLoss, losses: Sequence[Tensor]) -> Iterator[None]:
-    """Within the block ``compute(step, active)`` accounts the given losses, one per call,
-    with TrainLoss's own code (its sums, counts and non-finite tracking) and computes
-    nothing."""
-    held = compute.held
-    compute.held = _Given(losses)  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        compute.held = held
