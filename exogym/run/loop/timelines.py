@@ -284,11 +284,9 @@ class BatchedSteps:
         attendance = self.comm.attendance
         attendance.step, attendance.active = step, active
         if self.seats is not None:
-            # the computing seats' clients' next sample ids, taken as Population.batch takes
-            # them (every client's position and the epoch move on now); their samples are
-            # fetched with the batched step's
-            population = self.seats.population
-            ids = population.batches.take([population.seated[i] for i in rows])
+            # the computing seats' clients' next sample ids (every client's position and the
+            # epoch move on now); their samples are fetched with the batched step's
+            ids = self.seats.population.take(rows)
             group, index = _Group(step, active, rows, ids=ids), range(len(rows))
         else:
             leaves, spec = tree_flatten(self.held.next_batch(active))

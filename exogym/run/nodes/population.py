@@ -282,9 +282,14 @@ class Population:
         moves on, in every process (their positions stay the same everywhere); a seat that does
         not compute repeats the first computing seat's samples, and its client's does not."""
         seats = [j for j in range(len(self.seated)) if active is None or active[j]]
-        ids = dict(zip(seats, self.batches.take([self.seated[j] for j in seats]), strict=True))
+        ids = dict(zip(seats, self.take(seats), strict=True))
         rows = range(self.num_seats) if local is None else local
         return self.batches.fetch([ids.get(j, ids[seats[0]]) for j in rows])
+
+    def take(self, seats: Sequence[int]) -> list[Any]:
+        """The next sample ids of ``seats``' clients (each client's data position moves on;
+        :meth:`batch` fetches them, the asynchronous engine later)."""
+        return self.batches.take([self.seated[j] for j in seats])
 
     # -- accounting ----------------------------------------------------------------------------
     def on_record(self, op: str, sent: list[float], received: list[float], src: int,
