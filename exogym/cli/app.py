@@ -34,6 +34,7 @@ from exogym.cli import (
     trace,
 )
 from exogym.cli.common import Parser
+from exogym.cli.presets import expand_preset
 from exogym.utils.config import ConfigError
 from exogym.utils.signals import InterruptOnSignal, Stopped
 
@@ -116,6 +117,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     options to suggest), not of ``exogym``'s."""
     parser = build_parser()
     raw = list(sys.argv[1:] if argv is None else argv)
+    if raw[:1] == ["run"]:
+        raw = expand_preset(raw)  # `--preset NAME`: its flags where it stands
     args, extra = parser.parse_known_args(_attach_negative_values(parser, raw))
     if extra:
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

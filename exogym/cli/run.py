@@ -23,6 +23,7 @@ from exogym.cli.common import (
     get_task,
     setting_values,
 )
+from exogym.cli.presets import PRESETS
 from exogym.run.output.sinks import make_sink
 from exogym.utils.config import ConfigError
 
@@ -52,6 +53,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from exogym.run.options import settings
 
     add_task_option(p)
+    p.add_argument("--preset", choices=sorted(PRESETS), metavar="NAME",
+                   help="a published configuration as the flags that reproduce it, placed "
+                        "where --preset stands (a flag after it overrides the preset's): "
+                        + "; ".join(f"{name}: {preset.help()}"
+                                    for name, preset in sorted(PRESETS.items())))
     p.add_argument("--strategy", default="diloco",
                    help=f"strategy id ({', '.join(strategies.registry())}), or your own: "
                         "path/to/file.py:Class or package.module:Class")

@@ -93,11 +93,11 @@ class FedBuff(ServerStrategy):
         (``fed_avg_with_lr_hybrid``), no staleness weighting (``a = 0``: the config's
         ``async_weight`` keeps FLSim's constant staleness weight), the clients' plain SGD at lr
         0.1. FLSim starts 100 clients per unit of time whose training lasts ``|N(0, 1)|`` units
-        (``per_user_half_normal_duration_distribution``, sd 1, min 0): about 80 in flight. In
-        exogym: ``--concurrency 80 --world duration=halfnormal:1:0``, and on the command line
-        ``--strategy fedbuff --set K=10 --set eta_g=0.7 --set server_momentum=0.9 --set a=0
-        --set optim.name=sgd --set optim.lr=0.1``. FLSim's clients train one local epoch;
-        ``H`` stays yours to set. ``changes`` override any of these fields."""
+        (``per_user_half_normal_duration_distribution``, sd 1, min 0): about 80 in flight.
+        The whole configuration, its timing included, is ``exogym run --preset flsim-sent140``
+        (:mod:`exogym.cli.presets`); in Python, this strategy with ``H=1`` and ``fit(...,
+        batch_size=32, concurrency=128, arrivals="constant:100",
+        world="duration=halfnormal:1:0")``. ``changes`` override any of these fields."""
         settings: dict[str, Any] = {"K": 10, "eta_g": 0.7, "server_momentum": 0.9, "a": 0.0,
                                     "optim": OptimSpec(name="sgd", lr=0.1)}
         settings.update(changes)
