@@ -21,6 +21,7 @@ from exogym.cli import (
     bench,
     calibrate,
     check,
+    claims,
     compare,
     devices,
     estimate,
@@ -43,7 +44,7 @@ __all__ = ["build_parser", "main"]
 _COMMANDS: dict[str, ModuleType] = {
     "run": run, "compare": compare, "sweep": sweep, "bench": bench, "sample": sample,
     "strategies": strategies, "tasks": tasks, "networks": networks, "devices": devices,
-    "check": check,
+    "check": check, "claims": claims,
     "recost": recost, "trace": trace, "estimate": estimate, "calibrate": calibrate,
 }
 """Each subcommand's module (``add_parser(sub)``, ``command(args) -> status``), in the order

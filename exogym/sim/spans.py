@@ -29,6 +29,7 @@ are never merged: a failure stays where it happened.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -165,6 +166,38 @@ class SpanLog:
             self._close(node)
         return self
 
+    def cut(self, node: int, at: float) -> None:
+        """Node ``node``'s timeline ends at ``at`` (its clock was set back there: a client let
+        go in the middle of its work): what it recorded after ``at`` goes, a span across ``at``
+        ends there. A block across ``at`` keeps its whole steps before ``at`` and the step
+        ``at`` falls in, cut (a block of steps with different times, :attr:`Block.same`
+        False, is cut as if each took their mean time)."""
+        self._group[node] = _clipped(self._group[node], at)
+        blocks = self.blocks[node]
+        while blocks and blocks[-1].end > at:
+            b = blocks.pop()
+            if b.start >= at:
+                continue
+            period = (b.end - b.start) / b.count
+            whole = min(int((at - b.start) // period), b.count - 1)
+            if whole:
+                blocks.append(Block(b.spans, whole, b.start, b.start + whole * period,
+                                    [v * whole / b.count for v in b.totals],
+                                    None if b.steps is None
+                                    else (b.steps[0], b.steps[0] + whole - 1), b.same))
+            shift = whole * period
+            last = _clipped([dataclasses.replace(
+                s, start=s.start + shift, end=s.end + shift,
+                step=None if s.step is None else s.step + whole) for s in b.spans], at)
+            if last:
+                totals = [0.0] * len(KINDS)
+                for s in last:
+                    totals[KINDS.index(s.kind)] += s.end - s.start
+                steps = [s.step for s in last if s.step is not None]
+                blocks.append(Block(tuple(last), 1, last[0].start, last[-1].end, totals,
+                                    (steps[0], steps[0]) if steps else None))
+            break
+
     def totals(self, node: int) -> list[float]:
         """Node ``node``'s seconds per kind (:data:`KINDS`) in its closed blocks."""
         out = [0.0] * len(KINDS)
@@ -232,6 +265,12 @@ def node_ranges(ids: Sequence[int]) -> str:
         out.append(str(ids[k]) if j == k else f"{ids[k]}-{ids[j]}")
         k = j + 1
     return ",".join(out)
+
+
+def _clipped(spans: Sequence[Span], at: float) -> list[Span]:
+    """The spans that started before ``at``, each ending no later than ``at``."""
+    return [s if s.end <= at else dataclasses.replace(s, end=at)
+            for s in spans if s.start < at]
 
 
 def _close_to(a: float, b: float) -> bool:

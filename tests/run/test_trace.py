@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.runs import WorldNet, world_data, world_run
+from support.runs import WorldNet, client_run, world_data, world_run
 from support.toy_task import toy_task_source
 
 from exogym import Trainer
@@ -380,3 +380,52 @@ def test_compare_with_trace_writes_and_links_every_run_s_trace(toy: str, tmp_pat
     events = json.loads((run / "trace.json").read_text())["traceEvents"]
     assert any(e.get("ph") == "X" for e in events)
     assert "runs/ddp-seed0/trace.json" in c.results_md.read_text()
+
+
+def test_a_span_log_cut_keeps_what_came_before_its_moment() -> None:
+    """Four identical 1 s compute steps of node 0 (one block of 3 closed, the 4th open), cut at
+    2.5 s: steps 0 and 1 whole, step 2 from 2 to 2.5 s, step 3 gone; node 1 untouched."""
+    log = SpanLog(2)
+    for k in range(4):
+        log.add(0, "compute", k, k + 1.0, "compute")
+    log.add(1, "compute", 0.0, 4.0, "compute")
+    log.cut(0, 2.5)
+    log.finish()
+    blocks = log.blocks[0]
+    assert [(b.count, b.start, b.end, b.steps) for b in blocks] == [(2, 0.0, 2.0, (0, 1)),
+                                                                    (1, 2.0, 2.5, (2, 2))]
+    assert log.totals(0) == [2.5, 0.0, 0.0, 0.0] and log.totals(1) == [4.0, 0.0, 0.0, 0.0]
+    assert blocks[1].spans[0].step == 2 and blocks[1].spans[0].end == 2.5
+
+
+def test_a_span_log_cut_inside_the_open_step_and_before_every_block() -> None:
+    log = SpanLog(1)
+    log.add(0, "compute", 0.0, 1.0, "compute")
+    log.add(0, "idle", 1.0, 2.0, "straggler wait")
+    log.add(0, "compute", 2.0, 3.0, "compute")  # closes step 0 (compute + idle)
+    log.add(0, "comm", 3.0, 4.0, "all_reduce g")
+    log.cut(0, 3.5)  # inside the open step's comm
+    assert log.finish().totals(0) == [2.0, 0.5, 1.0, 0.0]
+    log = SpanLog(1)
+    log.add(0, "compute", 1.0, 2.0, "compute")
+    log.add(0, "compute", 2.0, 3.0, "compute")
+    log.cut(0, 0.5)  # before it all
+    assert log.finish().blocks[0] == [] and log.totals(0) == [0.0] * 4
+
+
+def test_a_client_let_go_mid_compute_ends_its_timeline_there(tmp_path: Path) -> None:
+    """Over-selection lets a client go while it still computes (FedScale's hand case of
+    tests/run/test_round_policy_runs.py: client 1 computes until 0.6 s, is let go at 0.452 s):
+    its seat's timeline stops at the release, and every seat's spans still tile its time and
+    add up to its clock's split."""
+    table = tmp_path / "fedscale.json"
+    table.write_text(json.dumps({"0": {"computation": 10, "communication": 8},
+                                 "1": {"computation": 50, "communication": 80},
+                                 "2": {"computation": 20, "communication": 26.56}}))
+    r = client_run(make("fedavg", H=3), nodes=3, participation=2, clients_in_memory="round",
+                   steps=6, network="bw=1Gbps,latency=0s,efficiency=1,hop_latency=0s",
+                   hardware=str(table), round_policy="over_selection=1.5", trace=True,
+                   out_dir=tmp_path / "run")
+    assert [e["node"] for e in r.events if e["event"] == "discarded"] == [1, 0]
+    trace = json.loads((tmp_path / "run" / "trace.json").read_text())
+    assert_spans_add_up(trace, r.clock)

@@ -112,11 +112,14 @@ class ReportRule:
 
 def _let_go(clock: SimClock, seat: int, release: float) -> None:
     """A client the round does not keep is let go at ``release``: still computing then, its
-    seat's clock stops there (the rest of its work never happens); done before, it waits."""
+    seat's clock and timeline stop there (the rest of its work never happens); done before, it
+    waits."""
     t = clock.t[seat]
     if t > release:
         clock.node_compute[seat] -= t - release
         clock.t[seat] = release
+        if clock.spans is not None:
+            clock.spans.cut(seat, release)
     else:
         clock.wait(seat, release, "report not kept")
     clock.link_free[seat] = min(clock.link_free[seat], release)

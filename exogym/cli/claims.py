@@ -1,0 +1,51 @@
+"""``exogym claims``: the claims suite, published results checked at small scale, each decided by
+a rule written before its first run (:mod:`exogym.lab.claims`); resumable."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from exogym.cli.common import add_data_options, add_results_options
+
+__all__ = ["add_parser", "command"]
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "claims", help="published claims reproduced at small scale, with verdicts; resumable",
+        description="Train every configuration of every claim of the suite with its seeds, "
+                    "decide each claim by its rule (a bootstrap 95%% CI of the compared "
+                    "difference: reproduced, not reproduced or inconclusive) and write "
+                    "claims.md, claims.json and a plot per claim. Run it again with the same "
+                    "--out to continue: finished runs are not retrained.")
+    p.add_argument("--only", metavar="ID,...",
+                   help="these claims only (comma-separated; --list shows the ids)")
+    p.add_argument("--quick", action="store_true",
+                   help="one seed and short runs: a check of the machinery, never of the "
+                        "verdicts (CI runs it)")
+    p.add_argument("--list", action="store_true", help="list the claims and stop")
+    add_data_options(p)
+    add_results_options(p, "results folder: new, or a claims run to continue (default "
+                           "runs/claims-v0, runs/claims-v0-quick with --quick)")
+
+
+def command(args: argparse.Namespace) -> int:
+    """``exogym claims``: print the claims table and where it was written."""
+    from exogym.lab.claims import CLAIMS, SUITE, run_claims, select, write_report
+
+    only = None if args.only is None else [i.strip() for i in args.only.split(",") if i.strip()]
+    claims = select(CLAIMS, only)
+    if args.list:
+        for c in claims:
+            print(f"{c.id:28s} {c.paper.authors} {c.paper.year} (arXiv {c.paper.arxiv}): "
+                  f"{c.claim}")
+        return 0
+    out = args.out or Path("runs") / (SUITE + ("-quick" if args.quick else ""))
+    outcomes = run_claims(claims, out, suite=SUITE, quick=args.quick, data_dir=args.data_dir,
+                          download=not args.no_download, progress=not args.no_progress)
+    write_report(outcomes, out, SUITE)
+    print((out / "claims.md").read_text(encoding="utf-8").split("\n## ")[0].rstrip())
+    print(f"\nwritten to {out}  (claims.md, claims.json, a plot per claim, a folder per claim)")
+    return 0

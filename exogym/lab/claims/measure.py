@@ -1,0 +1,46 @@
+"""A claim's quantities read from a finished run's folder (:data:`~exogym.lab.claims.spec.METRICS`):
+its ``summary.json`` and the evaluations of its ``metrics.jsonl``."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from exogym.run.output.result import read_json
+
+__all__ = ["RunRecord", "read_run"]
+
+
+class RunRecord:
+    """One finished run as a claim reads it: the summary and the evaluation rows."""
+
+    def __init__(self, summary: dict[str, Any], evaluations: list[dict[str, Any]]) -> None:
+        self.summary, self.evaluations = summary, evaluations
+
+    def value(self, metric: str, target: float | None = None) -> float:
+        """``metric`` of this run (``target``: the accuracy of the ``*_to_accuracy`` ones)."""
+        s = self.summary
+        if metric == "final_loss":
+            return float(s["final"]["eval_loss"])
+        if metric == "final_accuracy":
+            return float(s["final"]["eval_accuracy"])
+        if metric == "bytes_per_node":
+            return float(max(s["bytes_sent_per_node"]))
+        if metric == "sim_time":
+            return float(s["sim_time_s"])
+        if metric in ("time_to_accuracy", "steps_to_accuracy"):
+            assert target is not None
+            key = "sim_time_s" if metric == "time_to_accuracy" else "step"
+            return next((float(r[key]) for r in self.evaluations
+                         if r.get("eval_accuracy", -1.0) >= target), math.inf)
+        raise ValueError(f"unknown metric {metric!r}")
+
+
+def read_run(run_dir: Path) -> RunRecord:
+    """The run in ``run_dir`` (it must have finished: its ``summary.json``)."""
+    summary = read_json(run_dir / "summary.json", "a run folder written by exogym")
+    rows = [json.loads(line) for line in
+            (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines() if line]
+    return RunRecord(summary, [r for r in rows if "eval_loss" in r])

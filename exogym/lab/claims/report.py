@@ -1,0 +1,116 @@
+"""A claims run as files: ``claims.json`` (every rule's per-seed values, mean, CI and verdict),
+``claims.md`` (the table of the docs' Claims page) and a plot per claim (each rule's per-seed
+values, their mean and 95% CI against the rule's threshold)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from exogym.lab.claims.spec import Rule
+from exogym.lab.claims.suite import ClaimOutcome, command_of
+from exogym.lab.plots import require_matplotlib
+
+__all__ = ["format_markdown", "plot_claim", "to_json", "write_report"]
+
+
+def _num(v: float) -> str:
+    if math.isnan(v):
+        return "n/a"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return f"{v:.4g}"
+
+
+def _figure(o: ClaimOutcome) -> str:
+    """exogym's figure of each rule: mean [95% CI] (n seeds)."""
+    return "; ".join(f"{_what(r)}: {_num(x.mean)} [{_num(x.ci[0])}, {_num(x.ci[1])}]"
+                     for r, x in zip(o.claim.rules, o.rules, strict=True))
+
+
+def _what(r: Rule) -> str:
+    """``final_loss(a) - final_loss(b)``."""
+    return f"{r.metric}({r.a}) {'-' if r.form == 'diff' else '/'} {r.metric}({r.b})"
+
+
+def format_markdown(outcomes: Sequence[ClaimOutcome], suite: str) -> str:
+    """The claims table: claim, paper's figure, exogym's figure with its CI, verdict."""
+    quick = any(o.quick for o in outcomes)
+    lines = [f"# {suite}" + (" (--quick: a check of the machinery, not the verdicts)"
+                             if quick else ""), "",
+             "| claim | paper | paper's figure | exogym (mean [95% CI], seeds) | verdict |",
+             "|---|---|---|---|---|"]
+    for o in outcomes:
+        c = o.claim
+        lines.append(f"| `{c.id}`: {c.claim} | {c.paper.authors} {c.paper.year} "
+                     f"(arXiv {c.paper.arxiv}), {c.where} | {c.paper_figure} | "
+                     f"{_figure(o)} ({o.seeds} seeds) | **{o.verdict}** |")
+    lines += ["", "## Rules and commands", ""]
+    for o in outcomes:
+        c = o.claim
+        lines += [f"### `{c.id}`", "", f"Scale: {c.scale}", ""]
+        for r, x in zip(c.rules, o.rules, strict=True):
+            values = ", ".join(_num(v) for v in x.values)
+            lines.append(f"- {r.text} Per seed: {values}; **{x.verdict}**.")
+        lines += ["", "```bash"]
+        lines += [command_of(c, cfg, o.quick) + " --seed S" for cfg in c.configs]
+        lines += ["```", ""]
+    return "\n".join(lines)
+
+
+def to_json(outcomes: Sequence[ClaimOutcome], suite: str) -> dict[str, Any]:
+    def plain(v: float) -> float | str:
+        return v if math.isfinite(v) else str(v)
+
+    return {"suite": suite, "claims": [
+        {"id": o.claim.id, "verdict": o.verdict, "seeds": o.seeds, "quick": o.quick,
+         "paper": o.claim.paper.cite(), "where": o.claim.where,
+         "rules": [{"text": r.text, "metric": r.metric, "a": r.a, "b": r.b, "form": r.form,
+                    "side": r.side, "threshold": r.threshold, "target": r.target,
+                    "values": [plain(v) for v in x.values], "mean": plain(x.mean),
+                    "ci": [plain(v) for v in x.ci], "verdict": x.verdict}
+                   for r, x in zip(o.claim.rules, o.rules, strict=True)]}
+        for o in outcomes]}
+
+
+def plot_claim(o: ClaimOutcome, path: Path) -> Path:
+    """One row per rule: the per-seed values (dots), their mean and 95% CI (a bar) and the
+    threshold (a dashed line), each rule on its own axis."""
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rules = o.claim.rules
+    fig, axes = plt.subplots(len(rules), 1, figsize=(6.5, 1.2 + 1.1 * len(rules)),
+                             squeeze=False)
+    for ax, r, x in zip(axes[:, 0], rules, o.rules, strict=True):
+        finite = [v for v in x.values if math.isfinite(v)]
+        ax.scatter(finite, [0] * len(finite), color="0.4", zorder=3, s=18, label="seeds")
+        if math.isfinite(x.mean) and all(math.isfinite(v) for v in x.ci):
+            ax.errorbar([x.mean], [0], xerr=[[x.mean - x.ci[0]], [x.ci[1] - x.mean]],
+                        fmt="o", color="C0", capsize=6, zorder=4, label="mean, 95% CI")
+        ax.axvline(r.threshold, color="C3", ls="--", label=f"threshold ({r.side})")
+        ax.set_yticks([])
+        ax.set_title(f"{r.text}  [{x.verdict}]", fontsize=8, loc="left", wrap=True)
+        ax.set_xlabel(_what(r), fontsize=8)
+    axes[0, 0].legend(fontsize=7, loc="best")
+    fig.suptitle(f"{o.claim.id}: {o.verdict} ({o.seeds} seeds)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(outcomes: Sequence[ClaimOutcome], out_dir: str | Path, suite: str) -> None:
+    """``claims.json``, ``claims.md`` and ``ID.png`` per claim into ``out_dir``."""
+    out = Path(out_dir)
+    (out / "claims.json").write_text(json.dumps(to_json(outcomes, suite), indent=1) + "\n",
+                                     encoding="utf-8")
+    (out / "claims.md").write_text(format_markdown(outcomes, suite) + "\n", encoding="utf-8")
+    for o in outcomes:
+        plot_claim(o, out / f"{o.claim.id}.png")

@@ -1,0 +1,171 @@
+"""Run claims and decide them: :func:`run_claims` trains every configuration of every claim with
+its seeds (resumable), reads the runs, decides the rules (:mod:`exogym.lab.claims.stats`) and
+writes the report (:mod:`exogym.lab.claims.report`).
+
+The results folder ``OUT``: ``OUT/suite.json`` (the suite, ``--quick`` or not, each claim's spec
+fingerprint), ``OUT/ID/LABEL-seedS/`` a run folder as ``exogym run`` writes it, ``OUT/claims.json``
+and ``OUT/claims.md`` the verdicts, ``OUT/ID.png`` a claim's plot. Run the same command again and
+the finished runs (those with a ``summary.json``) are read, not retrained; an unfinished run's
+folder is cleared and trained from its start. A folder of another suite, of the other mode
+(``--quick`` or not) or of a claim whose spec changed since its runs is an error naming it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from exogym import strategy as strategies
+from exogym.lab.claims.measure import RunRecord, read_run
+from exogym.lab.claims.spec import Claim, Config
+from exogym.lab.claims.stats import RuleOutcome, Verdict, claim_verdict, decide, per_seed
+from exogym.run.options import settings
+from exogym.tasks.registry import get_task
+
+__all__ = ["ClaimOutcome", "command_of", "fingerprint", "run_claims", "select"]
+
+
+@dataclass(frozen=True)
+class ClaimOutcome:
+    """A claim decided: each rule's outcome (in the spec's order), the verdict, the seeds."""
+
+    claim: Claim
+    rules: tuple[RuleOutcome, ...]
+    verdict: Verdict
+    seeds: int
+    quick: bool
+
+
+def select(claims: Sequence[Claim], only: Sequence[str] | None) -> list[Claim]:
+    """The claims named in ``only`` (None: all), in the suite's order; an unknown id is an
+    error naming the known ones."""
+    if only is None:
+        return list(claims)
+    ids = [c.id for c in claims]
+    unknown = [i for i in only if i not in ids]
+    if unknown:
+        raise ValueError(f"unknown claim(s) {', '.join(unknown)}; the suite's: {', '.join(ids)}")
+    return [c for c in claims if c.id in only]
+
+
+def fingerprint(claim: Claim) -> str:
+    """A hash of the claim's spec (its ``repr``: every field): runs of another spec are not
+    this claim's."""
+    return hashlib.sha256(repr(claim).encode()).hexdigest()[:16]
+
+
+def command_of(claim: Claim, config: Config, quick: bool = False) -> str:
+    """``config``'s ``exogym run`` command (without ``--seed`` and ``--out``)."""
+    parts = ["exogym run", f"--task {claim.task}", f"--strategy {config.strategy}"]
+    parts += [f"--set {k}={v}" for k, v in config.sets.items()]
+    known = settings()
+    for name, value in claim.settings_of(config, quick).items():
+        flag = known[name].flag
+        if flag is None:
+            parts.append(f"(fit {name}={value!r})")
+        elif isinstance(value, bool):
+            if value:
+                parts.append(flag)
+        else:
+            parts.append(f"{flag} {value}")
+    return " ".join(parts)
+
+
+def run_claims(claims: Sequence[Claim], out_dir: str | Path, *, suite: str,
+               quick: bool = False, data_dir: str | Path | None = None,
+               download: bool = True, progress: bool = False) -> list[ClaimOutcome]:
+    """Train, read and decide ``claims`` into ``out_dir`` (module docstring); ``suite``: the
+    suite's name and version (``claims-v0``). ``quick``: one seed and each claim's ``quick``
+    settings (a check of the machinery: the verdicts are not the claims')."""
+    out = Path(out_dir)
+    _open(out, suite, quick, claims)
+    outcomes = []
+    for claim in claims:
+        seeds = 1 if quick else claim.seeds
+        runs = _train(claim, out / claim.id, seeds, quick, data_dir, download, progress)
+        outcomes.append(_decide(claim, runs, seeds, quick))
+    return outcomes
+
+
+def _open(out: Path, suite: str, quick: bool, claims: Sequence[Claim]) -> None:
+    """Create ``out``'s record, or check that the folder holds this suite's runs."""
+    record_path = out / "suite.json"
+    specs = {c.id: fingerprint(c) for c in claims}
+    if record_path.exists():
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+        if record["suite"] != suite or record["quick"] != quick:
+            raise ValueError(f"{out} holds the runs of {record['suite']} (quick="
+                             f"{record['quick']}), not of {suite} (quick={quick}): give "
+                             "another folder")
+        changed = [i for i, f in specs.items() if record["claims"].get(i, f) != f]
+        if changed:
+            raise ValueError(f"{out}: the spec of {', '.join(changed)} changed since its runs; "
+                             "its runs are not this spec's: give another folder")
+        specs = {**record["claims"], **specs}
+    elif out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} exists and is not a claims folder (no suite.json)")
+    out.mkdir(parents=True, exist_ok=True)
+    record_path.write_text(json.dumps({"suite": suite, "quick": quick, "claims": specs},
+                                      indent=1) + "\n", encoding="utf-8")
+
+
+def _train(claim: Claim, folder: Path, seeds: int, quick: bool, data_dir: str | Path | None,
+           download: bool, progress: bool) -> dict[str, list[RunRecord]]:
+    """Every config with every seed (seed by seed), the finished ones read back."""
+    task = get_task(claim.task)
+    data: tuple[Any, Any] | None = None
+    runs: dict[str, list[RunRecord]] = {c.label: [] for c in claim.configs}
+    for seed in range(seeds):
+        for config in claim.configs:
+            run_dir = folder / f"{config.label}-seed{seed}"
+            if not (run_dir / "summary.json").exists():
+                if run_dir.exists():
+                    shutil.rmtree(run_dir)  # unfinished: trained again from its start
+                if data is None:
+                    data = task.load_data(data_dir, download)
+                if progress:
+                    print(f"[{claim.id}] {config.label} seed {seed} -> {run_dir}", flush=True)
+                _fit(claim, config, seed, quick, run_dir, *data)
+            runs[config.label].append(read_run(run_dir))
+    return runs
+
+
+def _fit(claim: Claim, config: Config, seed: int, quick: bool, run_dir: Path, train: Any,
+         test: Any) -> None:
+    """One run, as ``exogym run`` trains it: the task's learning rate, batch size and
+    evaluation interval unless given, the model built after ``torch.manual_seed(seed)``."""
+    from exogym.run.trainer import Trainer
+
+    task = get_task(claim.task)
+    sets = dict(config.sets)
+    if "lr" not in sets and "optim.lr" not in sets:
+        sets["optim.lr"] = str(task.lr)
+    strategy = strategies.make(config.strategy, **sets)
+    fit = claim.settings_of(config, quick)
+    fit.setdefault("batch_size", task.batch_size)
+    fit.setdefault("eval_interval", task.eval_interval)
+    torch.manual_seed(seed)
+    model = task.build_model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a suite's runs are read from their folders
+        Trainer(model, train, test).fit(strategy=strategy, seed=seed, out_dir=run_dir,
+                                        progress=False, run_info=task.run_info(train), **fit)
+
+
+def _decide(claim: Claim, runs: dict[str, list[RunRecord]], seeds: int,
+            quick: bool) -> ClaimOutcome:
+    outcomes = []
+    for rule in claim.rules:
+        a = [r.value(rule.metric, rule.target) for r in runs[rule.a]]
+        b = [r.value(rule.metric, rule.target) for r in runs[rule.b]]
+        outcomes.append(decide(per_seed(a, b, rule.form), rule.side, rule.threshold))
+    return ClaimOutcome(claim, tuple(outcomes), claim_verdict([o.verdict for o in outcomes]),
+                        seeds, quick)

@@ -1,0 +1,132 @@
+"""The claims suite's machinery: the statistics and verdicts worked by hand, the specs' checks,
+the runner (resumable, a changed spec refused) and ``exogym claims --quick`` end to end (a check
+of the machinery, never of the verdicts)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from exogym.cli import main
+from exogym.lab.claims import CLAIMS, SUITE, Claim, Config, Paper, Rule, run_claims, select
+from exogym.lab.claims.stats import bootstrap_ci, claim_verdict, decide, per_seed
+from exogym.lab.claims.suite import command_of, fingerprint
+
+
+# -- statistics ---------------------------------------------------------------------------------
+def test_per_seed_differences_and_ratios_by_hand() -> None:
+    assert per_seed([3.0, 5.0], [1.0, 2.0], "diff") == [2.0, 3.0]
+    assert per_seed([3.0, 5.0], [1.0, 2.0], "ratio") == [3.0, 2.5]
+    assert per_seed([math.inf], [2.0], "ratio") == [math.inf]
+    assert math.isnan(per_seed([math.inf], [math.inf], "diff")[0])  # neither reached
+    assert math.isnan(per_seed([0.0], [0.0], "ratio")[0])
+
+
+def test_the_bootstrap_interval_by_hand() -> None:
+    """Two seeds 0 and 1: a resample's mean is 0 (prob 1/4), 0.5 (1/2) or 1 (1/4), so the 2.5%
+    and 97.5% quantiles are 0 and 1. Three seeds 0, 0, 3: the mean is 0 with prob 8/27 and 3
+    with prob 1/27 (> 2.5%): the interval is [0, 3]. One seed, or equal values: the point."""
+    assert bootstrap_ci([0.0, 1.0]) == (0.0, 1.0)
+    assert bootstrap_ci([0.0, 0.0, 3.0]) == (0.0, 3.0)
+    assert bootstrap_ci([0.7]) == (0.7, 0.7) and bootstrap_ci([2.0, 2.0, 2.0]) == (2.0, 2.0)
+    lo, hi = bootstrap_ci([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert 1.0 < lo < 3.0 < hi < 5.0
+    assert bootstrap_ci([1.0, 2.0, 3.0, 4.0, 5.0]) == (lo, hi)  # a fixed generator
+
+
+def test_verdicts_by_where_the_interval_lies() -> None:
+    assert decide([0.01, 0.02, 0.015], "below", 0.05).verdict == "reproduced"
+    assert decide([0.06, 0.07, 0.08], "below", 0.05).verdict == "not reproduced"
+    assert decide([0.0, 0.1], "below", 0.05).verdict == "inconclusive"  # CI [0, 0.1]
+    assert decide([2.0, 3.0], "above", 1.0).verdict == "reproduced"
+    assert decide([0.5, 0.9], "above", 1.0).verdict == "not reproduced"
+    assert decide([math.inf, 3.0], "above", 1.0).verdict == "reproduced"  # one never reached
+    assert decide([math.nan, 3.0], "above", 1.0).verdict == "inconclusive"
+    o = decide([1.0, 3.0], "above", 0.0)
+    assert o.mean == 2.0 and o.ci == (1.0, 3.0) and o.values == (1.0, 3.0)
+    assert claim_verdict(["reproduced", "reproduced"]) == "reproduced"
+    assert claim_verdict(["reproduced", "not reproduced", "inconclusive"]) == "not reproduced"
+    assert claim_verdict(["reproduced", "inconclusive"]) == "inconclusive"
+
+
+# -- specs --------------------------------------------------------------------------------------
+def tiny(**changes: object) -> Claim:
+    """DDP against DiLoCo (H = 2) on MNIST, 2 nodes, 4 steps of batch 8."""
+    claim = Claim(
+        id="tiny", paper=Paper("A", 2020, "T", "0000.00000"), where="nowhere",
+        claim="c", paper_figure="f", scale="s", task="mnist",
+        common={"num_nodes": 2, "max_steps": 4, "batch_size": 8, "eval_interval": 2,
+                "eval_samples": 100},
+        configs=(Config("ddp", "ddp"), Config("diloco", "diloco", {"H": "2"})),
+        rules=(Rule("bytes", "bytes_per_node", "diloco", "ddp", "ratio", "below", 0.6),
+               Rule("loss", "final_loss", "diloco", "ddp", "diff", "below", 1.0)),
+        seeds=2, quick={"max_steps": 2})
+    return replace(claim, **changes)
+
+
+def test_specs_are_checked_by_name() -> None:
+    with pytest.raises(ValueError, match="a rule compares 'fedavg', not one of its configs"):
+        tiny(rules=(Rule("r", "final_loss", "fedavg", "ddp", "diff", "below", 0.0),))
+    with pytest.raises(ValueError, match="'nodes' is not a run setting a claim gives"):
+        tiny(common={"nodes": 2})
+    with pytest.raises(ValueError, match="'seed' is not a run setting"):
+        Config("x", "ddp", settings={"seed": 3})
+    with pytest.raises(ValueError, match="rule metric 'loss' is not one of"):
+        Rule("r", "loss", "a", "b", "diff", "below", 0.0)
+    with pytest.raises(ValueError, match="target is required"):
+        Rule("r", "time_to_accuracy", "a", "b", "ratio", "above", 1.0)
+    with pytest.raises(ValueError, match="config labels repeat"):
+        tiny(configs=(Config("ddp", "ddp"), Config("ddp", "diloco")))
+    with pytest.raises(ValueError, match=r"unknown claim\(s\) nope; the suite's: "):
+        select(CLAIMS, ["nope"])
+
+
+def test_the_suite_s_claims_are_distinct_and_each_config_renders_as_a_command() -> None:
+    assert len({c.id for c in CLAIMS}) == len(CLAIMS) >= 5 and SUITE == "claims-v0"
+    claim = select(CLAIMS, ["diloco-matches-ddp"])[0]
+    assert command_of(claim, claim.config("diloco-h50")) == (
+        "exogym run --task mnist --strategy diloco --set H=50 --nodes 8 --steps 400 "
+        "--batch-size 32 --eval-interval 50 --network datacenter")
+    assert "--nodes 2 --steps 50 --batch-size 8" in command_of(claim, claim.config("ddp"), True)
+
+
+# -- the runner ---------------------------------------------------------------------------------
+def test_a_claims_run_decides_resumes_and_refuses_a_changed_spec(
+        tmp_path: Path, mnist_data: Path) -> None:
+    out = tmp_path / "claims"
+    (o,) = run_claims([tiny()], out, suite="t", data_dir=mnist_data, download=False)
+    # DiLoCo (H = 2) sends what DDP sends every other step: half the bytes, exactly
+    assert o.rules[0].values == (0.5, 0.5) and o.rules[0].verdict == "reproduced"
+    assert o.seeds == 2 and len(o.rules[1].values) == 2
+    runs = sorted(p.name for p in (out / "tiny").iterdir())
+    assert runs == ["ddp-seed0", "ddp-seed1", "diloco-seed0", "diloco-seed1"]
+    # again: every run read back, none trained (an unfinished one is trained again)
+    (out / "tiny" / "ddp-seed1" / "summary.json").unlink()
+    stamp = (out / "tiny" / "ddp-seed0" / "summary.json").stat().st_mtime_ns
+    (again,) = run_claims([tiny()], out, suite="t", data_dir=mnist_data, download=False)
+    assert (out / "tiny" / "ddp-seed0" / "summary.json").stat().st_mtime_ns == stamp
+    assert again.rules == o.rules  # the rerun seed 1 gives the same numbers
+    with pytest.raises(ValueError, match="the spec of tiny changed since its runs"):
+        run_claims([tiny(seeds=3)], out, suite="t", data_dir=mnist_data, download=False)
+    with pytest.raises(ValueError, match=r"holds the runs of t \(quick=False\)"):
+        run_claims([tiny()], out, suite="t", quick=True, data_dir=mnist_data)
+    assert fingerprint(tiny()) != fingerprint(tiny(seeds=3))
+
+
+def test_exogym_claims_quick_runs_every_claim(tmp_path: Path, mnist_data: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "quick"
+    assert main(["claims", "--quick", "--out", str(out), "--data-dir", str(mnist_data),
+                 "--no-download", "--no-progress"]) == 0
+    shown = capsys.readouterr().out
+    report = json.loads((out / "claims.json").read_text())
+    assert [c["id"] for c in report["claims"]] == [c.id for c in CLAIMS]
+    for c in report["claims"]:
+        assert c["quick"] and c["seeds"] == 1
+        assert c["verdict"] in ("reproduced", "not reproduced", "inconclusive")
+        assert (out / f"{c['id']}.png").stat().st_size > 0
+    assert "--quick: a check of the machinery, not the verdicts" in shown
