@@ -39,7 +39,7 @@ def command(args: argparse.Namespace) -> int:
     claims = select(CLAIMS, only)
     if args.list:
         for c in claims:
-            print(f"{c.id:28s} {c.paper.authors} {c.paper.year} (arXiv {c.paper.arxiv}): "
+            print(f"{c.id:28s} {c.paper.authors} {c.paper.year} ({c.paper.source}): "
                   f"{c.claim}")
         return 0
     out = args.out or Path("runs") / (SUITE + ("-quick" if args.quick else ""))

@@ -57,7 +57,7 @@ def test_verdicts_by_where_the_interval_lies() -> None:
 def tiny(**changes: object) -> Claim:
     """DDP against DiLoCo (H = 2) on MNIST, 2 nodes, 4 steps of batch 8."""
     claim = Claim(
-        id="tiny", paper=Paper("A", 2020, "T", "0000.00000"), where="nowhere",
+        id="tiny", paper=Paper("A", 2020, "T", "arXiv 0000.00000"), where="nowhere",
         claim="c", paper_figure="f", scale="s", task="mnist",
         common={"num_nodes": 2, "max_steps": 4, "batch_size": 8, "eval_interval": 2,
                 "eval_samples": 100},
@@ -115,6 +115,7 @@ def test_a_claims_run_decides_resumes_and_refuses_a_changed_spec(
     with pytest.raises(ValueError, match=r"holds the runs of t \(quick=False\)"):
         run_claims([tiny()], out, suite="t", quick=True, data_dir=mnist_data)
     assert fingerprint(tiny()) != fingerprint(tiny(seeds=3))
+    assert fingerprint(tiny()) == fingerprint(tiny(claim="in other words"))  # prose only
 
 
 def test_exogym_claims_quick_runs_every_claim(tmp_path: Path, mnist_data: Path,

@@ -46,7 +46,7 @@ def format_markdown(outcomes: Sequence[ClaimOutcome], suite: str) -> str:
     for o in outcomes:
         c = o.claim
         lines.append(f"| `{c.id}`: {c.claim} | {c.paper.authors} {c.paper.year} "
-                     f"(arXiv {c.paper.arxiv}), {c.where} | {c.paper_figure} | "
+                     f"({c.paper.source}), {c.where} | {c.paper_figure} | "
                      f"{_figure(o)} ({o.seeds} seeds) | **{o.verdict}** |")
     lines += ["", "## Rules and commands", ""]
     for o in outcomes:

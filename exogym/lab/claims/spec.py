@@ -37,10 +37,10 @@ class Paper:
     authors: str
     year: int
     title: str
-    arxiv: str  # the arXiv id ("2311.08105"), or where else it is published
+    source: str  # where to read it: "arXiv 2311.08105", "OpenReview stFPf3gzq1"
 
     def cite(self) -> str:
-        return f"{self.authors} {self.year}, \"{self.title}\", arXiv {self.arxiv}"
+        return f"{self.authors} {self.year}, \"{self.title}\", {self.source}"
 
 
 @dataclass(frozen=True)

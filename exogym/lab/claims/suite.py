@@ -57,9 +57,10 @@ def select(claims: Sequence[Claim], only: Sequence[str] | None) -> list[Claim]:
 
 
 def fingerprint(claim: Claim) -> str:
-    """A hash of the claim's spec (its ``repr``: every field): runs of another spec are not
-    this claim's."""
-    return hashlib.sha256(repr(claim).encode()).hexdigest()[:16]
+    """A hash of what decides the claim's runs and verdict (its task, settings, configs, rules,
+    seeds and quick settings; not its prose): runs of another spec are not this claim's."""
+    decisive = (claim.task, claim.common, claim.configs, claim.rules, claim.seeds, claim.quick)
+    return hashlib.sha256(repr(decisive).encode()).hexdigest()[:16]
 
 
 def command_of(claim: Claim, config: Config, quick: bool = False) -> str:

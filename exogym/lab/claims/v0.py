@@ -20,7 +20,7 @@ __all__ = ["CLAIMS", "SUITE"]
 SUITE = "claims-v0"
 
 _DILOCO = Paper("Douillard et al.", 2023, "DiLoCo: Distributed Low-Communication Training of "
-                "Language Models", "2311.08105")
+                "Language Models", "arXiv 2311.08105")
 
 # 8 nodes on MNIST: 400 steps of batch 32 per node (an eighth of an epoch each, 1.7 epochs in
 # all), about 35 s a run on the 2-core machine, evaluated on 2,000 test images every 50 steps
@@ -92,7 +92,7 @@ DILOCO_NON_IID = Claim(
 
 FEDADAM_NON_IID = Claim(
     id="fedadam-beats-fedavg",
-    paper=Paper("Reddi et al.", 2021, "Adaptive Federated Optimization", "2003.00295"),
+    paper=Paper("Reddi et al.", 2021, "Adaptive Federated Optimization", "arXiv 2003.00295"),
     where="Section 5, Table 2 (not verified here)",
     claim="An adaptive server optimizer (FedAdam) reaches a better model than FedAvg on "
           "non-i.i.d. client data",
@@ -114,7 +114,7 @@ FEDADAM_NON_IID = Claim(
 FEDBUFF_FASTER = Claim(
     id="fedbuff-faster-than-fedavg",
     paper=Paper("Nguyen et al.", 2022, "Federated Learning with Buffered Asynchronous "
-                "Aggregation", "2106.06639"),
+                "Aggregation", "arXiv 2106.06639"),
     where="abstract; Section 6",
     claim="Under client heterogeneity, buffered asynchronous aggregation (FedBuff) reaches a "
           "target accuracy sooner in wall-clock time than synchronous FedAvg",
@@ -138,6 +138,72 @@ FEDBUFF_FASTER = Claim(
     seeds=3, quick={"max_steps": 20, "eval_interval": 10, "eval_samples": 100,
                     "num_nodes": 400})
 
+DILOCO_CODECS = Claim(
+    id="diloco-low-precision",
+    paper=Paper("Jaghouar, Ong and Hagemann", 2024, "OpenDiLoCo: An Open-Source Framework for "
+                "Globally Distributed Low-Communication Training", "arXiv 2407.07852"),
+    where="Section 4, FP16 all-reduce (not verified here); INTELLECT-1 (arXiv 2412.01152): "
+          "int8 all-reduce of pseudo-gradients (not verified here)",
+    claim="DiLoCo's pseudo-gradients can be all-reduced in FP16 or int8 at no cost in quality",
+    paper_figure="no difference in loss between FP32 and FP16 pseudo-gradients (OpenDiLoCo); "
+                 "int8 without measurable loss (INTELLECT-1); numbers not verified here",
+    scale="paper: 150M-1.1B models on C4, 8 workers, H = 500; INTELLECT-1 10B; here: the MNIST "
+          "CNN, 8 nodes, 400 steps, H = 50",
+    task="mnist", common=_EIGHT,
+    configs=(Config("fp32", "diloco", {"H": "50"}),
+             Config("fp16", "diloco", {"H": "50", "codec": "fp16"}),
+             Config("int8", "diloco", {"H": "50", "codec": "int8"})),
+    rules=(
+        Rule("final loss(FP16) - loss(FP32): the 95% CI lies below +0.02", "final_loss",
+             "fp16", "fp32", "diff", "below", 0.02),
+        Rule("final loss(int8) - loss(FP32): the 95% CI lies below +0.02", "final_loss",
+             "int8", "fp32", "diff", "below", 0.02),
+    ),
+    seeds=5, quick=_QUICK)
+
+DEMO_VS_DDP = Claim(
+    id="demo-matches-adamw-ddp",
+    paper=Paper("Peng, Quesnelle and Kingma", 2024, "DeMo: Decoupled Momentum Optimization",
+                "arXiv 2411.19870"),
+    where="abstract; Section 4 (not verified here)",
+    claim="DeMo reaches a loss comparable to AdamW data parallelism while sending far less "
+          "(orders of magnitude)",
+    paper_figure="'comparable or better' than AdamW-DDP at several orders of magnitude less "
+                 "communication (abstract; numbers not verified here)",
+    scale="paper: OLMo 300M-1B on Dolma, 64 accelerators; here: the MNIST CNN, 8 nodes, 400 "
+          "steps, DeMo's defaults (k = 32 of chunks of 64)",
+    task="mnist", common=_EIGHT,
+    configs=(Config("ddp", "ddp"), Config("demo", "demo")),
+    rules=(
+        Rule("final loss(DeMo) - loss(AdamW DDP): the 95% CI lies below +0.02", "final_loss",
+             "demo", "ddp", "diff", "below", 0.02),
+        Rule("bytes per node(DeMo) / bytes(DDP): below 1/10", "bytes_per_node", "demo", "ddp",
+             "ratio", "below", 0.1),
+    ),
+    seeds=5, quick=_QUICK)
+
+SPARTA_VS_DDP = Claim(
+    id="sparta-sparse-averaging",
+    paper=Paper("Beton et al.", 2025, "Improving the Efficiency of Distributed Training using "
+                "Sparse Parameter Averaging (SPARTA)", "OpenReview stFPf3gzq1"),
+    where="abstract (not verified here)",
+    claim="Averaging a small random fraction p of the parameters after every step trains about "
+          "as well as DDP with 1/p times less communication",
+    paper_figure="p = 0.005: about 1,000x less communication than DDP at similar quality "
+                 "(not verified here)",
+    scale="paper: language models across machines; here: the MNIST CNN, 8 nodes, 400 steps, "
+          "p = 0.005",
+    task="mnist", common=_EIGHT,
+    configs=(Config("ddp", "ddp"), Config("sparta", "sparta")),
+    rules=(
+        Rule("final loss(SPARTA) - loss(DDP): the 95% CI lies below +0.02", "final_loss",
+             "sparta", "ddp", "diff", "below", 0.02),
+        Rule("bytes per node(SPARTA) / bytes(DDP): below 1/100 (p = 0.005: 1/200 of the "
+             "entries)", "bytes_per_node", "sparta", "ddp", "ratio", "below", 0.01),
+    ),
+    seeds=5, quick=_QUICK)
+
 CLAIMS: tuple[Claim, ...] = (DILOCO_MATCHES_DDP, DILOCO_NESTEROV, DILOCO_NON_IID,
-                             FEDADAM_NON_IID, FEDBUFF_FASTER)
+                             FEDADAM_NON_IID, FEDBUFF_FASTER, DILOCO_CODECS, DEMO_VS_DDP,
+                             SPARTA_VS_DDP)
 """The suite, in the docs' order."""
