@@ -118,6 +118,7 @@ def test_a_claims_run_decides_resumes_and_refuses_a_changed_spec(
     assert fingerprint(tiny()) == fingerprint(tiny(claim="in other words"))  # prose only
 
 
+@pytest.mark.slow  # about a minute: CI's slow step runs it (.ci/run)
 def test_exogym_claims_quick_runs_every_claim(tmp_path: Path, mnist_data: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "quick"
