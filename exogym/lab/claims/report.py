@@ -54,7 +54,8 @@ def format_markdown(outcomes: Sequence[ClaimOutcome], suite: str) -> str:
         lines += [f"### `{c.id}`", "", f"Scale: {c.scale}", ""]
         for r, x in zip(c.rules, o.rules, strict=True):
             values = ", ".join(_num(v) for v in x.values)
-            lines.append(f"- {r.text} Per seed: {values}; **{x.verdict}**.")
+            text = r.text if r.text.endswith(".") else r.text + "."
+            lines.append(f"- {text} Per seed: {values}; **{x.verdict}**.")
         lines += ["", "```bash"]
         lines += [command_of(c, cfg, o.quick) + " --seed S" for cfg in c.configs]
         lines += ["```", ""]
