@@ -264,7 +264,8 @@ class FitOptions:
     partition: Partition | str = setting(
         "iid", "how the training set is split among the nodes: iid (default), dirichlet:ALPHA "
         "label skew (0.1: few classes per node), contiguous blocks (text: each node its own "
-        "span)", flag="--partition", parse="partition", metavar="iid|dirichlet:ALPHA|contiguous",
+        "span), natural (the dataset's own clients, one node each)", flag="--partition",
+        parse="partition", metavar="iid|dirichlet:ALPHA|contiguous|natural",
         record="partition")
     eval_interval: int | None = setting(
         None, "steps between evaluations of the global model", flag="--eval-interval",

@@ -29,6 +29,7 @@ meant (no base is ever swapped behind the user's back).
 
 from __future__ import annotations
 
+import difflib
 import importlib.metadata
 import inspect
 import warnings
@@ -124,10 +125,28 @@ def get(strategy_id: str) -> type[StackedStrategy]:
                               f"{known}'s; give the class another id (class attribute id = ...)")
         _ENTRY_POINTS.setdefault(cls.id, entry)
         return cls
-    if strategy_id not in registry():
-        raise ConfigError(f"unknown strategy {strategy_id!r}; available: {', '.join(registry())} "
-                          "(or path/to/file.py:Class, package.module:Class)")
+    strategy_id = _registered_id(strategy_id)
     return _strategy_class(load_object(_ENTRY_POINTS[strategy_id], "strategy"), strategy_id)
+
+
+def _registered_id(name: str) -> str:
+    """The registered id ``name`` means: itself, or the id it spells in other case or without
+    the underscores (the class names: ``DiLoCo`` -> ``diloco``, ``StreamingDiLoCo`` ->
+    ``streaming_diloco``).
+
+    Raises:
+        ConfigError: no id is spelled so; the message suggests the closest one."""
+    ids = registry()
+    if name in ids:
+        return name
+    folded = {i.replace("_", ""): i for i in ids}
+    key = name.lower().replace("_", "").replace("-", "")
+    if key in folded:
+        return folded[key]
+    close = difflib.get_close_matches(name.lower(), ids, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ConfigError(f"unknown strategy {name!r}{hint}; available: {', '.join(ids)} (or "
+                      "path/to/file.py:Class, package.module:Class)")
 
 
 def make(strategy_id: str, **overrides: Any) -> StackedStrategy:

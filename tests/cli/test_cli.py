@@ -68,7 +68,7 @@ def test_strategies_lists_registry(capsys: pytest.CaptureFixture[str]) -> None:
     ("args", "message"),
     [
         (("--strategy", "dilocoo"),
-         "unknown strategy 'dilocoo'; available: async_local_sgd, ddp, "),
+         "unknown strategy 'dilocoo' (did you mean 'diloco'?); available: async_local_sgd, "),
         (("--set", "Hh=5"), "did you mean 'H'?"),
         (("--set", "H=zero"), "H takes an integer"),
         (("--set", "H=0"), "H must be an integer >= 1"),

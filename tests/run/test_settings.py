@@ -45,7 +45,7 @@ BEGIN, END = "<!-- settings table: begin -->\n", "<!-- settings table: end -->\n
 # its hyperparameters, the sinks (fit's `sinks` are made from them)
 RUN_OWN = {"-h", "--help", "--task", "--strategy", "--lr", "--set", "--data-dir",
            "--no-download", "--csv", "--tensorboard", "--wandb", "--ft", "--kill", "--min-replicas",
-           "--commit-every"}
+           "--commit-every", "--preset"}
 
 # config.json's keys before settings were declared in one place: a run folder written then must
 # still resume, so none of them may go

@@ -168,11 +168,19 @@ def test_config_error_is_a_value_error():
 
 def test_unknown_strategy_lists_available_ids():
     listed = re.escape(", ".join(registry()))
-    with pytest.raises(ConfigError, match=rf"unknown strategy 'dilloco'; available: {listed} "
+    with pytest.raises(ConfigError, match=r"unknown strategy 'dilloco' \(did you mean "
+                                          rf"'diloco'\?\); available: {listed} "
                                           r"\(or path/to/file.py:Class, package.module:Class\)$"):
         make("dilloco")
-    with pytest.raises(ConfigError, match="available"):
+    with pytest.raises(ConfigError, match="unknown strategy 'nope'; available"):
         get("nope")
+
+
+def test_a_strategy_is_found_by_its_class_name_in_any_case():
+    assert get("DiLoCo") is get("diloco") and get("FedAvg") is get("fedavg")
+    assert get("StreamingDiLoCo") is get("streaming_diloco")
+    assert get("SPARTA_DiLoCo") is get("sparta_diloco")
+    assert make("DiLoCo", H=7).H == 7
 
 
 # -- registry / describe --------------------------------------------------------------------------
