@@ -109,6 +109,9 @@ def test_a_million_clients_start_in_seconds_and_train_the_round_s_few() -> None:
     assert summary["bytes_sent_per_node"]["nodes_with_traffic"] == 15
     drawn = [c for rnd in r.rounds for c in rnd]
     assert drawn == [c for k in range(3) for c in Participation(count=5).draw_ids(k, n)]
+    # the clients drawn after the first round receive the global model: joins, not recoveries
+    world = next(line for line in r.summary().splitlines() if line.startswith("world"))
+    assert " 0 failures, 10 joins (" in world and "recover" not in world
 
 
 def test_the_draw_is_o_k_uniform_among_the_available_and_the_rows_path_s_draw() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -498,11 +498,14 @@ def test_a_run_that_cannot_be_recosted_refuses_another_step_time(
     assert capsys.readouterr().err == f"exogym: error: {refusal}\n"  # the command says the same
     summary = r.summary()
     assert f"            cannot be re-costed by exogym recost: {why}" in summary.splitlines()
-    assert "exogym recost RUN_DIR" not in summary
+    assert "on another network" not in summary
     plain = fit(DDP(), network="home-100mbps", step_time=0.01)
     assert plain.trace is not None and plain.trace.not_recostable is None
-    assert ("            on another network: exogym recost RUN_DIR --network NAME"
+    # no folder written: the result re-costs itself; with one, the command names it
+    assert ('            on another network: result.recost("NAME")'
             in plain.summary().splitlines())
+    assert (f"            on another network: exogym recost {out} --network NAME"
+            in replace(plain, out_dir=out).summary().splitlines())
     assert "cannot be re-costed" not in plain.summary()
 
 

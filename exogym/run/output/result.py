@@ -400,7 +400,8 @@ class FitResult:
         )
         lines.append(
             f"traffic     per node sent {_fmt_bytes(float(max(sent)))}, received "
-            f"{_fmt_bytes(float(max(recv)))} (max over nodes; {len(self.comm_log)} collectives)"
+            f"{_fmt_bytes(float(max(recv)))} (max over nodes; {len(self.comm_log)} "
+            f"collective{'s' * (len(self.comm_log) != 1)})"
         )
         if self.paging is not None:
             p = self.paging
@@ -411,7 +412,8 @@ class FitResult:
             lines.append(f"resumed     at step {self.resumed_from['step']:,} from "
                          f"{self.resumed_from['checkpoint']} (times: every session together)")
         if self.world is not None:
-            lines.append(f"world       {self.world['spec']}: {world_line(self.world)}")
+            lines.append(f"world       {self.world['spec']}: "
+                         f"{world_line(self.world, joins=self.population is not None)}")
         if self.asynchronous is not None:
             a = self.asynchronous
             steps = a["node_steps"]
@@ -435,9 +437,11 @@ class FitResult:
             if self.trace is not None and self.trace.not_recostable is not None:
                 lines.append(f"            cannot be re-costed by exogym recost: "
                              f"{self.trace.not_recostable}")
-            else:
-                lines.append("            on another network: exogym recost RUN_DIR --network "
-                             "NAME")
+            elif self.out_dir:
+                lines.append(f"            on another network: exogym recost {self.out_dir} "
+                             "--network NAME")
+            else:  # no folder to give the command: the result re-costs itself
+                lines.append('            on another network: result.recost("NAME")')
         if self.out_dir:
             lines.append(f"written to  {self.out_dir}")
         return "\n".join(lines)
@@ -458,11 +462,15 @@ def _per_node(values: Sequence[float]) -> list[float] | dict[str, float]:
             "nodes_with_traffic": int(np.count_nonzero(array))}
 
 
-def world_line(world: dict[str, Any]) -> str:
-    """``"3 failures, 3 recoveries (41 MB, 2.1 min), 12 messages lost, 5 stragglers cut"``."""
+def world_line(world: dict[str, Any], *, joins: bool = False) -> str:
+    """``"3 failures, 3 recoveries (41 MB, 2.1 min), 12 messages lost, 5 stragglers cut"``;
+    ``joins``: a population's (its recoveries are clients receiving the global model when
+    drawn: ``"190 joins (164 MB, 0.2 s)"``)."""
     c = world
     parts = [f"{c['failures']} failure{'s' * (c['failures'] != 1)}"]
-    recovered = f"{c['recoveries']} recover{'ies' if c['recoveries'] != 1 else 'y'}"
+    n = c["recoveries"]
+    recovered = (f"{n} join{'s' * (n != 1)}" if joins
+                 else f"{n} recover{'ies' if n != 1 else 'y'}")
     if c["recoveries"]:
         recovered += (f" ({_fmt_bytes(c['recovery_bytes'])}, "
                       f"{format_duration(c['recovery_time_s'])})")
