@@ -40,6 +40,7 @@ TINY: dict[str, dict[str, str]] = {
     "README.md": _MNIST_EXAMPLE,
     "docs/python.md": _MNIST_EXAMPLE,
     "docs/from-exo-gym.md": {"num_epochs=10)": "max_local_step=20, diloco_interval=10)"},
+    "docs/claims.md": {'"runs/claims", suite=SUITE)': '"runs/claims", suite=SUITE, quick=True)'},
 }
 
 _BLOCK = re.compile(r"(?P<before>[^\n]*)\n```(?P<lang>[a-z]*)\n(?P<code>.*?)```", re.S)
