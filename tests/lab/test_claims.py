@@ -96,9 +96,15 @@ def test_the_suite_s_claims_are_distinct_and_each_config_renders_as_a_command() 
 
 # -- the runner ---------------------------------------------------------------------------------
 def test_a_claims_run_decides_resumes_and_refuses_a_changed_spec(
-        tmp_path: Path, mnist_data: Path) -> None:
+        tmp_path: Path, mnist_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "claims"
-    (o,) = run_claims([tiny()], out, suite="t", data_dir=mnist_data, download=False)
+    (o,) = run_claims([tiny()], out, suite="t", data_dir=mnist_data, download=False,
+                      progress=True)
+    shown = capsys.readouterr().out.splitlines()
+    assert [line.split(" ->")[0] for line in shown] == [
+        "[1/4] tiny: ddp seed 0", "[2/4] tiny: diloco seed 0", "[3/4] tiny: ddp seed 1",
+        "[4/4] tiny: diloco seed 1"]
+    assert "left)" not in shown[0] and all(line.endswith(" left)") for line in shown[1:])
     # DiLoCo (H = 2) sends what DDP sends every other step: half the bytes, exactly
     assert o.rules[0].values == (0.5, 0.5) and o.rules[0].verdict == "reproduced"
     assert o.seeds == 2 and len(o.rules[1].values) == 2
@@ -107,7 +113,10 @@ def test_a_claims_run_decides_resumes_and_refuses_a_changed_spec(
     # again: every run read back, none trained (an unfinished one is trained again)
     (out / "tiny" / "ddp-seed1" / "summary.json").unlink()
     stamp = (out / "tiny" / "ddp-seed0" / "summary.json").stat().st_mtime_ns
-    (again,) = run_claims([tiny()], out, suite="t", data_dir=mnist_data, download=False)
+    (again,) = run_claims([tiny()], out, suite="t", data_dir=mnist_data, download=False,
+                          progress=True)
+    assert [line.split(" ->")[0] for line in capsys.readouterr().out.splitlines()] == [
+        "[3/4] tiny: ddp seed 1"]  # the only run trained again
     assert (out / "tiny" / "ddp-seed0" / "summary.json").stat().st_mtime_ns == stamp
     assert again.rules == o.rules  # the rerun seed 1 gives the same numbers
     with pytest.raises(ValueError, match="the spec of tiny changed since its runs"):

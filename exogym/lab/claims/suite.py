@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from exogym.lab.claims.measure import RunRecord, read_run
 from exogym.lab.claims.spec import Claim, Config
 from exogym.lab.claims.stats import RuleOutcome, Verdict, claim_verdict, decide, per_seed
 from exogym.run.options import settings
+from exogym.sim.network import format_duration
 from exogym.tasks.registry import get_task
 
 __all__ = ["ClaimOutcome", "command_of", "fingerprint", "run_claims", "select"]
@@ -88,12 +90,37 @@ def run_claims(claims: Sequence[Claim], out_dir: str | Path, *, suite: str,
     settings (a check of the machinery: the verdicts are not the claims')."""
     out = Path(out_dir)
     _open(out, suite, quick, claims)
+    total = sum((1 if quick else c.seeds) * len(c.configs) for c in claims)
+    meter = _Progress(total) if progress else None
     outcomes = []
     for claim in claims:
         seeds = 1 if quick else claim.seeds
-        runs = _train(claim, out / claim.id, seeds, quick, data_dir, download, progress)
+        runs = _train(claim, out / claim.id, seeds, quick, data_dir, download, meter)
         outcomes.append(_decide(claim, runs, seeds, quick))
     return outcomes
+
+
+class _Progress:
+    """The suite's progress as one line per run trained: the runs done of all, the time
+    spent and the time left (the mean of the runs trained so far, times the runs left)."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.trained, self.start = total, 0, 0, time.monotonic()
+
+    def skip(self) -> None:
+        self.done += 1  # finished earlier: read, not trained
+
+    def begin(self, what: str, run_dir: Path) -> None:
+        spent = time.monotonic() - self.start
+        left = ("" if not self.trained else
+                f", about {format_duration(spent / self.trained * (self.total - self.done))} "
+                "left")
+        print(f"[{self.done + 1}/{self.total}] {what} -> {run_dir}  ({format_duration(spent)} "
+              f"spent{left})", flush=True)
+
+    def end(self) -> None:
+        self.done += 1
+        self.trained += 1
 
 
 def _open(out: Path, suite: str, quick: bool, claims: Sequence[Claim]) -> None:
@@ -119,7 +146,7 @@ def _open(out: Path, suite: str, quick: bool, claims: Sequence[Claim]) -> None:
 
 
 def _train(claim: Claim, folder: Path, seeds: int, quick: bool, data_dir: str | Path | None,
-           download: bool, progress: bool) -> dict[str, list[RunRecord]]:
+           download: bool, meter: _Progress | None) -> dict[str, list[RunRecord]]:
     """Every config with every seed (seed by seed), the finished ones read back."""
     task = get_task(claim.task)
     data: tuple[Any, Any] | None = None
@@ -127,14 +154,19 @@ def _train(claim: Claim, folder: Path, seeds: int, quick: bool, data_dir: str | 
     for seed in range(seeds):
         for config in claim.configs:
             run_dir = folder / f"{config.label}-seed{seed}"
-            if not (run_dir / "summary.json").exists():
+            if (run_dir / "summary.json").exists():
+                if meter is not None:
+                    meter.skip()
+            else:
                 if run_dir.exists():
                     shutil.rmtree(run_dir)  # unfinished: trained again from its start
                 if data is None:
                     data = task.load_data(data_dir, download)
-                if progress:
-                    print(f"[{claim.id}] {config.label} seed {seed} -> {run_dir}", flush=True)
+                if meter is not None:
+                    meter.begin(f"{claim.id}: {config.label} seed {seed}", run_dir)
                 _fit(claim, config, seed, quick, run_dir, *data)
+                if meter is not None:
+                    meter.end()
             runs[config.label].append(read_run(run_dir))
     return runs
 
