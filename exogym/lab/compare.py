@@ -47,6 +47,7 @@ import torch
 from exogym.lab.labels import label_of_spec, resolve_strategies
 from exogym.lab.outcome import RUN_METRICS, RunOutcome, Stat
 from exogym.lab.plots import PLOT_FILES
+from exogym.lab.progress import RunProgress
 from exogym.lab.report import Comparison, ComparisonRow, format_json, format_markdown
 from exogym.run.options import check_compute
 from exogym.run.output.result import check_out_dir
@@ -298,17 +299,18 @@ def _train_all(plan: _Plan, train: Dataset, test: Dataset,
     plan.out.mkdir(parents=True, exist_ok=True)
     outcomes: dict[str, list[RunOutcome]] = {label: [] for label in plan.labels}
     built: dict[str, StackedStrategy] = {}
-    total = len(plan.seeds) * len(plan.labels)
+    meter = RunProgress(len(plan.seeds) * len(plan.labels)) if plan.progress else None
     result: FitResult | None = None
-    for r, s in enumerate(plan.seeds):
+    for s in plan.seeds:
         fresh = resolve_strategies(plan.labels, plan.overrides, lr=plan.spec.lr)
-        for j, label in enumerate(plan.labels):
+        for label in plan.labels:
             strategy = built[label] = fresh[label]
             run_dir = plan.out / "runs" / f"{label}-seed{s}"
-            if plan.progress:
-                print(f"[{r * len(plan.labels) + j + 1}/{total}] {label} seed {s} -> {run_dir}",
-                      flush=True)
+            if meter is not None:
+                meter.begin(f"{label} seed {s}", run_dir)
             result, said = _train_one(plan, strategy, s, run_dir, train, test)
+            if meter is not None:
+                meter.end()
             for text in said:  # repeated for every run it applies to, naming the label
                 # stacklevel 3: the caller of compare, which calls this function
                 warnings.warn(f"{label} (seed {s}): {text}", UserWarning, stacklevel=3)

@@ -41,6 +41,7 @@ import torch
 from exogym import strategy as strategies
 from exogym.lab.compare import default_eval_interval
 from exogym.lab.outcome import CurvePoint, RunOutcome, Stat
+from exogym.lab.progress import RunProgress
 from exogym.lab.sweep_report import (
     SweepPoint,
     SweepResult,
@@ -155,7 +156,7 @@ def sweep(
     seeds = tuple(range(seed, seed + repeats))
     runs = _Runs(spec, strategy, out, max_steps=max_steps, step_time=step_time,
                  eval_samples=eval_samples, data_dir=data_dir, download=download,
-                 progress=progress)
+                 progress=progress, total=len(points) * len(seeds))
     results = [_point(i, point, runs.of_point(i, point, plan, seeds))
                for i, (point, plan) in enumerate(zip(points, plans, strict=True))]
     finite = [p for p in results if math.isfinite(p.score)]
@@ -249,8 +250,10 @@ class _Runs:
 
     def __init__(self, spec: Task, strategy: str, out: Path, *, max_steps: int,
                  step_time: float | None, eval_samples: int | None,
-                 data_dir: str | Path | None, download: bool, progress: bool) -> None:
+                 data_dir: str | Path | None, download: bool, progress: bool,
+                 total: int) -> None:
         self.spec, self.strategy, self.out = spec, strategy, out
+        self.meter = RunProgress(total) if progress else None
         self.max_steps, self.step_time, self.eval_samples = max_steps, step_time, eval_samples
         self.data_dir, self.download, self.progress = data_dir, download, progress
         self.interval = default_eval_interval(spec.eval_interval, max_steps)
@@ -268,13 +271,17 @@ class _Runs:
             if (run_dir / "summary.json").is_file():
                 runs.append(_outcome(label, run_dir))
                 self.reused += 1
+                if self.meter is not None:
+                    self.meter.skip()
                 continue
             if run_dir.exists():  # interrupted: train it again from the start
                 shutil.rmtree(run_dir)
-            if self.progress:
-                print(f"[{label} seed {s}] {_name(point)} -> {run_dir}", flush=True)
+            if self.meter is not None:
+                self.meter.begin(f"{label} {_name(point)} seed {s}", run_dir)
             runs.append(self._train(label, plan, s, run_dir))
             self.trained += 1
+            if self.meter is not None:
+                self.meter.end()
         return runs
 
     def _train(self, label: str, plan: _PointPlan, seed: int, run_dir: Path) -> RunOutcome:

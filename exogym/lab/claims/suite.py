@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,8 +27,8 @@ from exogym import strategy as strategies
 from exogym.lab.claims.measure import RunRecord, read_run
 from exogym.lab.claims.spec import Claim, Config
 from exogym.lab.claims.stats import RuleOutcome, Verdict, claim_verdict, decide, per_seed
+from exogym.lab.progress import RunProgress
 from exogym.run.options import settings
-from exogym.sim.network import format_duration
 from exogym.tasks.registry import get_task
 
 __all__ = ["ClaimOutcome", "command_of", "fingerprint", "run_claims", "select"]
@@ -91,36 +90,13 @@ def run_claims(claims: Sequence[Claim], out_dir: str | Path, *, suite: str,
     out = Path(out_dir)
     _open(out, suite, quick, claims)
     total = sum((1 if quick else c.seeds) * len(c.configs) for c in claims)
-    meter = _Progress(total) if progress else None
+    meter = RunProgress(total) if progress else None
     outcomes = []
     for claim in claims:
         seeds = 1 if quick else claim.seeds
         runs = _train(claim, out / claim.id, seeds, quick, data_dir, download, meter)
         outcomes.append(_decide(claim, runs, seeds, quick))
     return outcomes
-
-
-class _Progress:
-    """The suite's progress as one line per run trained: the runs done of all, the time
-    spent and the time left (the mean of the runs trained so far, times the runs left)."""
-
-    def __init__(self, total: int) -> None:
-        self.total, self.done, self.trained, self.start = total, 0, 0, time.monotonic()
-
-    def skip(self) -> None:
-        self.done += 1  # finished earlier: read, not trained
-
-    def begin(self, what: str, run_dir: Path) -> None:
-        spent = time.monotonic() - self.start
-        left = ("" if not self.trained else
-                f", about {format_duration(spent / self.trained * (self.total - self.done))} "
-                "left")
-        print(f"[{self.done + 1}/{self.total}] {what} -> {run_dir}  ({format_duration(spent)} "
-              f"spent{left})", flush=True)
-
-    def end(self) -> None:
-        self.done += 1
-        self.trained += 1
 
 
 def _open(out: Path, suite: str, quick: bool, claims: Sequence[Claim]) -> None:
@@ -146,7 +122,7 @@ def _open(out: Path, suite: str, quick: bool, claims: Sequence[Claim]) -> None:
 
 
 def _train(claim: Claim, folder: Path, seeds: int, quick: bool, data_dir: str | Path | None,
-           download: bool, meter: _Progress | None) -> dict[str, list[RunRecord]]:
+           download: bool, meter: RunProgress | None) -> dict[str, list[RunRecord]]:
     """Every config with every seed (seed by seed), the finished ones read back."""
     task = get_task(claim.task)
     data: tuple[Any, Any] | None = None
