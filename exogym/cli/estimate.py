@@ -110,7 +110,8 @@ def command(args: argparse.Namespace) -> int:
                    for net in networks}
         print(est.format_sweep(key, values, results))
         if args.plot:
-            est.plot_estimates(str(args.plot), key, values, results)
+            est.plot_estimates(str(args.plot), key, values, results,
+                               _title(args, common, strategy, networks))
             print(f"plot      {args.plot}")
         return 0
     rows = [est.estimate(**common, strategy="single")]
@@ -122,9 +123,19 @@ def command(args: argparse.Namespace) -> int:
     print(est.format_estimates(rows, params=common["params"], dtype=common["dtype"],
                                codec=args.codec, batches=batches, compute_s=common["compute_s"]))
     if args.plot:
-        est.plot_estimates(str(args.plot), None, [], {"": rows})
+        est.plot_estimates(str(args.plot), None, [], {"": rows},
+                           _title(args, common, ", ".join(strategies_), networks))
         print(f"plot      {args.plot}")
     return 0
+
+
+def _title(args: argparse.Namespace, common: dict[str, Any], strategy: str,
+           networks: list[Any]) -> str:
+    """What a plot estimates, in its title: the model, the work, the nodes, the strategy, the
+    networks."""
+    model = args.task or f"{common['params']:,.0f} parameters"
+    return (f"{model} ({common['dtype']} on the wire), {common['batches']:,} batches, "
+            f"{args.nodes} nodes, {strategy}, on {', '.join(n.name for n in networks)}")
 
 
 def _work(args: argparse.Namespace) -> dict[str, Any]:

@@ -293,9 +293,10 @@ def format_sweep(key: str, values: Sequence[int], results: dict[str, list[Estima
 
 
 def plot_estimates(path: str, key: str | None, values: Sequence[int],
-                   results: dict[str, list[Estimate]]) -> None:
+                   results: dict[str, list[Estimate]], title: str) -> None:
     """Write a PNG: training time against the swept value (a line per network and mode), or,
-    without a sweep, one bar per scenario. Uses matplotlib."""
+    without a sweep, one bar per scenario, under ``title`` (what was estimated: model, nodes,
+    strategy, networks). Uses matplotlib."""
     from exogym.lab.plots import require_matplotlib
 
     require_matplotlib()
@@ -336,6 +337,7 @@ def plot_estimates(path: str, key: str | None, values: Sequence[int],
         ax.set_xlabel("training time (h)")
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
+    ax.set_title(title, fontsize=9, wrap=True)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -189,9 +189,21 @@ def test_plot_needs_matplotlib(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
     assert not (tmp_path / "x.png").exists()
 
 
-def test_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    for args, name in ((["--sweep", "H=1,10,100,500"], "sweep.png"), ([], "bars.png")):
+def test_plot_writes_a_png_titled_with_what_it_estimates(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import exogym.lab.estimate as est
+
+    titles: list[str] = []
+    plot = est.plot_estimates
+    monkeypatch.setattr(est, "plot_estimates",
+                        lambda *a, **kw: (titles.append(a[4]), plot(*a, **kw))[1])
+    for args, name in ((["--sweep", "H=1,10,100,500", "--network", "home-100mbps"],
+                        "sweep.png"), ([], "bars.png")):
         path = tmp_path / name
         assert main(["estimate", *args, "--plot", str(path)]) == 0
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "plot" in capsys.readouterr().out
+    assert titles[0] == ("7,000,000,000 parameters (fp16 on the wire), 1,000 batches, 2 nodes, "
+                         "diloco, on home-100mbps")
+    assert titles[1].startswith("7,000,000,000 parameters (fp16 on the wire), 1,000 batches, ")
