@@ -33,20 +33,26 @@ class DilocoSimulator:
     """DiLoCo on ``num_nodes`` simulated nodes, configured the diloco-sim way.
 
     Args:
-        model_cls, model_kwargs: the network, built as ``model_cls(**model_kwargs)``.
+        model_cls: the network's class, built as ``model_cls(**model_kwargs)``.
+        model_kwargs: its keyword arguments.
         loss_fn: ``loss_fn(logits, targets) -> scalar``.
-        train_dataset, eval_dataset: datasets of ``(inputs, targets)``.
-        optimizer_kwargs, optimizer_cls: the inner optimizer (AdamW, Adam or SGD).
+        train_dataset: the training set, of ``(inputs, targets)``.
+        eval_dataset: the evaluation set, of ``(inputs, targets)``.
+        optimizer_kwargs: the inner optimizer's arguments.
+        optimizer_cls: the inner optimizer (AdamW, Adam or SGD).
         batch_size: per node.
         num_epochs: passes over each node's shard; ``max_local_step`` caps the steps instead.
         eval_interval: steps between evaluations of the global model.
         diloco_interval: H, inner steps per outer step.
-        outer_optimizer_cls, outer_optimizer_kwargs: outer SGD (``lr``, ``momentum``,
-            ``nesterov``).
-        cosine_anneal, warmup_steps: the inner learning-rate schedule.
+        outer_optimizer_cls: the outer optimizer, SGD.
+        outer_optimizer_kwargs: its ``lr``, ``momentum``, ``nesterov``.
+        cosine_anneal: the inner learning rate decays on a cosine.
+        warmup_steps: the inner learning rate's linear warm-up.
         max_norm: per-node gradient clipping.
         save_dir: where metrics are written (none if None).
-        device, engine, seed: as in :meth:`exogym.Trainer.fit`.
+        device: as in :meth:`exogym.Trainer.fit`.
+        engine: as in :meth:`exogym.Trainer.fit`.
+        seed: as in :meth:`exogym.Trainer.fit`.
     """
 
     def __init__(

@@ -75,13 +75,19 @@ class Estimate:
     Attributes:
         label: ``"ddp"``, ``"diloco H=500"`` or ``"single node"``.
         network: the network (None for the single node).
-        num_nodes, H, steps, syncs: the schedule (steps per node).
+        num_nodes: the nodes.
+        H: the steps between two synchronisations.
+        steps: the steps per node.
+        syncs: the synchronisations.
         step_compute_s: compute per step of the slowest node.
         payload_bytes: ``S``, one copy of the model on the wire (after the codec).
-        once_sync_s, all_reduce_sync_s: one sync in each mode; ``sync_time_given``: the send-once
-            time was given, not computed.
-        once_total_s, all_reduce_total_s: training time in each mode.
-        once_bytes, all_reduce_bytes: bytes sent per node in each mode.
+        once_sync_s: one sync sending the model once (``sync_time_given``: this time was
+            given, not computed).
+        all_reduce_sync_s: one sync as a ring all-reduce.
+        once_total_s: the training time, syncs sending once.
+        all_reduce_total_s: the training time, syncs as all-reduces.
+        once_bytes: bytes sent per node, syncs sending once.
+        all_reduce_bytes: bytes sent per node, syncs as all-reduces.
         single_node_s: one node alone on every batch.
     """
 

@@ -52,8 +52,9 @@ class ComparisonRow:
         changed: the settings that differ from the strategy's defaults.
         runs: one per seed.
         metrics: ``eval_*`` final metrics and :data:`RUN_METRICS`, each a :class:`Stat`.
-        steps_to_target, sim_time_to_target_s: over the runs that reached the target (None when
+        steps_to_target: the steps to the target, over the runs that reached it (None when
             none did); ``reached`` how many did.
+        sim_time_to_target_s: the simulated time to the target, over the same runs.
         curve_steps: the evaluation steps (the same in every run); ``loss_mean``, ``loss_min``,
             ``loss_max``, ``bytes_mean`` and ``sim_time_mean`` the curve over the runs there.
     """

@@ -47,8 +47,8 @@ class Diurnal:
     """The share of clients online over the simulated day (module docstring).
 
     Attributes:
-        low, high: the share online at the day's trough (the run's start) and peak, in
-            ``[0, 1]``, ``low <= high``, ``high > 0``.
+        low: the share online at the day's trough (the run's start), in ``[0, 1]``.
+        high: the share online at its peak, ``low <= high <= 1``, ``high > 0``.
         day_s: the period, seconds.
         session_s: how long a client stays online or offline at least, seconds.
         seed: seeds who is online when.

@@ -92,7 +92,8 @@ class Sample:
         nodes: ranks in the run (N).
         payload_bytes: ``S``, bytes sent (ping-pong) or contributed by each rank (all-reduce).
         seconds: the repeats' times (the fit takes their median).
-        src, dst: the ranks of a ping-pong (None for an all-reduce).
+        src: the sending rank of a ping-pong (None for an all-reduce).
+        dst: its receiving rank (None for an all-reduce).
     """
 
     op: Op
@@ -146,7 +147,8 @@ class Line:
     """``t = slope * x + intercept`` through ``(x, t)`` points, and which were used.
 
     Attributes:
-        slope, intercept: the fitted line (both >= 0).
+        slope: the fitted line's slope (>= 0).
+        intercept: its intercept (>= 0).
         kept: for every input point, whether the fit used it (False: a size between the
             regimes, predicted only).
         high_intercept: where the bandwidth regime's line meets ``x = 0``, ``median(t - a
@@ -211,8 +213,9 @@ class Fit:
         ring_rate_bps: ``R``, payload bits/s of the ring all-reduce.
         hop_s: ``h``, seconds per ring hop.
         raw_efficiency: ``R / slowest link`` before the cap at 1.
-        node_up_bps, node_down_bps: every node's fitted link rates (in the network only where
-            it is per node).
+        node_up_bps: every node's fitted upload rate (in the network only where it is per
+            node).
+        node_down_bps: every node's fitted download rate (likewise).
         residuals: per sample, ``(sample, predicted seconds, (predicted - measured) /
             measured, used by the fit)``; a ping-pong is predicted from the node rates
             (``8S / (p min(up_i, down_j)) + 2 m_ij``), an all-reduce by ``network``.

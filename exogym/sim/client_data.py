@@ -71,7 +71,8 @@ class ClientBatches:
         mode: ``"disjoint"`` or ``"sampled"``.
         per_client: samples per client (sampled shards); None for disjoint ones (their sizes
             vary, :meth:`partition_stats`).
-        steps_per_epoch, epoch: as :class:`~exogym.sim.sharding.NodeBatches` counts them.
+        steps_per_epoch: as :class:`~exogym.sim.sharding.NodeBatches` counts them.
+        epoch: as :class:`~exogym.sim.sharding.NodeBatches` counts it.
     """
 
     def __init__(self, data: Any, num_clients: int, batch_size: int, *, seed: int,

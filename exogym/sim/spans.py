@@ -48,7 +48,8 @@ class Span:
 
     Attributes:
         kind: one of :data:`KINDS` (a lane's span: ``comm``).
-        start, end: simulated seconds.
+        start: when it started, simulated seconds.
+        end: when it ended.
         name: what it was (``"compute"``, ``"all_reduce grads"``, ``"straggler wait"``, ...).
         args: more about it, as ``(key, value)`` pairs (bytes, members, codec, whom it waited
             for, ...); part of what makes two steps the same.
@@ -78,7 +79,8 @@ class Block:
     Attributes:
         spans: the first step's spans, in detail.
         count: how many steps.
-        start, end: the block's stretch of the node's timeline.
+        start: where the block starts on the node's timeline.
+        end: where it ends.
         totals: seconds per kind (:data:`KINDS` order) over all its steps.
         steps: the node's own steps ``(first, last)`` (None: no compute in it).
         same: every step took exactly the first one's times (the block is the first step

@@ -255,3 +255,29 @@ def test_the_python_example_gives_the_cli_numbers(tmp_path: Path,
                  "--no-progress", "--out", str(out)]) == 0
     cli_final = json.loads((out / "summary.json").read_text())["final"]
     assert python_final == cli_final  # bit for bit: same weights, data order, strategy
+
+
+_SECTION = re.compile(r"(Args|Arguments|Attributes)( \(.*\))?:")
+_GROUPED = re.compile(r"\s+([A-Za-z_]\w*(?:, [A-Za-z_]\w*)+):\s")
+
+
+def test_no_docstring_entry_documents_several_names_at_once() -> None:
+    """An ``Args`` / ``Attributes`` entry names one parameter: ``a, b: ...`` renders in the API
+    reference as an attribute ``a,`` of type ``b`` (mkdocstrings' Google parser)."""
+    import ast
+
+    grouped = []
+    for path in sorted((ROOT / "exogym").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                     ast.AsyncFunctionDef)):
+                continue
+            doc = ast.get_docstring(node, clean=False) or ""
+            in_section = False
+            for line in doc.splitlines():
+                if re.fullmatch(r"[A-Z][a-z]+( \(.*\))?:", line.strip()):
+                    in_section = bool(_SECTION.fullmatch(line.strip()))
+                elif in_section and _GROUPED.match(line):
+                    grouped.append(f"{_name(path)}: {line.strip()[:60]}")
+    assert not grouped, "one name per entry:\n" + "\n".join(grouped)

@@ -44,8 +44,9 @@ class DiLoCoStrategy(_exo.BuiltinStrategy):
         max_norm: clip each node's gradient to this L2 norm before the inner step.
         inner_optim: the inner optimizer under the name of EXO Gym's README ("Custom
             Training"); EXO Gym ignored it (AdamW ran instead), here it is the inner optimizer.
-        lr_scheduler, lr_scheduler_kwargs: None, or ``"lambda_cosine"`` with ``warmup_steps``
-            and ``cosine_anneal`` (:func:`~exogym.compat.exo_gym.conversions.schedule`).
+        lr_scheduler: None, or ``"lambda_cosine"``
+            (:func:`~exogym.compat.exo_gym.conversions.schedule`).
+        lr_scheduler_kwargs: ``warmup_steps`` and ``cosine_anneal`` of ``"lambda_cosine"``.
         **unused: arguments EXO Gym's class did not declare: an
             :class:`~exogym.compat.exo_gym.conversions.ExoGymWarning` each, ignored (as EXO
             Gym did).
@@ -80,8 +81,9 @@ class SPARTAStrategy(_exo.BuiltinStrategy):
         optim_spec: the inner optimizer (default EXO Gym's: AdamW, lr 1e-3, weight decay 0.01).
         p_sparta: fraction of the parameter entries averaged after every step (the paper's p).
         max_norm: clip each node's gradient to this L2 norm before the inner step.
-        lr_scheduler, lr_scheduler_kwargs: None, or ``"lambda_cosine"`` with ``warmup_steps``
-            and ``cosine_anneal`` (:func:`~exogym.compat.exo_gym.conversions.schedule`).
+        lr_scheduler: None, or ``"lambda_cosine"``
+            (:func:`~exogym.compat.exo_gym.conversions.schedule`).
+        lr_scheduler_kwargs: ``warmup_steps`` and ``cosine_anneal`` of ``"lambda_cosine"``.
         **unused: arguments EXO Gym's class did not declare: an
             :class:`~exogym.compat.exo_gym.conversions.ExoGymWarning` each, ignored (as EXO
             Gym did).
@@ -112,8 +114,9 @@ class FedAvgStrategy(_exo.BuiltinStrategy):
         max_norm: clip each node's gradient to this L2 norm before the local step.
         optim_spec: the local optimizer under the name EXO Gym's ``example/mnist.py`` passes
             (which EXO Gym used); give it or ``inner_optim``, not both.
-        lr_scheduler, lr_scheduler_kwargs: None, or ``"lambda_cosine"`` with ``warmup_steps``
-            and ``cosine_anneal`` (:func:`~exogym.compat.exo_gym.conversions.schedule`).
+        lr_scheduler: None, or ``"lambda_cosine"``
+            (:func:`~exogym.compat.exo_gym.conversions.schedule`).
+        lr_scheduler_kwargs: ``warmup_steps`` and ``cosine_anneal`` of ``"lambda_cosine"``.
         **unused: arguments EXO Gym's class did not declare: an
             :class:`~exogym.compat.exo_gym.conversions.ExoGymWarning` each, ignored (as EXO
             Gym did).
@@ -158,8 +161,9 @@ class DeMoStrategy(_exo.BuiltinStrategy):
         compression_chunk: chunk size (the paper's s).
         weight_decay: decoupled weight decay (the paper's lambda).
         optim_spec: its ``lr`` is eta (default 1e-3, EXO Gym's fixed value).
-        lr_scheduler, lr_scheduler_kwargs: None, or ``"lambda_cosine"`` with ``warmup_steps``
-            and ``cosine_anneal`` (:func:`~exogym.compat.exo_gym.conversions.schedule`).
+        lr_scheduler: None, or ``"lambda_cosine"``
+            (:func:`~exogym.compat.exo_gym.conversions.schedule`).
+        lr_scheduler_kwargs: ``warmup_steps`` and ``cosine_anneal`` of ``"lambda_cosine"``.
         **unused: arguments EXO Gym's class did not declare: an
             :class:`~exogym.compat.exo_gym.conversions.ExoGymWarning` each, ignored (as EXO
             Gym did).
@@ -212,8 +216,9 @@ class SPARTADiLoCoStrategy(_exo.BuiltinStrategy):
             exogym: any value but 1 is an :class:`~exogym.compat.exo_gym.conversions.ExoGymWarning`.
         H: inner steps per outer step.
         max_norm: clip each node's gradient to this L2 norm before the inner step.
-        lr_scheduler, lr_scheduler_kwargs: None, or ``"lambda_cosine"`` with ``warmup_steps``
-            and ``cosine_anneal`` (:func:`~exogym.compat.exo_gym.conversions.schedule`).
+        lr_scheduler: None, or ``"lambda_cosine"``
+            (:func:`~exogym.compat.exo_gym.conversions.schedule`).
+        lr_scheduler_kwargs: ``warmup_steps`` and ``cosine_anneal`` of ``"lambda_cosine"``.
         **unused: arguments EXO Gym's class did not declare: an
             :class:`~exogym.compat.exo_gym.conversions.ExoGymWarning` each, ignored (as EXO
             Gym did).

@@ -34,8 +34,8 @@ class SimpleReduceStrategy(PerNodeStrategy):
         optim_spec: the optimizer (default EXO Gym's ``OptimSpec(torch.optim.AdamW)``: lr 1e-3,
             weight decay 0.01).
         max_norm: clip the averaged gradient to this L2 norm (None: off).
-        lr_scheduler, lr_scheduler_kwargs: see
-            :class:`~exogym.strategy.per_node.base.PerNodeStrategy`.
+        lr_scheduler: see :class:`~exogym.strategy.per_node.base.PerNodeStrategy`.
+        lr_scheduler_kwargs: see :class:`~exogym.strategy.per_node.base.PerNodeStrategy`.
         **unused: arguments EXO Gym's class did not declare (its ``example/mnist.py`` passes
             ``H`` and ``p``): an :class:`~exogym.compat.exo_gym.conversions.ExoGymWarning`
             each, ignored.

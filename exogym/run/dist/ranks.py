@@ -62,7 +62,8 @@ class TorchrunEnv:
     Attributes:
         rank: ``RANK``, this process among all; world_size: ``WORLD_SIZE``.
         local_rank: ``LOCAL_RANK``, this process among those on its machine (its GPU index).
-        master_addr, master_port: ``MASTER_ADDR`` / ``MASTER_PORT``, where rank 0 listens.
+        master_addr: ``MASTER_ADDR``, the host where rank 0 listens.
+        master_port: ``MASTER_PORT``, its port.
     """
 
     rank: int

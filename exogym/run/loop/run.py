@@ -76,7 +76,8 @@ class Run:
 
     Args:
         model: the user's module (a template: never modified).
-        train_data, val_data: the training data (a Dataset or a factory) and the evaluation set.
+        train_data: the training data (a Dataset or a factory).
+        val_data: the evaluation set.
         strategy: a fresh :class:`StackedStrategy`; its ``setup`` is called here.
         settings: :class:`~exogym.run.settings.RunSettings`.
         device: where the nodes compute.

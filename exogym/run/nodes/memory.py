@@ -75,7 +75,8 @@ class InMemory(CommBytes):
     """Every node this process computes, as node-stacked tensors.
 
     Args:
-        nodes, comm: the replicas and their communicator.
+        nodes: the replicas.
+        comm: their communicator.
         strategy: set up here over them.
         batches: the run's data.
         ranks: this process's place in a multi-process run, or None.

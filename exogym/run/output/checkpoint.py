@@ -134,8 +134,8 @@ class Checkpointer:
         run_dir: the run folder; checkpoints go to ``run_dir/checkpoints``.
         keep: complete checkpoints kept (>= 1); older ones are deleted after a write.
         asynchronous: write in a background thread (one process only).
-        rank, world_size: this process and the number of processes (multi-process runs write
-            one file per rank, synchronously).
+        rank: this process (multi-process runs write one file per rank, synchronously).
+        world_size: the number of processes.
     """
 
     def __init__(self, run_dir: str | Path, *, keep: int = 2, asynchronous: bool = True,
