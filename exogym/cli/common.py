@@ -20,6 +20,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 if TYPE_CHECKING:
     from exogym.tasks import Task
 
+Options = argparse.ArgumentParser | argparse._ArgumentGroup
+"""Where options are added: a parser, or one of its sections (``exogym run --help``'s)."""
+
 __all__ = ["Parser", "add_data_options", "add_results_options", "add_settings", "add_task_option",
            "converter", "default_out", "get_task", "number", "setting_values"]
 
@@ -184,7 +187,7 @@ def converter(name: str | Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 # -- options several commands share ------------------------------------------------------------
-def add_data_options(p: argparse.ArgumentParser, *, or_: str = "else") -> None:
+def add_data_options(p: Options, *, or_: str = "else") -> None:
     """``--data-dir`` and ``--no-download``: where a task's data is, and whether to fetch it."""
     p.add_argument("--data-dir", type=converter("path"),
                    help=f"data folder (default: $EXOGYM_DATA_DIR, {or_} ~/.cache/exogym/data)")
@@ -199,7 +202,7 @@ def add_results_options(p: argparse.ArgumentParser, out_help: str) -> None:
     p.add_argument("--no-progress", action="store_true", help="no per-run lines and bars")
 
 
-def add_settings(p: argparse.ArgumentParser, names: Iterable[str], *,
+def add_settings(p: Options, names: Iterable[str], *,
                  helps: Mapping[str, str] | None = None,
                  defaults: Mapping[str, Any] | None = None) -> None:
     """The options of the run settings ``names``, as declared (:mod:`exogym.run.options`: flag,
@@ -249,7 +252,7 @@ def default_out(name: str) -> Path:
     return out
 
 
-def add_task_option(p: argparse.ArgumentParser) -> None:
+def add_task_option(p: Options) -> None:
     """``--task``: a registered task or the user's own."""
     from exogym.tasks.registry import TASKS
 

@@ -39,7 +39,7 @@ def parse_kill(text: str) -> Any:
     return kill
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument("--ft", action="store_true",
                    help="with --engine process: each process a torchft replica; a dead one is "
                         "restarted and heals from a live peer (pip install 'exogym[ft]')")

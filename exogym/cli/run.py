@@ -47,36 +47,62 @@ def add_parser(sub: Any) -> None:
                                              "nodes"))
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """``exogym run``'s options: every run setting with a flag, and the rest."""
-    from exogym import strategy as strategies
-    from exogym.run.options import settings
+# ``exogym run --help`` in sections: each run setting with a flag, by its name, in one of them
+# (tests/run/test_settings.py checks that every flag is placed once)
+SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("task and data", ("batch_size", "partition")),
+    ("strategy", ()),
+    ("length and evaluation", ("max_steps", "num_epochs", "eval_interval", "eval_samples",
+                               "log_interval", "seed")),
+    ("nodes and population", ("num_nodes", "participation", "client_state", "concurrency",
+                              "arrivals", "round_policy", "clients_in_memory", "client_store")),
+    ("network and world", ("network", "world")),
+    ("devices: what a step costs", ("compute", "hardware", "device_profiles", "step_time")),
+    ("engine, memory and processes", ("engine", "micro_batch_size", "precision", "device",
+                                      "resident", "offload")),
+    ("real failures (torchft)", ()),
+    ("checkpoints and resume", ("checkpoint_every", "checkpoint_interval", "keep_checkpoints",
+                                "async_checkpoint", "resume")),
+    ("output and logging", ("out_dir", "progress", "trace", "allow_nonfinite",
+                            "allow_unsynced")),
+)
 
-    add_task_option(p)
-    p.add_argument("--preset", choices=sorted(PRESETS), metavar="NAME",
-                   help="a published configuration as the flags that reproduce it, placed "
-                        "where --preset stands (a flag after it overrides the preset's): "
-                        + "; ".join(f"{name}: {preset.help()}"
-                                    for name, preset in sorted(PRESETS.items())))
-    p.add_argument("--strategy", default="diloco",
-                   help=f"strategy id ({', '.join(strategies.registry())}), or your own: "
-                        "path/to/file.py:Class or package.module:Class")
-    p.add_argument("--lr", type=converter("positive_number"),
-                   help="inner learning rate (optim.lr)")
-    p.add_argument("--set", dest="overrides", type=converter("key_value"), action="append",
-                   default=[], metavar="KEY=VALUE",
-                   help="a strategy hyperparameter, e.g. --set H=50 (see `exogym strategies`)")
-    add_settings(p, [name for name, s in settings().items() if s.flag])
-    ft.add_arguments(p)
-    add_data_options(p)
-    p.add_argument("--csv", action="store_true", help="also write metrics.csv in the run folder")
-    p.add_argument("--tensorboard", action="store_true",
-                   help="also write TensorBoard events to RUN_DIR/tensorboard "
-                        '(pip install "exogym[tensorboard]")')
-    p.add_argument("--wandb", metavar="[ENTITY/]PROJECT[:MODE]",
-                   help="also log to Weights & Biases; MODE online, offline (upload later: "
-                        'wandb sync RUN_DIR/wandb/offline-run-*) or disabled (pip install '
-                        '"exogym[wandb]")')
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``exogym run``'s options in :data:`SECTIONS`: every run setting with a flag, and the
+    rest."""
+    from exogym import strategy as strategies
+
+    group = {title: p.add_argument_group(title) for title, _ in SECTIONS}
+    data, strategy = group["task and data"], group["strategy"]
+    add_task_option(data)
+    for title, names in SECTIONS:
+        add_settings(group[title], names)
+    add_data_options(data)
+    strategy.add_argument(
+        "--preset", choices=sorted(PRESETS), metavar="NAME",
+        help="a published configuration as the flags that reproduce it, placed where --preset "
+             "stands (a flag after it overrides the preset's): "
+             + "; ".join(f"{name}: {preset.help()}" for name, preset in sorted(PRESETS.items())))
+    strategy.add_argument("--strategy", default="diloco",
+                          help=f"strategy id ({', '.join(strategies.registry())}), or your own: "
+                               "path/to/file.py:Class or package.module:Class")
+    strategy.add_argument("--lr", type=converter("positive_number"),
+                          help="inner learning rate (optim.lr)")
+    strategy.add_argument("--set", dest="overrides", type=converter("key_value"),
+                          action="append", default=[], metavar="KEY=VALUE",
+                          help="a strategy hyperparameter, e.g. --set H=50 (see `exogym "
+                               "strategies`)")
+    ft.add_arguments(group["real failures (torchft)"])
+    out = group["output and logging"]
+    out.add_argument("--csv", action="store_true", help="also write metrics.csv in the run folder")
+    out.add_argument("--tensorboard", action="store_true",
+                     help="also write TensorBoard events to RUN_DIR/tensorboard "
+                          '(pip install "exogym[tensorboard]")')
+    out.add_argument("--wandb", metavar="[ENTITY/]PROJECT[:MODE]",
+                     help="also log to Weights & Biases; MODE online, offline (upload later: "
+                          'wandb sync RUN_DIR/wandb/offline-run-*) or disabled (pip install '
+                          '"exogym[wandb]")')
 
 
 def command(args: argparse.Namespace) -> int:

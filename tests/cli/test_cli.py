@@ -350,3 +350,16 @@ def test_sigterm_while_torch_imports_stops_with_a_message(tmp_path: Path) -> Non
                         "checkpoint)"], err[-2000:]
     assert out == ""
     assert not (tmp_path / "run").exists()
+
+
+def test_run_help_is_in_sections(capsys: pytest.CaptureFixture[str]) -> None:
+    from exogym.cli.run import SECTIONS
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    shown = capsys.readouterr().out
+    titles = [line[:-1] for line in shown.splitlines() if line and line[0] != " "
+              and line.endswith(":")]
+    assert titles == ["options", *(title for title, _ in SECTIONS)]
+    nodes = shown.split("\nnodes and population:\n")[1].split("\n\n")[0]
+    assert "--concurrency" in nodes and "--round-policy" in nodes and "--world" not in nodes
