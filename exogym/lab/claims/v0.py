@@ -101,10 +101,13 @@ FEDADAM_NON_IID = Claim(
                  "(numbers not verified here)",
     scale="paper: CIFAR-10/100, EMNIST, Shakespeare, Stack Overflow, hundreds of clients, "
           "thousands of rounds; here: MNIST over 100 clients with Dirichlet(0.1) label skew, 10 "
-          "a round, H = 10 local steps, 30 rounds",
+          "a round, H = 10 local steps of batch 16, 30 rounds",
     task="mnist",
+    # batch 16: the first spec's batch 32 could not be run (seed 3's Dirichlet split left a
+    # client 24 samples; the partition refuses a client smaller than a batch); amended before any
+    # verdict was computed, the rule unchanged
     common={"num_nodes": 100, "participation": "10", "partition": "dirichlet:0.1",
-            "max_steps": 300, "batch_size": 32, "eval_interval": 50, "network": "datacenter"},
+            "max_steps": 300, "batch_size": 16, "eval_interval": 50, "network": "datacenter"},
     configs=(Config("fedadam", "fedadam", {"H": "10"}), Config("fedavg", "fedavg", {"H": "10"})),
     rules=(
         Rule("final accuracy(FedAdam) - accuracy(FedAvg): the 95% CI lies above 0",
