@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,10 +162,8 @@ def _fit(claim: Claim, config: Config, seed: int, quick: bool, run_dir: Path, tr
     fit.setdefault("eval_interval", task.eval_interval)
     torch.manual_seed(seed)
     model = task.build_model()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a suite's runs are read from their folders
-        Trainer(model, train, test).fit(strategy=strategy, seed=seed, out_dir=run_dir,
-                                        progress=False, run_info=task.run_info(train), **fit)
+    Trainer(model, train, test).fit(strategy=strategy, seed=seed, out_dir=run_dir,
+                                    progress=False, run_info=task.run_info(train), **fit)
 
 
 def _decide(claim: Claim, runs: dict[str, list[RunRecord]], seeds: int,
