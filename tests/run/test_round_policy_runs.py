@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from support.resume_cases import Net
-from support.runs import client_run, resume_cut
+from support.runs import client_run, fedscale_round_run, resume_cut
 
 from exogym.sim.world import parse_world
 from exogym.strategy import make
@@ -130,15 +130,7 @@ def test_a_round_lasts_until_its_kth_report_as_fedscale_prices_it(tmp_path: Path
     1.1184, 0.452 + 0.44 = 0.892: clients 2 and 1 kept, released at 1.1184 (FedScale's round
     time 0.6664, the 2nd of 0.784, 0.6664, 0.44); client 0 discarded. The run ends when client
     2 has downloaded the result: 1.1184 + 0.1 = 1.2184."""
-    import json
-
-    table = tmp_path / "fedscale.json"
-    table.write_text(json.dumps({"0": {"computation": 10, "communication": 8},
-                                 "1": {"computation": 50, "communication": 80},
-                                 "2": {"computation": 20, "communication": 26.56}}))
-    r = client_run(make("fedavg", H=3), nodes=3, participation=2, clients_in_memory="round",
-                   steps=6, network="bw=1Gbps,latency=0s,efficiency=1,hop_latency=0s",
-                   hardware=str(table), round_policy="over_selection=1.5")
+    r = fedscale_round_run(tmp_path)
     assert r.comm_log[0].payload_bytes == 332
     cut = [(e["node"], e["time_s"], e["report_s"]) for e in r.events
            if e["event"] == "discarded"]  # who, when let go, when its report would arrive

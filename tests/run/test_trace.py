@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.runs import WorldNet, client_run, world_data, world_run
+from support.runs import WorldNet, fedscale_round_run, world_data, world_run
 from support.toy_task import toy_task_source
 
 from exogym import Trainer
@@ -418,14 +418,7 @@ def test_a_client_let_go_mid_compute_ends_its_timeline_there(tmp_path: Path) -> 
     tests/run/test_round_policy_runs.py: client 1 computes until 0.6 s, is let go at 0.452 s):
     its seat's timeline stops at the release, and every seat's spans still tile its time and
     add up to its clock's split."""
-    table = tmp_path / "fedscale.json"
-    table.write_text(json.dumps({"0": {"computation": 10, "communication": 8},
-                                 "1": {"computation": 50, "communication": 80},
-                                 "2": {"computation": 20, "communication": 26.56}}))
-    r = client_run(make("fedavg", H=3), nodes=3, participation=2, clients_in_memory="round",
-                   steps=6, network="bw=1Gbps,latency=0s,efficiency=1,hop_latency=0s",
-                   hardware=str(table), round_policy="over_selection=1.5", trace=True,
-                   out_dir=tmp_path / "run")
+    r = fedscale_round_run(tmp_path, trace=True, out_dir=tmp_path / "run")
     assert [e["node"] for e in r.events if e["event"] == "discarded"] == [1, 0]
     trace = json.loads((tmp_path / "run" / "trace.json").read_text())
     assert_spans_add_up(trace, r.clock)

@@ -74,6 +74,21 @@ def client_run(strategy: Any, *, nodes: int = 6, steps: int = 12, **settings: An
         return Trainer(Net(), data(), data()).fit(strategy=strategy, **args)
 
 
+def fedscale_round_run(tmp_path: Path, **extra: Any) -> FitResult:
+    """FedScale's hand case (tests/run/test_round_policy_runs.py works it out): FedAvg (H = 3)
+    over 3 clients with FedScale-form device profiles (10/50/20 ms a sample, 8/80/26.56 kbit/s),
+    2 reports a round of the 3 drawn (over_selection 1.5), 6 steps, no latency."""
+    import json
+
+    table = tmp_path / "fedscale.json"
+    table.write_text(json.dumps({"0": {"computation": 10, "communication": 8},
+                                 "1": {"computation": 50, "communication": 80},
+                                 "2": {"computation": 20, "communication": 26.56}}))
+    return client_run(make("fedavg", H=3), nodes=3, participation=2, clients_in_memory="round",
+                      steps=6, network="bw=1Gbps,latency=0s,efficiency=1,hop_latency=0s",
+                      hardware=str(table), round_policy="over_selection=1.5", **extra)
+
+
 class WorldNet(nn.Module):
     """Linear -> tanh -> Linear, 6 features to 3 classes, the loss alone; ``seed``: the global
     generator seeded with it before the weights are drawn."""
