@@ -56,8 +56,8 @@ def format_markdown(outcomes: Sequence[ClaimOutcome], suite: str) -> str:
             values = ", ".join(_num(v) for v in x.values)
             text = r.text if r.text.endswith(".") else r.text + "."
             lines.append(f"- {text} Per seed: {values}; **{x.verdict}**.")
-        lines += ["", "```bash"]
-        lines += [command_of(c, cfg, o.quick) + " --seed S" for cfg in c.configs]
+        lines += ["", f"Each configuration with `--seed` 0 to {o.seeds - 1}:", "", "```bash"]
+        lines += [command_of(c, cfg, o.quick) + " --seed 0" for cfg in c.configs]
         lines += ["```", ""]
     return "\n".join(lines)
 
