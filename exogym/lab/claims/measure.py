@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +14,12 @@ from exogym.run.output.result import read_json
 __all__ = ["RunRecord", "read_run"]
 
 
+@dataclass(frozen=True)
 class RunRecord:
     """One finished run as a claim reads it: the summary and the evaluation rows."""
 
-    def __init__(self, summary: dict[str, Any], evaluations: list[dict[str, Any]]) -> None:
-        self.summary, self.evaluations = summary, evaluations
+    summary: dict[str, Any]
+    evaluations: list[dict[str, Any]]
 
     def value(self, metric: str, target: float | None = None) -> float:
         """``metric`` of this run (``target``: the accuracy of the ``*_to_accuracy`` ones)."""

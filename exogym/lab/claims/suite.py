@@ -28,7 +28,7 @@ from exogym.lab.claims.spec import Claim, Config
 from exogym.lab.claims.stats import RuleOutcome, Verdict, claim_verdict, decide, per_seed
 from exogym.lab.progress import RunProgress
 from exogym.run.options import settings
-from exogym.tasks.registry import get_task
+from exogym.tasks.registry import Task, get_task
 
 __all__ = ["ClaimOutcome", "command_of", "fingerprint", "run_claims", "select"]
 
@@ -139,20 +139,19 @@ def _train(claim: Claim, folder: Path, seeds: int, quick: bool, data_dir: str | 
                     data = task.load_data(data_dir, download)
                 if meter is not None:
                     meter.begin(f"{claim.id}: {config.label} seed {seed}", run_dir)
-                _fit(claim, config, seed, quick, run_dir, *data)
+                _fit(task, claim, config, seed, quick, run_dir, *data)
                 if meter is not None:
                     meter.end()
             runs[config.label].append(read_run(run_dir))
     return runs
 
 
-def _fit(claim: Claim, config: Config, seed: int, quick: bool, run_dir: Path, train: Any,
-         test: Any) -> None:
+def _fit(task: Task, claim: Claim, config: Config, seed: int, quick: bool, run_dir: Path,
+         train: Any, test: Any) -> None:
     """One run, as ``exogym run`` trains it: the task's learning rate, batch size and
     evaluation interval unless given, the model built after ``torch.manual_seed(seed)``."""
     from exogym.run.trainer import Trainer
 
-    task = get_task(claim.task)
     sets = dict(config.sets)
     if "lr" not in sets and "optim.lr" not in sets:
         sets["optim.lr"] = str(task.lr)
