@@ -13,8 +13,32 @@ import pytest
 
 from exogym.cli import main
 from exogym.lab.claims import CLAIMS, SUITE, Claim, Config, Paper, Rule, run_claims, select
+from exogym.lab.claims.measure import RunRecord
 from exogym.lab.claims.stats import bootstrap_ci, claim_verdict, decide, per_seed
 from exogym.lab.claims.suite import command_of, fingerprint
+
+
+# -- measures -----------------------------------------------------------------------------------
+def test_measures_read_from_a_run_by_hand() -> None:
+    summary = {"strategy": "fedavg", "hyperparameters": {"H": 20},
+               "final": {"eval_loss": 0.5, "eval_accuracy": 0.9}, "sim_time_s": 7.0,
+               "bytes_sent_per_node": [10.0, 30.0]}
+    evals = [{"step": 20, "sim_time_s": 1.0, "eval_accuracy": 0.5},
+             {"step": 60, "sim_time_s": 3.0, "eval_accuracy": 0.95}]
+    # bytes: 0 by step 1, 4 by step 2, 4 by step 3, 10 by step 5 (3 a step over two steps)
+    logged = [{"step": s, "bytes_sent": b} for s, b in ((1, 0.0), (2, 4.0), (3, 4.0), (5, 10.0))]
+    run = RunRecord(summary, evals, logged)
+    assert run.value("bytes_per_node") == 30.0
+    assert run.value("steps_to_accuracy", 0.9) == 60.0
+    assert run.value("time_to_accuracy", 0.9) == 3.0
+    assert run.value("rounds_to_accuracy", 0.9) == 3.0  # 60 steps / H = 20
+    assert run.value("rounds_to_accuracy", 0.99) == math.inf
+    assert run.value("peak_bytes_per_step") == 4.0
+    no_h = RunRecord({**summary, "strategy": "ddp", "hyperparameters": {}}, evals, logged)
+    with pytest.raises(ValueError, match="'ddp' has H = None"):
+        no_h.value("rounds_to_accuracy", 0.9)
+    with pytest.raises(ValueError, match="set log_interval"):
+        RunRecord(summary, evals).value("peak_bytes_per_step")
 
 
 # -- statistics ---------------------------------------------------------------------------------

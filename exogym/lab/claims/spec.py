@@ -26,6 +26,10 @@ METRICS: dict[str, str] = {
                         "target accuracy (inf: never)",
     "steps_to_accuracy": "the steps of the first evaluation at or above the rule's target "
                          "accuracy (inf: never)",
+    "rounds_to_accuracy": "steps_to_accuracy / H, the strategy's steps per round (FedAvg's "
+                          "communication rounds; inf: never)",
+    "peak_bytes_per_step": "the most bytes a node sent in one step (with log_interval 1; "
+                           "else the most per step over one logged interval)",
 }
 """The quantities a rule compares (:mod:`exogym.lab.claims.measure` reads them from a run)."""
 
