@@ -4,9 +4,11 @@ with what it prints now, stating the machine.
 A block is regenerated when it is a fenced block whose lines start with ``$ `` commands (each
 followed by its output; a command may continue over lines ending in ``\\``), or a block right
 after an ``<!-- readme-output: COMMAND -->`` comment (the output alone, the command given in the
-comment). A block that shows only some lines of an output marks the cut with ``...``: the
-rewritten block keeps the same lines, found by their first word (an indented line is the line
-after the one before it); a block whose first line is a progress bar keeps the final bar.
+comment), or a Markdown table right after an ``<!-- readme-table: COMMAND -->`` comment (the
+table the command prints, rendered as a table on the site). A block that shows only some lines
+of an output marks the cut with ``...``: the rewritten block keeps the same lines, found by their
+first word (an indented line is the line after the one before it); a block whose first line is a
+progress bar keeps the final bar.
 
 Folders the commands write (``--out DIR``) are removed first when they hold an exogym run. The
 line between ``<!-- readme-machine -->`` markers is rewritten with the machine, the date and the
@@ -38,6 +40,7 @@ README = ROOT / "README.md"
 FILES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"(?P<head><!-- readme-output: (?P<cmd>.*?) -->\n)?```(?P<lang>[a-z]*)\n"
                    r"(?P<body>.*?)```", re.S)
+TABLE = re.compile(r"<!-- readme-table: (?P<cmd>.*?) -->\n(?P<body>(?:\|[^\n]*\n)+)")
 MACHINE = re.compile(r"(<!-- readme-machine -->)(.*?)(<!-- /readme-machine -->)", re.S)
 BAR = re.compile(r"^\s*\d+%\|")
 
@@ -48,6 +51,7 @@ class Block:
     end: int
     commands: list[tuple[str, list[str]]]  # (command, the lines shown after it)
     hidden_command: bool  # the command is in the comment, not in the block
+    table: bool = False  # a Markdown table (the output's lines that start with "|")
 
 
 def blocks(text: str) -> list[Block]:
@@ -59,7 +63,10 @@ def blocks(text: str) -> list[Block]:
             out.append(Block(m.start("lang") - 3, m.end(), [(m.group("cmd"), lines)], True))
         elif m.group("lang") == "" and lines and lines[0].startswith("$ "):
             out.append(Block(m.start("lang") - 3, m.end(), _commands(lines), False))
-    return out
+    for m in TABLE.finditer(text):
+        lines = m.group("body").rstrip("\n").split("\n")
+        out.append(Block(m.start("body"), m.end("body"), [(m.group("cmd"), lines)], True, True))
+    return sorted(out, key=lambda b: b.start)
 
 
 def _commands(lines: list[str]) -> list[tuple[str, list[str]]]:
@@ -173,9 +180,13 @@ def regenerate(text: str, found: list[Block], outputs: dict[str, list[str]]) -> 
             if cmd not in outputs:
                 print(f"running: {cmd}", flush=True)
                 outputs[cmd] = run(cmd)
+            if b.table:
+                lines += [line for line in outputs[cmd] if line.startswith("|")]
+                continue
             got = fill(shown, outputs[cmd])
             lines += got if b.hidden_command else [_wrapped(cmd), *got]
-        new.append("```\n" + "\n".join(lines) + "\n```")
+        body = "\n".join(lines)
+        new.append(body + "\n" if b.table else f"```\n{body}\n```")
     for b, block in reversed(list(zip(found, new, strict=True))):
         text = text[:b.start] + block + text[b.end:]
     return MACHINE.sub(lambda m: f"{m.group(1)}\n{machine()}\n{m.group(3)}", text)

@@ -64,6 +64,19 @@ def test_a_command_shown_twice_runs_once(monkeypatch: pytest.MonkeyPatch) -> Non
     assert "old" not in new and "recorded on" in new
 
 
+def test_a_table_block_becomes_the_table_the_command_prints(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(readme_outputs, "run",
+                        lambda cmd: ["[1/1] x", "| a | b |", "|---|---|", "| `x` | 2 |", "done"])
+    text = ("<!-- readme-machine -->\nold\n<!-- /readme-machine -->\n"
+            "<!-- readme-table: exogym tasks -->\n| a | b |\n|---|---|\n| `x` | 1 |\n\nprose\n")
+    found = readme_outputs.blocks(text)
+    assert [b.table for b in found] == [True]
+    new = readme_outputs.regenerate(text, found, {})
+    assert new.endswith("<!-- readme-table: exogym tasks -->\n| a | b |\n|---|---|\n"
+                        "| `x` | 2 |\n\nprose\n")
+
+
 def _table(lines: list[str]) -> dict[str, dict[str, float]]:
     """The comparison table's numbers by strategy: sent per node (MB), accuracy (%), loss."""
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines
