@@ -13,9 +13,9 @@ from typing import Any
 from exogym.utils.config import ConfigError
 
 # the settings --ft takes: the rest are the simulator's (a network, a world, participation...)
-# or not yet wired into the replicas' loop (evaluation during training, sinks)
+# or not yet wired into the replicas' loop (sinks)
 _TAKEN = {"num_nodes", "max_steps", "batch_size", "seed", "out_dir", "checkpoint_every",
-          "engine", "progress"}
+          "engine", "progress", "eval_interval", "eval_samples"}
 _KILL = re.compile(r"^(\d+)@(\d+)(?::([a-z]+))?(?:\+(never|\d+(?:\.\d+)?)s?)?$")
 
 
@@ -90,8 +90,9 @@ def check_ft_args(args: argparse.Namespace, plain: argparse.Namespace) -> None:
                    if n not in _TAKEN and v != defaults[n])
     if other:
         raise ConfigError(f"--ft does not take {', '.join(other)}: it takes --nodes, --steps, "
-                          "--batch-size, --seed, --out, --checkpoint-every and --kill (a real "
-                          "run has no simulated network or world)")
+                          "--batch-size, --seed, --out, --checkpoint-every, --eval-interval, "
+                          "--eval-samples and --kill (a real run has no simulated network or "
+                          "world)")
 
 
 def run_ft(args: argparse.Namespace, task: Any, strategy: Any, out: Path) -> int:
@@ -99,10 +100,10 @@ def run_ft(args: argparse.Namespace, task: Any, strategy: Any, out: Path) -> int
     (and the seconds each took to be back in training), the final model's evaluation."""
     import torch
 
+    from exogym.cli.common import setting_values
     from exogym.run.dist.ranks import torchrun_env
     from exogym.run.ft.launch import fit_ft, fit_ft_torchrun
     from exogym.run.ft.manager import check_ft_strategy
-    from exogym.run.loop.evaluation import evaluate_model
 
     check_ft_strategy(strategy)
     torch.manual_seed(args.seed)
@@ -111,7 +112,9 @@ def run_ft(args: argparse.Namespace, task: Any, strategy: Any, out: Path) -> int
     common = {"replicas": args.nodes, "max_steps": args.steps, "out_dir": out,
               "batch_size": args.batch_size or task.batch_size, "seed": args.seed,
               "kills": args.kill, "checkpoint_every": args.checkpoint_every,
-              "min_replicas": args.min_replicas, "commit_every": args.commit_every}
+              "min_replicas": args.min_replicas, "commit_every": args.commit_every,
+              "eval_dataset": test, "eval_interval": args.eval_interval or task.eval_interval,
+              "eval_samples": setting_values(args, ["eval_samples"])["eval_samples"]}
     if torchrun_env() is None:
         result = fit_ft(model, train, strategy, threads=1, **common)
     else:  # this process is one replica; the one that is replica 0 reports
@@ -122,8 +125,6 @@ def run_ft(args: argparse.Namespace, task: Any, strategy: Any, out: Path) -> int
         result = found
     if not result.global_states:
         raise ConfigError(f"no replica finished: see {out}/events.jsonl")
-    state = next(iter(result.global_states.values()))
-    metrics = evaluate_model(model, state, test, 1000, torch.device("cpu"))
     print(f"{strategy.id} --ft on {args.nodes} replicas, {args.steps} steps, "
           f"{result.wall_s:.1f} s: {out}")
     print("  steps taken part in: " + ", ".join(
@@ -131,5 +132,9 @@ def run_ft(args: argparse.Namespace, task: Any, strategy: Any, out: Path) -> int
     for r in result.restarts:
         back = "never healed" if r.get("back_s") is None else f"back in {r['back_s']:.2f} s"
         print(f"  replica {r['replica']} died at step {r['died_at_step']}, restarted: {back}")
-    print("  " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    summary = result.summary
+    if summary.get("samples_per_s"):
+        print(f"  throughput {summary['samples_per_s']:,.0f} samples/s, per node sent "
+              f"{max(summary['bytes_sent_per_node']) / 1e6:,.2f} MB (max over nodes)")
+    print("  final " + ", ".join(f"{k} {v:.4f}" for k, v in summary.get("final", {}).items()))
     return 0

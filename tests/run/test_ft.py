@@ -260,3 +260,31 @@ def test_a_torchrun_group_started_late_heals_and_joins(tmp_path: Path) -> None:
               for r in (0, 1)]
     for k in states[0]:
         assert torch.equal(states[0][k], states[1][k]), k
+
+
+def test_ft_evaluates_during_training_and_reports_what_a_simulated_run_does(
+        tmp_path: Path) -> None:
+    """Evaluation during --ft (every 4 steps, by the quorum's first replica) gives the
+    simulator's evaluations of the same run, and summary.json has a simulated run's fields
+    with the same values: samples, bytes per node, the final evaluation on the whole set."""
+    strategy = make("diloco", H=4, **{"optim.lr": 0.05})
+    test = dataset()
+    result = ft_run(strategy, tmp_path / "ft", eval_dataset=test, eval_interval=4)
+    evals = {r["step"] + 1: r["eval_loss"] for r in result.rows if "eval_loss" in r}
+    sim_dir = tmp_path / "sim"
+    Trainer(TinyBN(), dataset(), test).fit(
+        strategy=copy.deepcopy(strategy), num_nodes=REPLICAS, max_steps=STEPS,
+        batch_size=BATCH, engine="loop", device="cpu", seed=0, progress=False, network=None,
+        eval_interval=4, out_dir=sim_dir)
+    rows = [json.loads(line) for line in (sim_dir / "metrics.jsonl").read_text().splitlines()]
+    want = {r["step"]: r["eval_loss"] for r in rows if "eval_loss" in r}
+    assert sorted(evals) == sorted(want) == [4, 8, 12]
+    for step, loss in want.items():
+        assert evals[step] == pytest.approx(loss, rel=1e-5), step
+    ft = json.loads((tmp_path / "ft" / "summary.json").read_text())
+    sim = json.loads((sim_dir / "summary.json").read_text())
+    assert ft["samples"] == sim["samples"] == STEPS * REPLICAS * BATCH
+    assert ft["bytes_sent_per_node"] == sim["bytes_sent_per_node"]
+    assert ft["final"]["eval_loss"] == pytest.approx(sim["final"]["eval_loss"], rel=1e-5)
+    assert ft["eval_during_training"] and ft["samples_per_s"] > 0 and ft["quorums"] >= 1
+    assert (tmp_path / "ft" / "model.pt").is_file()

@@ -35,7 +35,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from exogym.run.ft.manager import KillPoint, ReplicaLog, check_ft_strategy, require_torchft
-from exogym.run.ft.record import FTResult, collect, last_step, read_jsonl
+from exogym.run.ft.record import FTResult, collect, finish, last_step, read_jsonl
 from exogym.run.ft.replica import ReplicaSpec, run_replica
 from exogym.sim.engine import EngineName
 from exogym.sim.sharding import DatasetFactory
@@ -65,16 +65,16 @@ class Kill:
 
 
 def _entry(spec: ReplicaSpec, model: nn.Module, data: Dataset | DatasetFactory,
-           strategy: StackedStrategy) -> None:
+           strategy: StackedStrategy, eval_data: Dataset | None = None) -> None:
     try:
-        run_replica(spec, model, data, strategy)
+        run_replica(spec, model, data, strategy, eval_data)
     except BaseException:
         Path(spec.out_dir, f"replica{spec.replica}.error").write_text(traceback.format_exc())
         raise
 
 
 def _spare(conn: Any, model: nn.Module, data: Dataset | DatasetFactory,
-           strategy: StackedStrategy) -> None:
+           strategy: StackedStrategy, eval_data: Dataset | None = None) -> None:
     """A warm spare: a process that has imported and warmed up everything a replica needs
     (torch, torchft, ``torch._dynamo``, which the first optimizer imports, about 1.3 s here) and
     waits for the spec of a replica to replace; the parent closing the pipe ends it."""
@@ -86,7 +86,7 @@ def _spare(conn: Any, model: nn.Module, data: Dataset | DatasetFactory,
         spec = conn.recv()
     except EOFError:
         return
-    _entry(spec, model, data, strategy)
+    _entry(spec, model, data, strategy, eval_data)
 
 
 @dataclass
@@ -103,8 +103,9 @@ class _Life:
 class _Supervisor:
     def __init__(self, spec: ReplicaSpec, model: nn.Module, data: Dataset | DatasetFactory,
                  strategy: StackedStrategy, kills: Sequence[Kill], max_restarts: int,
-                 spares: int) -> None:
+                 spares: int, eval_data: Dataset | None = None) -> None:
         self.spec, self.model, self.data, self.strategy = spec, model, data, strategy
+        self.eval_data = eval_data
         self.kills = {r: [k for k in kills if k.replica == r] for r in range(spec.replicas)}
         self.max_restarts = max_restarts
         self.lives = [_Life() for _ in range(spec.replicas)]
@@ -119,7 +120,8 @@ class _Supervisor:
         while len(self.waiting) < self.spares:
             receive, send = self.ctx.Pipe(duplex=False)
             p = self.ctx.Process(target=_spare, name="exogym-ft-spare",
-                                 args=(receive, self.model, self.data, self.strategy))
+                                 args=(receive, self.model, self.data, self.strategy,
+                                       self.eval_data))
             p.start()
             receive.close()
             self.waiting.append((p, send))
@@ -141,7 +143,8 @@ class _Supervisor:
             send.close()
         else:
             life.process = self.ctx.Process(target=_entry, name=f"exogym-ft-replica{r}",
-                                            args=(spec, self.model, self.data, self.strategy))
+                                            args=(spec, self.model, self.data, self.strategy,
+                                                  self.eval_data))
             life.process.start()
         for restart in self.restarts:
             if restart["replica"] == r and restart["generation"] == life.generation:
@@ -230,7 +233,8 @@ def fit_ft(
     min_replicas: int = 1, spares: int = 1, commit_every: int = 1,
     engine: EngineName = "loop", threads: int = 1, timeout_s: float = 10.0,
     quorum_timeout_s: float = 60.0, heartbeat_timeout_s: float = 1.0,
-    deadline_s: float = 600.0,
+    deadline_s: float = 600.0, eval_dataset: Dataset | None = None,
+    eval_interval: int | None = None, eval_samples: int | None = 2000,
 ) -> FTResult:
     """Train ``strategy`` on ``replicas`` torchft replicas (processes) of ``nodes_per_replica``
     nodes each, surviving the deaths of replicas (module docstring).
@@ -252,6 +256,11 @@ def fit_ft(
             waits for a silent replica before a quorum forms without it.
         deadline_s: the whole run's bound; past it every replica is killed and
             :class:`FTError` says so (a hang is an error, never a wait).
+        eval_dataset: evaluated at the end (the whole set: ``summary.json``'s ``final``) and,
+            with ``eval_interval``, during training: after every ``eval_interval`` steps (and
+            the last) the replica ranked first in the quorum evaluates its global model on a
+            fixed subset of ``eval_samples`` (None: the whole set), written to
+            ``metrics.jsonl`` as the simulator's evaluations are.
 
     Raises:
         FTUnavailable: torchft is not installed. ValueError: a strategy --ft does not take
@@ -284,8 +293,11 @@ def fit_ft(
         batch_size=batch_size, seed=seed, out_dir=str(out), lighthouse=f"http://127.0.0.1:{port}",
         t0=t0, timeout_s=timeout_s, quorum_timeout_s=quorum_timeout_s,
         checkpoint_every=checkpoint_every, resume=resume, min_replicas=min_replicas,
-        commit_every=commit_every, engine=engine, threads=threads)
-    sup = _Supervisor(spec, model, train_dataset, strategy, kills, max_restarts, spares)
+        commit_every=commit_every, engine=engine, threads=threads,
+        eval_interval=eval_interval if eval_dataset is not None else None,
+        eval_samples=eval_samples)
+    sup = _Supervisor(spec, model, train_dataset, strategy, kills, max_restarts, spares,
+                      eval_dataset)
     try:
         for r in range(replicas):
             sup.start(r)
@@ -297,7 +309,7 @@ def fit_ft(
     finally:
         sup.stop()
         lighthouse.shutdown()
-    return collect(spec, strategy.id, sup.events, sup.restarts)
+    return finish(collect(spec, strategy.id, sup.events, sup.restarts), model, eval_dataset)
 
 
 
@@ -342,6 +354,8 @@ def fit_ft_torchrun(
     kills: Sequence[Kill] = (), checkpoint_every: int | None = None, resume: bool = False,
     min_replicas: int = 1, commit_every: int = 1, timeout_s: float = 10.0,
     quorum_timeout_s: float = 60.0, environ: dict[str, str] | None = None,
+    eval_dataset: Dataset | None = None, eval_interval: int | None = None,
+    eval_samples: int | None = 2000,
 ) -> FTResult | None:
     """This process as one torchft replica of a run launched by ``torchrun`` groups (one group
     standing for one machine; torchrun's ``--max-restarts`` restarts a group's workers, which
@@ -352,7 +366,8 @@ def fit_ft_torchrun(
     ``TORCHELASTIC_RESTART_COUNT`` (its group's restarts: this process's generation, whose
     entry of ``kills`` applies). Every replica writes its files in ``out_dir`` (one folder
     seen by all, as on one machine) and merges the run's when it finishes; returns the run's
-    result, or None for a restarted replica that found no peer to heal from.
+    result, or None for a restarted replica that found no peer to heal from. Evaluation as
+    :func:`fit_ft`'s.
     """
     env = os.environ if environ is None else environ
     require_torchft()
@@ -385,12 +400,14 @@ def fit_ft_torchrun(
         hostname=env.get("EXOGYM_FT_HOSTNAME", socket.gethostname()), timeout_s=timeout_s,
         quorum_timeout_s=quorum_timeout_s, checkpoint_every=checkpoint_every,
         resume=resume and generation == 0, min_replicas=min_replicas, commit_every=commit_every,
-        threads=torch.get_num_threads())
+        threads=torch.get_num_threads(),
+        eval_interval=eval_interval if eval_dataset is not None else None,
+        eval_samples=eval_samples)
     if generation > 0:  # torchrun restarted this group: its previous process died
         log = ReplicaLog(out, replica, spec.t0, generation - 1)
         log.event("fail", last_step(out, replica) + 1)
         log.close()
-    run_replica(spec, model, train_dataset, strategy)
+    run_replica(spec, model, train_dataset, strategy, eval_dataset)
     _await_peers(out, replicas)
     restarts = [{"replica": e["replica"], "generation": e["generation"], "start_s": e["time_s"],
                  "died_at_step": e["step"]}
@@ -399,4 +416,6 @@ def fit_ft_torchrun(
     for r in restarts:
         r["generation"] += 1  # the life that replaced the one that died
     result = collect(spec, strategy.id, [], restarts)
-    return result if replica in result.global_states else None
+    if replica not in result.global_states:
+        return None
+    return finish(result, model, eval_dataset)

@@ -154,13 +154,16 @@ def die() -> None:
 
 class ReplicaLog:
     """A replica's own record, appended and flushed line by line (a replica can die at any
-    moment): ``rows`` (one per committed step: its nodes' mean loss and the quorum's size) and
-    ``events`` (quorum changes, heals, discarded steps), both JSON lines in ``out_dir``."""
+    moment): ``rows`` (one per committed step: its nodes' mean loss and the quorum's size),
+    ``evals`` (the global model's evaluations, when this replica makes them) and ``events``
+    (quorum changes, heals, discarded steps), JSON lines in ``out_dir``."""
 
     def __init__(self, out_dir: Path, replica: int, t0: float, generation: int = 0) -> None:
         self.replica, self.t0, self.generation = replica, t0, generation
         self._rows = (out_dir / f"replica{replica}.rows.jsonl").open("a", encoding="utf-8")
         self._events = (out_dir / f"replica{replica}.events.jsonl").open("a", encoding="utf-8")
+        self._dir = out_dir
+        self._evals: Any = None  # opened at the first evaluation
 
     def now(self) -> float:
         return time.time() - self.t0
@@ -168,6 +171,14 @@ class ReplicaLog:
     def row(self, step: int, loss: float, quorum: int) -> None:
         self._write(self._rows, {"step": step, "loss": loss, "quorum": quorum,
                                  "replica": self.replica, "time_s": self.now()})
+
+    def evaluation(self, step: int, metrics: dict[str, float]) -> None:
+        """The global model's evaluation after ``step`` (``eval_*`` metrics)."""
+        if self._evals is None:
+            path = self._dir / f"replica{self.replica}.evals.jsonl"
+            self._evals = path.open("a", encoding="utf-8")
+        self._write(self._evals, {"step": step, "time_s": self.now(), "replica": self.replica,
+                                  **metrics})
 
     def event(self, kind: str, step: int, **extra: Any) -> None:
         self._write(self._events, {"step": step, "time_s": self.now(), "event": kind,
@@ -182,6 +193,8 @@ class ReplicaLog:
     def close(self) -> None:
         self._rows.close()
         self._events.close()
+        if self._evals is not None:
+            self._evals.close()
 
 
 class FTCommunicator(Communicator):

@@ -44,6 +44,7 @@ from exogym.run.ft.manager import (
     require_torchft,
     state_bytes,
 )
+from exogym.run.loop.evaluation import EvalTimes, Evaluation
 from exogym.sim.engine import EngineName, NodeStack
 from exogym.sim.sharding import DatasetFactory, NodeBatches
 from exogym.strategy.base import StackedStrategy
@@ -70,6 +71,9 @@ class ReplicaSpec:
         commit_every: steps that communicate per transaction (one quorum, one commit): ``K``
             divides the quorum's and commit's cost by ``K``; a failure redoes up to ``K`` of
             them.
+        eval_interval: evaluate the global model after every this many committed steps (and
+            the last), on the replica ranked first in the quorum (None: not during training);
+            eval_samples: the fixed subset evaluated (None: the whole set).
     """
 
     replica: int
@@ -92,6 +96,8 @@ class ReplicaSpec:
     commit_every: int = 1
     engine: EngineName = "loop"
     threads: int = 1
+    eval_interval: int | None = None
+    eval_samples: int | None = 2000
 
     @property
     def num_nodes(self) -> int:
@@ -120,7 +126,7 @@ class _Replica:
     """The loop's state: the step, committed synchronisations, the kept state."""
 
     def __init__(self, spec: ReplicaSpec, model: nn.Module, data: Dataset | DatasetFactory,
-                 strategy: StackedStrategy) -> None:
+                 strategy: StackedStrategy, eval_data: Dataset | None = None) -> None:
         self.spec = spec
         self.log = ReplicaLog(Path(spec.out_dir), spec.replica, spec.t0, spec.generation)
         self.log.event("started", 0)
@@ -138,7 +144,12 @@ class _Replica:
         self.heals = 0
         self.quorum_id: Any = None
         # wall seconds in each part of a step: what --ft costs (the run's summary reports them)
-        self.seconds = {"compute": 0.0, "keep": 0.0, "quorum": 0.0, "commit": 0.0}
+        self.seconds = {"compute": 0.0, "keep": 0.0, "quorum": 0.0, "commit": 0.0,
+                        "eval": 0.0}
+        evaluates = eval_data is not None and spec.eval_interval is not None
+        self.evaluation = Evaluation(model, eval_data, spec.eval_samples, 1000,
+                                     torch.device("cpu"), None) if evaluates else None
+        self.eval_times = EvalTimes(spec.eval_interval or 1, spec.max_steps, evaluates)
 
     def _manager(self) -> Any:
         require_torchft()
@@ -257,6 +268,7 @@ class _Replica:
             self.syncs += self._syncs_in(made)
             for step, loss in rows:
                 self._row(step, loss)
+            self._maybe_evaluate(start_step)
             self._maybe_checkpoint(start_step)
             return
         assert self.kept is not None
@@ -280,11 +292,27 @@ class _Replica:
         start_step = self.step
         self._row(self.step, loss)
         self.step += 1
+        self._maybe_evaluate(start_step)
         self._maybe_checkpoint(start_step)
 
     def _row(self, step: int, loss: float) -> None:
         self.log.row(step, loss, self.manager.num_participants())
         self.trained += 1
+
+    def _maybe_evaluate(self, since: int) -> None:
+        """The global model evaluated if the steps committed since ``since`` passed an
+        evaluation (every ``eval_interval`` steps and the last), by the replica ranked first in
+        the quorum (one evaluation per step; a replica healing is not in it), recorded against
+        the last step computed."""
+        if not any(self.eval_times.due(done) for done in range(since + 1, self.step + 1)):
+            return
+        if self.evaluation is None or self.manager.participating_rank() != 0:
+            return
+        start = time.perf_counter()
+        assert self.evaluation.during is not None
+        metrics = self.evaluation(self.strategy.global_state(), self.evaluation.during)
+        self.seconds["eval"] += time.perf_counter() - start
+        self.log.evaluation(self.step - 1, metrics)
 
     def _maybe_checkpoint(self, since: int) -> None:
         """A checkpoint if the steps committed since ``since`` passed a multiple of
@@ -327,6 +355,7 @@ class _Replica:
         # healed (restarted, or started late by hand): the quorum is for this replica's next
         # step, which the others are taking
         pending = self.heals > 0
+        self.log.event("training", self.step)
         while self.step < spec.max_steps:
             self._kill("step")
             if pending or self.strategy.communicates(self.step) is not False:
@@ -336,12 +365,14 @@ class _Replica:
                 self._local_step()
         return {"replica": spec.replica, "generation": spec.generation, "step": self.step,
                 "syncs": self.syncs, "trained": self.trained, "seconds": dict(self.seconds),
+                "bytes_sent": [float(b) for b in self.comm.bytes_sent],
+                "bytes_received": [float(b) for b in self.comm.bytes_received],
                 "global_state": {k: v.detach().cpu().clone()
                                  for k, v in self.strategy.global_state().items()}}
 
 
 def run_replica(spec: ReplicaSpec, model: nn.Module, data: Dataset | DatasetFactory,
-                strategy: StackedStrategy) -> None:
+                strategy: StackedStrategy, eval_data: Dataset | None = None) -> None:
     """A replica process's body: train, then write ``replica{r}.result.pt`` (renamed into
     place: a death while writing leaves none) and leave the quorum."""
     keep_freed_memory()
@@ -351,7 +382,7 @@ def run_replica(spec: ReplicaSpec, model: nn.Module, data: Dataset | DatasetFact
     warnings.filterwarnings("ignore", message="The given buffer is not writable")
     torch.set_num_threads(spec.threads)
     torch.manual_seed(spec.seed)
-    replica = _Replica(spec, model, data, strategy)
+    replica = _Replica(spec, model, data, strategy, eval_data)
     result = replica.run()
     if result is not None:
         out = Path(spec.out_dir)
