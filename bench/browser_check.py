@@ -5,7 +5,8 @@ what a strict build cannot.
   the "What it does" table has a header;
 - the search works: ``population`` lists the populations page among its first five results;
 - an API page has no grouped-name artefact (an attribute named ``num_nodes,``);
-- the feature pages open with a table of contents on the right (their sections).
+- the feature pages open with a table of contents on the right (their sections), and no escaped
+  pipe of a table shows as ``\|``.
 
 Screenshots of the home page and of two feature pages are written to ``--shots`` (not
 committed) for a person to look at. Chromium is Debian's package; the script installs it with
@@ -200,6 +201,8 @@ def check_feature_pages(b: Browser, base: str) -> list[str]:
         toc = b.eval("document.querySelectorAll('.md-sidebar--secondary .md-nav__link').length")
         if not toc or toc < 3:
             problems.append(f"{page}: {toc or 0} sections in its table of contents (want >= 3)")
+        if b.eval("document.querySelector('article').innerText.includes('\\\\|')"):
+            problems.append(f"{page}: a '\\|' shown as text (a pipe escaped in a table's code)")
     return problems
 
 
