@@ -6,7 +6,7 @@ what a strict build cannot.
 - the search works: ``population`` lists the populations page among its first five results;
 - an API page has no grouped-name artefact (an attribute named ``num_nodes,``);
 - the feature pages open with a table of contents on the right (their sections), and no escaped
-  pipe of a table shows as ``\|``.
+  pipe of a table shows as a backslash and a bar.
 
 Screenshots of the home page and of two feature pages are written to ``--shots`` (not
 committed) for a person to look at. Chromium is Debian's package; the script installs it with
