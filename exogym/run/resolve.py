@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import Dataset
 
 from exogym.run.dist.ranks import RankContext, close_group, join_torchrun, torchrun_env
 from exogym.run.nodes.client_store import parse_client_store
@@ -42,6 +41,7 @@ from exogym.sim.network import Network, parse_network
 from exogym.sim.participation import Participation, parse_participation
 from exogym.sim.partition import parse_partition
 from exogym.sim.round_policy import RoundPolicy, parse_round_policy
+from exogym.sim.sharding import is_map_style
 from exogym.sim.world import World, parse_world, speeds_of
 from exogym.strategy import StackedStrategy, make
 from exogym.strategy import get as get_strategy
@@ -230,7 +230,7 @@ def seats_for(asked: str, participation: Participation | None, world: World,
                "their speeds from the world: --world speed_sigma=...)")
     elif resident is not None:
         why = "resident= pages the rows of every client"
-    elif not isinstance(data, Dataset):
+    elif not is_map_style(data):
         why = "a dataset_factory builds every node's data up front"
     if why is None:
         return True

@@ -72,7 +72,7 @@ from exogym.sim.engine import (
 from exogym.sim.network import Network, parse_network
 from exogym.sim.partition import Partition, parse_partition
 from exogym.sim.round_policy import RoundPolicy, parse_round_policy
-from exogym.sim.sharding import DatasetFactory, NodeBatches
+from exogym.sim.sharding import DatasetFactory, NodeBatches, is_map_style
 from exogym.sim.world import World, parse_world
 from exogym.strategy import StackedStrategy
 from exogym.strategy.per_node import PerNodeStrategy, as_stacked
@@ -145,10 +145,11 @@ class Trainer:
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         self.model = model
         self.train_dataset = train_dataset
-        if val_dataset is not None and not isinstance(val_dataset, Dataset):
+        if val_dataset is not None and not is_map_style(val_dataset):
             if not callable(val_dataset):
                 raise TypeError(
-                    "val_dataset must be a Dataset, a dataset_factory or None, "
+                    "val_dataset must be a Dataset (anything with __len__ and __getitem__, a "
+                    "Hugging Face datasets.Dataset too), a dataset_factory or None, "
                     f"got {type(val_dataset).__name__}"
                 )
             val_dataset = val_dataset(0, 1, False)

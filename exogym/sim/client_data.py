@@ -38,10 +38,15 @@ import numpy as np
 import torch
 from torch import Tensor
 from torch.utils._pytree import tree_map
-from torch.utils.data import Dataset
 
 from exogym.sim.partition import Partition, dataset_labels, parse_partition
-from exogym.sim.sharding import fetch, fixed_shards, node_pass_order, seeded_generator
+from exogym.sim.sharding import (
+    fetch,
+    fixed_shards,
+    is_map_style,
+    node_pass_order,
+    seeded_generator,
+)
 
 __all__ = ["ClientBatches", "shard_mode"]
 
@@ -77,7 +82,7 @@ class ClientBatches:
 
     def __init__(self, data: Any, num_clients: int, batch_size: int, *, seed: int,
                  partition: Partition | str = "iid") -> None:
-        if not isinstance(data, Dataset):
+        if not is_map_style(data):
             raise ValueError(
                 "a population (clients_in_memory='round') needs one shared Dataset; a "
                 "dataset_factory builds every node's data up front: use clients_in_memory="

@@ -32,6 +32,9 @@ warning).
 
 Model contract: ``model(batch)`` returns a scalar loss tensor, a mapping with a scalar ``"loss"``
 entry (a dict, or a Hugging Face ``ModelOutput``), or an object with a scalar ``.loss`` attribute.
+A batch that is a mapping whose keys are all keyword parameters of the model's ``forward``
+(``input_ids``, ``attention_mask``, ``labels`` for a Hugging Face model) is passed as keyword
+arguments, ``model(**batch)`` (:func:`call_model`).
 Other scalar entries of a mapping (``"accuracy"``) are metrics; non-scalar entries (logits, hidden
 states) and non-numbers are ignored (:func:`metrics_of`).
 
@@ -61,6 +64,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import logging
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -81,7 +85,8 @@ from exogym.sim.threads import (
 
 __all__ = [
     "ENGINES", "PRECISIONS", "EngineName", "NodeStack", "Precision", "available_memory",
-    "check_memory", "loss_of", "metrics_of", "resolve_device", "same_device", "stack_bytes",
+    "call_model", "check_memory", "loss_of", "metrics_of", "resolve_device", "run_model",
+    "same_device", "stack_bytes",
 ]
 
 EngineName = Literal["auto", "loop", "vmap", "threads"]
@@ -142,6 +147,40 @@ def _entries(out: Any) -> Mapping[str, Any] | None:
 def _is_scalar(value: Any) -> bool:
     return (isinstance(value, Tensor) and value.numel() == 1 and value.dtype != torch.bool) or (
         isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _keyword_batch(module: nn.Module, batch: Any) -> bool:
+    """Whether ``batch`` goes to ``module`` as keyword arguments: a non-empty mapping whose keys
+    are all names of ``forward``'s keyword parameters."""
+    if not isinstance(batch, Mapping) or not batch:
+        return False
+    names = _KEYWORDS.get(type(module))
+    if names is None:
+        try:
+            params = inspect.signature(module.forward).parameters.values()
+        except (TypeError, ValueError):  # a forward without a signature: positional
+            params = []  # type: ignore[assignment]
+        names = _KEYWORDS[type(module)] = frozenset(
+            p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                  inspect.Parameter.KEYWORD_ONLY))
+    return all(isinstance(k, str) and k in names for k in batch)
+
+
+_KEYWORDS: dict[type, frozenset[str]] = {}  # forward's keyword parameters, by module class
+
+
+def call_model(module: nn.Module, state: Any, batch: Any, tie_weights: bool = True) -> Any:
+    """``module``'s output on ``batch`` with the tensors ``state`` (``functional_call``):
+    ``module(**batch)`` for a mapping of its ``forward``'s keyword parameters (a Hugging Face
+    model's ``input_ids``, ``labels``, ...), else ``module(batch)``."""
+    if _keyword_batch(module, batch):
+        return functional_call(module, state, (), dict(batch), tie_weights=tie_weights)
+    return functional_call(module, state, (batch,), tie_weights=tie_weights)
+
+
+def run_model(module: nn.Module, batch: Any) -> Any:
+    """``module`` called on ``batch`` with its own tensors, as :func:`call_model` calls it."""
+    return module(**batch) if _keyword_batch(module, batch) else module(batch)
 
 
 def loss_of(out: Any) -> Tensor:
@@ -414,8 +453,8 @@ class NodeStack:
         for weight, part in parts:
             node_batch = tree_map(lambda t, i=i: t[i] if isinstance(t, Tensor) else t, part)
             with self._autocast():
-                out = functional_call(module, (self._node_params[i], node_buffers),
-                                      (node_batch,), tie_weights=self._tied)
+                out = call_model(module, (self._node_params[i], node_buffers), node_batch,
+                                 self._tied)
             loss = _upcast(loss_of(out))
             if weight is None:
                 loss.backward()
@@ -530,7 +569,7 @@ class NodeStack:
     def _vmap_step(self, parts: list[tuple[float | None, Any]]) -> Tensor:
         def one_node(params: dict[str, Tensor], buffers: dict[str, Tensor], b: Any) -> Tensor:
             return loss_of(
-                functional_call(self.module, (params, buffers), (b,), tie_weights=self._tied)
+                call_model(self.module, (params, buffers), b, self._tied)
             )
 
         total: Tensor | None = None

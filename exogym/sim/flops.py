@@ -48,7 +48,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
 from exogym.sim.compute import OptimizerBuilder
-from exogym.sim.engine import Precision, loss_of
+from exogym.sim.engine import Precision, loss_of, run_model
 
 __all__ = ["Kernel", "StepCount", "count_step", "flop_counter"]
 
@@ -264,7 +264,7 @@ def count_step(model: nn.Module, batch: Any, optim: OptimizerBuilder, *,
         for weight, part in parts:
             with forward:
                 with _autocast(device, precision):
-                    loss = loss_of(net(part)).float()
+                    loss = loss_of(run_model(net, part)).float()
                 if weight is not None:
                     loss = loss * weight
             with backward:

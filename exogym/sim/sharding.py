@@ -49,8 +49,19 @@ from exogym.sim.partition import (
     parse_partition,
 )
 
-__all__ = ["PASS_KEY", "BatchDataset", "DatasetFactory", "FixedSubset", "NodeBatches", "fetch",
-           "fixed_shards", "iterate_batches", "node_pass_order", "seeded_generator"]
+__all__ = [
+    "PASS_KEY",
+    "BatchDataset",
+    "DatasetFactory",
+    "FixedSubset",
+    "NodeBatches",
+    "fetch",
+    "fixed_shards",
+    "is_map_style",
+    "iterate_batches",
+    "node_pass_order",
+    "seeded_generator",
+]
 
 DatasetFactory = Callable[[int, int, bool], Dataset]
 
@@ -113,6 +124,13 @@ def node_pass_order(shard: Tensor, seed: int, node: int, n_pass: int) -> Tensor:
     return shard[torch.randperm(len(shard), generator=gen)]
 
 
+def is_map_style(data: Any) -> bool:
+    """A map-style dataset: torch's ``Dataset``, or any sized, indexable object that is not a
+    ``dataset_factory`` (a Hugging Face ``datasets.Dataset``, a list)."""
+    return isinstance(data, Dataset) or (hasattr(data, "__getitem__") and hasattr(data, "__len__")
+                                         and not callable(data))
+
+
 class NodeBatches:
     """An endless stream of node-stacked training batches, ``[N, batch_size, ...]`` per leaf.
 
@@ -158,7 +176,7 @@ class NodeBatches:
         self.num_nodes, self.batch_size, self.seed = num_nodes, batch_size, seed
         self.partition = parse_partition(partition)
         self.shards: list[Tensor] | None = None
-        if isinstance(data, Dataset):
+        if is_map_style(data):
             self.shared: Dataset | None = data
             self.datasets: list[Dataset] = []
             per_node = _length(data) // num_nodes
@@ -173,7 +191,7 @@ class NodeBatches:
             self.shared = None
             self.datasets = [data(rank, num_nodes, True) for rank in range(num_nodes)]
             for rank, ds in enumerate(self.datasets):
-                if not isinstance(ds, Dataset):
+                if not is_map_style(ds):
                     raise TypeError(
                         f"dataset_factory({rank}, {num_nodes}, True) returned "
                         f"{type(ds).__name__}, expected a torch.utils.data.Dataset"
@@ -182,7 +200,8 @@ class NodeBatches:
             where = f"the smallest node dataset ({per_node} samples)"
         else:
             raise TypeError(
-                "train data must be a torch.utils.data.Dataset or a "
+                "train data must be a map-style dataset (a torch.utils.data.Dataset, or anything "
+                "with __len__ and __getitem__: a Hugging Face datasets.Dataset) or a "
                 f"dataset_factory(rank, num_nodes, train), got {type(data).__name__}"
             )
         self.per_node = per_node

@@ -16,13 +16,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.func import functional_call
 from torch.utils._pytree import tree_map
 from torch.utils.data import Dataset
 
 from exogym.run.dist.ranks import RankContext
 from exogym.run.output.result import NonFiniteLossError
-from exogym.sim.engine import metrics_of
+from exogym.sim.engine import call_model, metrics_of
 from exogym.sim.sharding import FixedSubset, iterate_batches
 
 __all__ = ["EvalTimes", "Evaluation", "describe_eval_set", "evaluate_model", "from_lead",
@@ -144,7 +143,7 @@ def evaluate_model(module: nn.Module, state: dict[str, Tensor], dataset: Dataset
     count = 0
     for batch, size in iterate_batches(dataset, batch_size):
         batch = _to(batch, dev)
-        metrics = metrics_of(functional_call(module, state, (batch,)))
+        metrics = metrics_of(call_model(module, state, batch))
         for k, v in metrics.items():
             sums[k] = sums.get(k, 0) + v.detach().float().reshape(()) * size
         count += size
