@@ -17,6 +17,14 @@ Absent nodes (a world): the average is over the nodes whose parameters arrived (
 ``deadline`` keeps its own parameters, and a node back up receives the server model from a live
 peer (:meth:`FedAvg.recover`).
 
+Stragglers (``stragglers``, Li et al. 2020, arXiv 1812.06127, Section 5.2): in each round a
+fraction of the nodes, drawn from a generator seeded by ``straggler_seed`` and the round, take
+``e ~ U{1, ..., H}`` local steps and then stop (their parameters and inner optimizer state stay
+as they are until the round ends); their partial work is averaged with the others'
+(``drop_stragglers=False``, FedProx's way) or left out, as the paper's FedAvg does
+(``drop_stragglers=True``: only the nodes that finished their ``H`` steps send, and every node
+adopts their mean; the dropped ones' download of it is not counted).
+
 Sent per round (every ``H`` steps) by each node: ``2 (N-1)/N * (P + B)`` bytes (ring all-reduce of
 the parameters, ``P`` bytes, and float buffers, ``B`` bytes); nothing in between.
 
@@ -38,7 +46,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from exogym.strategy.base import StackedStrategy, positive_int, restart_rows
+from exogym.strategy.base import StackedStrategy, in_range, positive_int, restart_rows
 
 __all__ = ["FedAvg"]
 
@@ -49,15 +57,31 @@ class FedAvg(StackedStrategy):
 
     Attributes:
         H: local steps between two averagings (the paper's local work per round).
+        stragglers: the fraction of the nodes that straggle in each round (drawn per round,
+            seeded by ``straggler_seed``): a straggler takes ``e ~ U{1, ..., H}`` local steps
+            and then stops (FedProx's "systems heterogeneity", Li et al. 2020, Section 5.2).
+        drop_stragglers: leave out of the average the stragglers that did not finish their
+            ``H`` steps (the paper's FedAvg); False (FedProx's way): average their partial work.
     """
 
     id = "fedavg"
     supports_participation: ClassVar[bool] = True
     H: int = 100
+    stragglers: float = 0.0
+    drop_stragglers: bool = False
+    straggler_seed: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
         positive_int("H", self.H)
+        in_range("stragglers", self.stragglers, 0.0, 1.0)
+        if not isinstance(self.drop_stragglers, bool):
+            raise ValueError(f"drop_stragglers must be true or false, got "
+                             f"{self.drop_stragglers!r}")
+        if isinstance(self.straggler_seed, bool) or not isinstance(self.straggler_seed, int) \
+                or not 0 <= self.straggler_seed < 2**31:
+            raise ValueError(f"straggler_seed must be an integer in [0, 2^31), got "
+                             f"{self.straggler_seed!r}")
         codec = self._make_codec()
         if codec is not None and codec.sparsifying:
             raise ValueError(f"FedAvg averages parameters: codec={self.codec!r} would zero every "
@@ -73,29 +97,64 @@ class FedAvg(StackedStrategy):
 
     @torch.no_grad()
     def step(self, step: int) -> None:
-        self.inner_step()
+        self.inner_step(self._working(step))
         if (step + 1) % self.H == 0:
-            self.average()
+            self.average(step // self.H)
+
+    def budgets(self, round_index: int) -> Tensor | None:
+        """Local steps each node takes in round ``round_index`` (``[N]``, global order; None
+        without stragglers): ``H``, or ``e ~ U{1, ..., H}`` for the ``round(stragglers * N)``
+        stragglers, drawn from a generator seeded by ``straggler_seed`` and the round."""
+        if self.stragglers == 0.0:
+            return None
+        n = self.comm.num_nodes
+        g = torch.Generator().manual_seed(self.straggler_seed * 1_000_003 + round_index)
+        chosen = torch.randperm(n, generator=g)[:round(self.stragglers * n)]
+        budget = torch.full((n,), self.H, dtype=torch.long)
+        budget[chosen] = torch.randint(1, self.H + 1, (len(chosen),), generator=g)
+        return budget
+
+    def _working(self, step: int) -> Tensor | None:
+        """This process's rows that take step ``step`` (None: every active one)."""
+        budget = self.budgets(step // self.H)
+        if budget is None:
+            return None
+        rows = self.comm.local_rows((budget > step % self.H).tolist(), self.nodes.device)
+        active = self.active
+        return rows if active is None else rows & active
 
     @torch.no_grad()
-    def average(self) -> None:
-        """One round's communication: every node's parameters and float buffers <- their mean
-        (with a world: the mean over the nodes whose parameters arrived, which adopt it; the
-        others keep their own, as DiLoCo's dropped nodes do)."""
+    def average(self, round_index: int | None = None) -> None:
+        """Round ``round_index``'s communication: every node's parameters and float buffers <-
+        their mean (with a world: the mean over the nodes whose parameters arrived, which adopt
+        it; the others keep their own, as DiLoCo's dropped nodes do). With ``drop_stragglers``
+        the stragglers that did not finish send nothing and adopt the mean of the others (their
+        download of it is not counted)."""
         tensors = list(self.nodes.params.values()) + list(self.nodes.float_buffers.values())
         names = list(self.nodes.params) + list(self.nodes.float_buffers)
         members = self.arrivals()
+        adopt = members
+        budget = self.budgets(round_index) if round_index is not None else None
+        if self.drop_stragglers and budget is not None:
+            # the stragglers that did not finish send nothing; alive, they adopt the mean
+            adopt = members or [True] * self.comm.num_nodes
+            members = [p and int(b) == self.H for p, b in zip(adopt, budget, strict=True)]
         if members is None:
             self.comm.all_reduce_(tensors, "mean", tag="params", codec=self.transport_codec)
-            means = [t[0] for t in tensors]
-        elif any(members):
+            self._adopt(tensors, names, [t[0] for t in tensors], None)
+        elif any(members):  # else nothing arrived: no round
             means = list(self.comm.all_reduce(tensors, "mean", tag="params",
                                               codec=self.transport_codec, members=members))
-            keep = self.comm.local_rows(members, self.nodes.device)
+            assert adopt is not None
+            self._adopt(tensors, names, means, self.comm.local_rows(adopt, self.nodes.device))
+
+    def _adopt(self, tensors: list[Tensor], names: list[str], means: list[Tensor],
+               rows: Tensor | None) -> None:
+        """The means become the server model and the rows' (None: every row already holds
+        them)."""
+        if rows is not None:
             for t, mean in zip(tensors, means, strict=True):
-                restart_rows(t, mean, keep)
-        else:
-            return  # nothing arrived: no round
+                restart_rows(t, mean, rows)
         for name, mean in zip(names, means, strict=True):
             self.server_state[name].copy_(mean)
         self.copy_counters(self.server_state)

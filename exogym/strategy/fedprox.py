@@ -14,8 +14,13 @@ steps of the inner optimizer (AdamW by default; the paper's solver is SGD, ``opt
 before each inner step, every node's gradient gets ``+ mu (w - w^t)``, with ``w^t`` the model at
 the start of the current round (the last average, or the initial model). Clipping
 (``max_grad_norm``) applies to that full gradient of ``h_k``. With ``mu = 0`` FedProx is FedAvg.
-Every node takes part in every round and does the same ``H`` steps (the paper's partial
-participation and variable local work, gamma-inexactness, are not simulated).
+Every node takes part in every round (the paper's sampling of devices: ``participation``) and
+does ``H`` steps, unless ``stragglers`` > 0 (FedAvg's option, the paper's Section 5.2 "systems
+heterogeneity"): then that fraction of the nodes, drawn each round, take ``e ~ U{1, ..., H}``
+steps and stop (their parameters and optimizer state stay as they are for the rest of the
+round), and their partial work is averaged with the others' (FedProx's way; the paper's FedAvg
+drops it: ``drop_stragglers=True``). The paper's gamma-inexactness is this: a node solves its
+subproblem only as far as its budget allows.
 
 Sent per round (every ``H`` steps) by each node: FedAvg's ``2 (N-1)/N * (P + B)`` bytes (ring
 all-reduce of the parameters, ``P`` bytes, and float buffers, ``B`` bytes; a ``codec`` compresses
@@ -67,7 +72,7 @@ class FedProx(FedAvg):
         super().step(step)
 
     @torch.no_grad()
-    def average(self) -> None:
-        super().average()
+    def average(self, round_index: int | None = None) -> None:
+        super().average(round_index)
         for k, w in self.round_start.items():  # the server model w^{t+1}: the next anchor
             w.copy_(self.server_state[k].unsqueeze(0))

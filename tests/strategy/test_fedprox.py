@@ -117,3 +117,60 @@ def test_fedprox_is_a_fedavg_with_its_own_id():
 def test_invalid_hyperparameters_raise_value_error_naming_them(factory, name):
     with pytest.raises(ValueError, match=name):
         factory()
+
+
+# -- stragglers doing partial work (the paper's Section 5.2, "systems heterogeneity") ---------
+def test_straggler_budgets_are_seeded_per_round():
+    strategy = FedAvg(H=5, stragglers=0.5, straggler_seed=3)
+    build(strategy, n=4)
+    b0, b1 = strategy.budgets(0), strategy.budgets(1)
+    assert torch.equal(b0, strategy.budgets(0)) and not torch.equal(b0, b1)
+    for b in (b0, b1):  # round(0.5 * 4) = 2 stragglers with U{1..5} steps, the others H = 5
+        assert b.shape == (4,) and int((b == 5).sum()) >= 2 and int(b.min()) >= 1
+    none = FedAvg(H=5)
+    build(none, n=4)
+    assert none.budgets(0) is None
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_partial_work_is_averaged_or_dropped_by_hand(drop):
+    # Prepare: w0 = [0, 0], N = 3, H = 3, SGD lr 1, every node a straggler; gradient [1, 1]
+    # at every step, so a node that takes e steps ends at -e [1, 1]
+    strategy = FedAvg(H=3, stragglers=1.0, drop_stragglers=drop,
+                      optim=OptimSpec(name="sgd", lr=1.0))
+    nodes, comm = build(strategy, (0.0, 0.0), n=3)
+    budget = strategy.budgets(0).tolist()
+
+    # Execute: round 0 (steps 0, 1, 2)
+    for step in range(3):
+        step_with(strategy, nodes, [[1.0, 1.0]] * 3, step)
+
+    # Assert: partial work averaged: w = -mean(e); dropped: only the nodes with e = H send,
+    # w = -H = -3 (and every node adopts it); nobody finished: no round, each keeps -e
+    if not drop:
+        want = -sum(budget) / 3
+    elif 3 in budget:
+        want = -3.0
+    else:
+        want = None
+    if want is not None:
+        assert torch.allclose(strategy.global_state()["w"], t([want, want]), **TOL)
+        assert torch.allclose(nodes.params["w"], t([[want, want]] * 3), **TOL)
+    senders = 3 if not drop else budget.count(3)
+    assert len(comm.log) == (1 if senders else 0)
+
+
+def test_fedprox_stragglers_stop_and_keep_their_optimizer_state():
+    # Prepare: N = 2, H = 4, inner AdamW; stragglers = 1: each node steps e times only
+    inner = OptimSpec(name="adamw", lr=0.1)
+    prox = FedProx(H=4, mu=0.5, stragglers=1.0, optim=inner)
+    nodes, _ = build(prox, (1.0, 2.0), n=2)
+    budget = prox.budgets(0).tolist()
+    seen = []
+    for step in range(3):  # the last step of the round (3) averages: stop before it
+        before = nodes.params["w"].clone()
+        step_with(prox, nodes, [[1.0, -1.0], [0.5, 0.5]], step)
+        seen.append((nodes.params["w"] != before).any(dim=1).tolist())
+    # Assert: node k moved at steps 0 .. e_k - 1 only
+    for k in range(2):
+        assert [s[k] for s in seen] == [step < budget[k] for step in range(3)], (k, budget)
