@@ -62,6 +62,7 @@ class FedAvg(StackedStrategy):
             and then stops (FedProx's "systems heterogeneity", Li et al. 2020, Section 5.2).
         drop_stragglers: leave out of the average the stragglers that did not finish their
             ``H`` steps (the paper's FedAvg); False (FedProx's way): average their partial work.
+        straggler_seed: seeds the draw of each round's stragglers and their steps.
     """
 
     id = "fedavg"
