@@ -84,6 +84,7 @@ def test_the_cifar_example_trains_one_node_against_two(capsys, monkeypatch, cifa
                                                             "2 nodes, DiLoCo H=3"]
 
 
+@pytest.mark.slow  # keeps the default suite under 10 min on 2 cores; CI's slow step runs it
 def test_the_nanogpt_example_trains_and_samples(capsys, monkeypatch, tmp_path, shakespeare_data):
     _run_script("nanogpt.py", ["--steps", "4", "--H", "2", "--nodes", "2", "--out",
                                str(tmp_path / "runs")], monkeypatch, shakespeare_data)

@@ -256,6 +256,7 @@ def test_two_processes_give_the_simulators_numbers() -> None:
     assert_same_run(want, got, ENGINE_TOL)
 
 
+@pytest.mark.slow  # keeps the default suite under 10 min on 2 cores; CI's slow step runs it
 def test_the_gpu_check_runs_on_the_cpu(tmp_path: Path) -> None:
     """``bench/gpu_check.py --device cpu --quick``, as CI runs it so that it never rots: its
     device tests pass and its JSON holds every part's numbers."""

@@ -93,6 +93,7 @@ def test_ddp_survives_a_kill_inside_a_collective(tmp_path: Path) -> None:
     assert any(e["event"] == "discarded" and e["step"] == 5 for e in result.events)
 
 
+@pytest.mark.slow  # keeps the default suite under 10 min on 2 cores; CI's slow step runs it
 def test_transactions_of_several_steps(tmp_path: Path) -> None:
     # commit_every=4: one quorum and one commit per 4 DDP steps; without a failure the model
     # is the one-step transactions' exactly; a kill inside step 6's collective discards the
@@ -226,6 +227,7 @@ def _torchrun_groups(tmp_path: Path, options: list[list[str]],
     return [out for out, _ in outs]
 
 
+@pytest.mark.slow  # keeps the default suite under 10 min on 2 cores; CI's slow step runs it
 def test_two_torchrun_groups_survive_a_killed_worker(tmp_path: Path) -> None:
     both = ["--steps", "40", "--min-replicas", "2", "--kill", "1@20"]
     outs = [(out, "") for out in _torchrun_groups(tmp_path, [both, both])]
