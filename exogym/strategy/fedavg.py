@@ -40,6 +40,7 @@ rejected.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -108,12 +109,8 @@ class FedAvg(StackedStrategy):
         stragglers, drawn from a generator seeded by ``straggler_seed`` and the round."""
         if self.stragglers == 0.0:
             return None
-        n = self.comm.num_nodes
-        g = torch.Generator().manual_seed(self.straggler_seed * 1_000_003 + round_index)
-        chosen = torch.randperm(n, generator=g)[:round(self.stragglers * n)]
-        budget = torch.full((n,), self.H, dtype=torch.long)
-        budget[chosen] = torch.randint(1, self.H + 1, (len(chosen),), generator=g)
-        return budget
+        return _draw_budgets(self.straggler_seed, round_index, self.comm.num_nodes, self.H,
+                             self.stragglers)
 
     def _working(self, step: int) -> Tensor | None:
         """This process's rows that take step ``step`` (None: every active one)."""
@@ -168,3 +165,14 @@ class FedAvg(StackedStrategy):
 
     def global_state(self) -> dict[str, Tensor]:
         return {k: v.clone() for k, v in self.server_state.items()}
+
+
+@functools.lru_cache(maxsize=4)
+def _draw_budgets(seed: int, round_index: int, n: int, H: int, stragglers: float) -> Tensor:
+    """:meth:`FedAvg.budgets`' draw, once per round (every step of the round reads it; the
+    tensor is shared: read only)."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + round_index)
+    chosen = torch.randperm(n, generator=g)[:round(stragglers * n)]
+    budget = torch.full((n,), H, dtype=torch.long)
+    budget[chosen] = torch.randint(1, H + 1, (len(chosen),), generator=g)
+    return budget
