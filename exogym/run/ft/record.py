@@ -101,13 +101,15 @@ def _common_fields(spec: ReplicaSpec, strategy_id: str, rows: Sequence[dict[str,
                    results: dict[int, dict[str, Any]],
                    events: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The fields a simulated run's ``summary.json`` has, as a real run measures them: the
-    training time runs from the first process's loop start to the last committed step's row
-    (start-up, the final evaluation and the merge left out), bytes are counted per node by the
-    process alive at the end (a restarted one from its heal)."""
+    training time runs from the first process's loop start to the last committed step's row,
+    less the evaluations during training (as a simulated run's; start-up, the final evaluation
+    and the merge are outside it); bytes are counted per node by the process alive at the end
+    (a restarted one from its heal)."""
     samples = len(rows) * spec.num_nodes * spec.batch_size
     starts = [e["time_s"] for e in events if e["event"] == "training"]
     ends = [r["wall_s"] for r in rows if "wall_s" in r]
-    train_s = max(ends) - min(starts) if starts and ends else None
+    evaluating = sum(v["seconds"].get("eval", 0.0) for v in results.values())
+    train_s = max(ends) - min(starts) - evaluating if starts and ends else None
     sent = [0.0] * spec.num_nodes
     received = [0.0] * spec.num_nodes
     for r, v in results.items():  # each process counts per global node: its own are its
