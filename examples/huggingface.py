@@ -24,23 +24,22 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from exogym import Trainer
 from exogym.run.launch import fit_processes
 from exogym.strategy import make
-from exogym.tasks.data.shakespeare import read_text
+from exogym.tasks.data.shakespeare import CharVocab, read_text
 
 
 def char_datasets(text: str, block: int) -> tuple[Dataset, Dataset, int]:
     """``(train, val, vocab_size)``: the text's characters as ids, cut into windows of
     ``block`` (the first 90% for training, the rest for validation); each row's ``labels`` are
     its ``input_ids`` (the model shifts them, as Hugging Face's causal LMs do)."""
-    chars = sorted(set(text))
-    index = {c: i for i, c in enumerate(chars)}
-    tokens = [index[c] for c in text]
+    vocab = CharVocab(text)  # nanoGPT's: the sorted distinct characters
+    tokens = vocab.encode(text).tolist()
     split = len(tokens) * 9 // 10
 
     def windows(lo: int, hi: int) -> Dataset:
         rows = [tokens[i:i + block] for i in range(lo, hi - block + 1, block)]
         return Dataset.from_dict({"input_ids": rows, "labels": rows}).with_format("torch")
 
-    return windows(0, split), windows(split, len(tokens)), len(chars)
+    return windows(0, split), windows(split, len(tokens)), len(vocab)
 
 
 def tiny_gpt2(vocab_size: int, block: int, layers: int = 4, width: int = 128,
