@@ -225,8 +225,7 @@ def run_paired(model: str, n: int, steps: int, warmup: int, rounds: int) -> dict
 
 def profile(model: str, n: int, engine: str, steps: int, warmup: int) -> dict[str, float]:
     """Median seconds per phase of one step (see the module docstring)."""
-    from torch.func import functional_call
-
+    from exogym.sim.binding import bound
     from exogym.sim.comm import InProcessCommunicator
     from exogym.sim.engine import NodeStack
     from exogym.strategy import make
@@ -257,9 +256,8 @@ def profile(model: str, n: int, engine: str, steps: int, warmup: int) -> dict[st
         t1 = time.perf_counter()
         if engine == "loop":  # each node's forward alone on its own views, the graph dropped
             for i in range(n):
-                functional_call(nodes.module, (nodes._node_params[i],
-                                               {k: v[i] for k, v in nodes.buffers.items()}),
-                                ((batch[0][i], batch[1][i]),))
+                with bound(nodes.module, nodes._node_params[i], nodes._node_buffers[i]) as m:
+                    m((batch[0][i], batch[1][i]))
         t2 = time.perf_counter()
         with nodes.stepping():  # as Trainer.fit steps
             nodes.forward_backward(batch)

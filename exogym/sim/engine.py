@@ -1,8 +1,9 @@
 """Node-stacked replicas: N copies of one ``nn.Module`` trained in one process.
 
 Every parameter, gradient and buffer of the user's model is held as ONE tensor with a leading node
-dimension, ``[N, *shape]``. Node ``i``'s forward pass is a functional call of the unmodified module
-on row ``i`` (``torch.func.functional_call``), either
+dimension, ``[N, *shape]``. Node ``i``'s forward pass is the unmodified module run on row ``i``
+(the loop and threads engines bind the node's views into the module for the call,
+:mod:`exogym.sim.binding`; vmap calls ``torch.func.functional_call`` on the stacked tensors), either
 
 - ``loop``: a Python loop over nodes, each node's forward *and backward* in turn, so that only one
   node's activations are alive at a time (memory grows with N only through parameters and optimizer
@@ -75,6 +76,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 from torch.utils._pytree import tree_flatten, tree_map
 
+from exogym.sim.binding import bound
 from exogym.sim.threads import (
     NodePool,
     NodeRandomness,
@@ -340,13 +342,13 @@ class NodeStack:
         # node's generator by its global index.
         self.first_node = 0
         self.row_ids: list[int] | None = None
-        # The template module: its own tensors are never used for compute, functional_call swaps
-        # in a node's row. Kept on the device so that module code creating tensors "like" its
-        # parameters lands there.
+        # The template module: its own tensors are never used for compute, a node's rows are
+        # swapped in (exogym.sim.binding; vmap: functional_call). Kept on the device so that
+        # module code creating tensors "like" its parameters lands there.
         self.module = copy.deepcopy(model).to(self.device).train()
-        # functional_call's weight-tying pass walks every submodule on every call (about 0.3 ms
-        # per node per step for a small CNN); it is only needed when a tensor is registered
-        # under two names.
+        # vmap's functional_call: its weight-tying pass walks every submodule on every call
+        # (about 0.3 ms per node per step for a small CNN); only needed when a tensor is
+        # registered under two names.
         named = list(self.module.named_parameters(remove_duplicate=False))
         named += list(self.module.named_buffers(remove_duplicate=False))
         self._tied = len({id(t) for _, t in named}) != len(named)
@@ -367,8 +369,10 @@ class NodeStack:
             name: b.detach().unsqueeze(0).repeat(n, *([1] * b.dim()))
             for name, b in self.module.named_buffers()
         }
-        # Loop engine: per-node leaf views whose .grad is a view of the stacked gradient.
+        # Loop and threads engines: per-node leaf views whose .grad is a view of the stacked
+        # gradient, and views of the node's buffers (bound into the template for a node's step).
         self._node_params: list[dict[str, Tensor]] = []
+        self._node_buffers: list[dict[str, Tensor]] = []
         for i in range(n):
             views = {}
             for name, stacked in self.params.items():
@@ -376,6 +380,7 @@ class NodeStack:
                 v.grad = self.grads[name][i]
                 views[name] = v
             self._node_params.append(views)
+            self._node_buffers.append({name: b[i] for name, b in self.buffers.items()})
 
     # -- training ---------------------------------------------------------------------------
     def forward_backward(self, batch: Any, active: Sequence[bool] | None = None) -> Tensor:
@@ -447,14 +452,13 @@ class NodeStack:
     def _node_step(self, i: int, parts: list[tuple[float | None, Any]],
                    module: nn.Module) -> Tensor:
         """Node ``i``'s forward and backward (every micro-batch) through ``module``, a template
-        (the loop's, or a worker thread's copy); its detached loss."""
-        node_buffers = {name: b[i] for name, b in self.buffers.items()}
+        (the loop's, or a worker thread's copy) with the node's tensors bound in
+        (:mod:`.binding`); its detached loss."""
         total: Tensor | None = None
         for weight, part in parts:
-            node_batch = tree_map(lambda t, i=i: t[i] if isinstance(t, Tensor) else t, part)
-            with self._autocast():
-                out = call_model(module, (self._node_params[i], node_buffers), node_batch,
-                                 self._tied)
+            node_batch = _row(part, i)
+            with self._autocast(), bound(module, self._node_params[i], self._node_buffers[i]):
+                out = run_model(module, node_batch)
             loss = _upcast(loss_of(out))
             if weight is None:
                 loss.backward()
@@ -674,6 +678,16 @@ def auto_engine(device: torch.device, num_nodes: int) -> Literal["loop", "vmap",
     if device.type == "cpu" and num_nodes >= 2 and torch.get_num_threads() >= 2:
         return "threads"
     return "loop"
+
+
+def _row(batch: Any, i: int) -> Any:
+    """Node ``i``'s batch: row ``i`` of each tensor leaf of ``batch`` (a tensor or a tuple of
+    tensors directly, the common cases, else through the pytree)."""
+    if isinstance(batch, Tensor):
+        return batch[i]
+    if type(batch) is tuple and all(isinstance(t, Tensor) for t in batch):
+        return tuple(t[i] for t in batch)
+    return tree_map(lambda t: t[i] if isinstance(t, Tensor) else t, batch)
 
 
 def _stack_losses(losses: list[Tensor | None]) -> Tensor:
