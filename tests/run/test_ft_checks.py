@@ -161,3 +161,119 @@ def test_a_real_runs_outages_become_a_world(tmp_path: Path) -> None:
     assert outages(events) == {"fail": [(1, 5), (2, 7)], "recovery": [(1, 8, 0)]}
     assert world_of(folder) == "fail=1@5,rejoin=1@8,fail=2@7"
     assert world_of(_write_events(tmp_path / "none", [])) is None
+
+
+# -- the quorum asked for while the step computes (exogym/run/ft/replica.py) ------------------
+class QuorumManager:
+    """A torchft Manager's face for one replica's loop (quorum of one). ``start_quorum`` returns
+    only once the replica has started the step's forward (``computing``): a replica that waited
+    for its quorum before computing would time out here. ``heal``: a peer's state handed to the
+    replica in the quorum, as torchft's heal hands it to ``load_state_dict``."""
+
+    _quorum_id = 1
+
+    def __init__(self, computing: Any, heal: dict[str, Any] | None = None) -> None:
+        self.computing, self.heal = computing, heal
+        self.load: Any = None
+
+    def start_quorum(self) -> None:
+        if not self.computing.wait(timeout=10):
+            raise TimeoutError("the replica did not compute while its quorum was formed")
+        if self.heal is not None:
+            self.load(self.heal)
+
+    def num_participants(self) -> int:
+        return 1
+
+    def participating_rank(self) -> int:
+        return 0
+
+    def errored(self) -> None:
+        return None
+
+    def should_commit(self) -> bool:
+        return True
+
+    def allreduce(self, t: Tensor, reduce_op: Any) -> Any:
+        return type("Work", (), {"wait": lambda self: None})()
+
+
+def _replica(tmp_path: Path, heal_from_step: int | None = None) -> Any:
+    import threading
+
+    from torch.utils.data import TensorDataset
+
+    from exogym.run.ft.manager import replica_state
+    from exogym.run.ft.replica import ReplicaSpec, _Replica
+
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(64, 6, generator=g), torch.randint(0, 3, (64,), generator=g))
+    model = _Classifier()
+    spec = ReplicaSpec(replica=0, replicas=1, nodes_per_replica=1, max_steps=20, batch_size=4,
+                       seed=0, out_dir=str(tmp_path), lighthouse="http://unused", t0=0.0)
+    computing = threading.Event()
+
+    class Replica(_Replica):
+        def _manager(self) -> Any:
+            return QuorumManager(computing)
+
+    replica = Replica(spec, model, data, make("ddp"))
+    replica.manager.load = replica._load
+    forward_backward = replica.nodes.forward_backward
+    replica.calls = 0
+
+    def counted(*a: Any, **k: Any) -> Tensor:
+        replica.calls += 1
+        computing.set()
+        return forward_backward(*a, **k)
+
+    replica.nodes.forward_backward = counted
+    if heal_from_step is not None:  # a peer's state, ahead: another model, another step
+        peer = replica_state(replica.strategy, replica.nodes, replica.batches, heal_from_step,
+                             syncs=heal_from_step, replica=1)
+        peer["params"] = {k: v + torch.randn(v.shape, generator=g)
+                          for k, v in peer["params"].items()}
+        replica.manager.heal = peer
+    return replica
+
+
+class _Classifier(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(6, 3)
+
+    def forward(self, batch: Any) -> Tensor:
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.net(x), y)
+
+
+def test_the_step_computes_while_its_quorum_is_formed(tmp_path: Path) -> None:
+    replica = _replica(tmp_path)
+    replica._transaction(asked=False)
+    assert (replica.step, replica.syncs, replica.calls, replica.heals) == (1, 1, 1, 0)
+    replica.asking.shutdown()
+
+
+def test_a_heal_in_an_overlapped_quorum_lands_at_the_step_boundary(tmp_path: Path) -> None:
+    replica = _replica(tmp_path, heal_from_step=7)
+    replica._transaction(asked=False)
+    # the forward computed on the stale state is dropped and the step computed again from the
+    # peer's: the replica took the peer's step 7, and committed it
+    assert (replica.step, replica.syncs, replica.calls, replica.heals) == (8, 8, 2, 1)
+    replica.log.close()
+    events = [json.loads(line) for line in
+              (tmp_path / "replica0.events.jsonl").read_text().splitlines()]
+    recovery = [e for e in events if e["event"] == "recovery"]
+    assert len(recovery) == 1 and recovery[0]["step"] == 7 and recovery[0]["donor_replica"] == 1
+    # the numbers of one step taken from the peer's state (the stale gradient dropped)
+    from exogym.run.ft.manager import load_replica_state
+
+    (tmp_path / "ref").mkdir()
+    ref = _replica(tmp_path / "ref")
+    load_replica_state(replica.manager.heal, ref.strategy, ref.nodes, ref.batches, own=False)
+    ref.step = 7
+    ref._compute()
+    for name, p in replica.nodes.params.items():
+        torch.testing.assert_close(p, ref.nodes.params[name], rtol=0, atol=0)
+    replica.asking.shutdown()
+    ref.asking.shutdown()

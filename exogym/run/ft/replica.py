@@ -11,6 +11,15 @@ and trains:
   computes, and commits only if torchft says every collective of the step succeeded; otherwise
   it restores the kept state and does the step again with the next quorum.
 
+The quorum is asked for on a thread of its own while the step's forward and backward run (the
+RPCs to torchft's manager and Lighthouse hidden behind them, as torchft's DDP hides them with its
+asynchronous quorum); the step's collectives wait for it. A heal still lands at a step boundary:
+the peer's state arrives on the quorum's thread, is loaded on the training thread once the
+quorum is in, and the step's forward and backward are computed again from it (a heal is rare:
+it follows a failure). torchft's own asynchronous mode would instead let a healing replica's
+first step contribute zeros, its update applied after the heal, which exogym's strategies (their
+update made inside ``step``) cannot take.
+
 A replica started after a death (``generation > 0``) asks for a quorum before its first step:
 it is behind (the others committed their first quorum when the run started), so torchft heals
 it from a live peer, and it trains on from the peer's step in that quorum.
@@ -23,13 +32,14 @@ import logging
 import os
 import time
 import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from exogym.run.dist.communicator import local_batch
@@ -140,7 +150,9 @@ class _Replica:
         self.strategy.setup(self.nodes, self.comm, spec.max_steps)
         self.step = self.syncs = self.trained = 0
         self.kept: dict[str, Any] | None = None
-        self.healed: dict[str, Any] | None = None
+        self.heal_state: dict[str, Any] | None = None  # a peer's, received, not yet loaded
+        # asks torchft for a quorum while this thread computes (one at a time)
+        self.asking = ThreadPoolExecutor(1, thread_name_prefix="exogym-quorum")
         self.heals = 0
         self.quorum_id: Any = None
         # wall seconds in each part of a step: what --ft costs (the run's summary reports them)
@@ -178,12 +190,10 @@ class _Replica:
         return self.kept
 
     def _load(self, state: dict[str, Any]) -> None:
+        """A peer's state received in a quorum (on the quorum's thread): loaded by
+        :meth:`_finish_quorum`, on the training thread, between two computations."""
         self._kill("heal")
-        start = time.perf_counter()
-        load_replica_state(state, self.strategy, self.nodes, self.batches, own=False)
-        self.step, self.syncs = int(state["step"]), int(state["syncs"])
-        self.healed = {"donor_replica": int(state["replica"]), "bytes": state_bytes(state),
-                       "load_s": time.perf_counter() - start}
+        self.heal_state = state
 
     # -- the loop ------------------------------------------------------------------------------
     def _kill(self, at: str) -> None:
@@ -197,37 +207,76 @@ class _Replica:
         self.seconds["keep"] += time.perf_counter() - start
 
     def _quorum(self) -> None:
-        """Keep the state, ask for a quorum (a heal loads a peer's state), note changes."""
+        """Keep the state, ask for a quorum and wait for it (a heal loads a peer's state)."""
+        self._finish_quorum(self._ask_quorum())
+
+    def _ask_quorum(self) -> tuple[Future[None], float]:
+        """Keep the state and ask for a quorum on the quorum thread; with the time asked."""
         self._keep()
-        asked = time.perf_counter()
-        self.manager.start_quorum()
-        self.seconds["quorum"] += time.perf_counter() - asked
-        if self.healed is not None:  # a peer's state: keep it for a discarded step
+        return self.asking.submit(self.manager.start_quorum), time.perf_counter()
+
+    def _finish_quorum(self, asking: tuple[Future[None], float]) -> bool:
+        """Wait for the quorum asked for; load the peer's state it brought, if any (then keep
+        that for a discarded step), and note changes. Whether it healed this replica."""
+        future, asked = asking
+        waited = time.perf_counter()
+        future.result()  # torchft's own errors (a quorum timeout) end the run, as before
+        self.seconds["quorum"] += time.perf_counter() - waited
+        healed = self.heal_state is not None
+        if self.heal_state is not None:
+            state, self.heal_state = self.heal_state, None
+            start = time.perf_counter()
+            load_replica_state(state, self.strategy, self.nodes, self.batches, own=False)
+            self.step, self.syncs = int(state["step"]), int(state["syncs"])
+            loaded = time.perf_counter()
             self._keep()
-            self.log.event("recovery", self.step, duration_s=time.perf_counter() - asked,
-                           **self.healed)
-            self.healed = None
+            self.log.event("recovery", self.step, duration_s=loaded - asked,
+                           donor_replica=int(state["replica"]), bytes=state_bytes(state),
+                           load_s=loaded - start)
             self.heals += 1
         quorum = self.manager._quorum_id  # torchft keeps no public accessor for it
         if quorum != self.quorum_id:
             self.quorum_id = quorum
             self.log.event("quorum", self.step, replicas=self.manager.num_participants(),
                            quorum_id=quorum)
+        return healed
 
-    def _compute(self) -> float:
+    def _overlapped_quorum(self) -> Tensor | None:
+        """Ask for the quorum of the step about to be taken and compute the step's forward and
+        backward while torchft forms it (its collectives wait for it): torchft's RPCs hidden
+        behind the computation, as its own DDP's asynchronous quorum hides them. The losses; or
+        None, the gradient dropped, when the quorum healed this replica (the step is computed
+        again from the peer's state: a heal still lands at a step boundary) or failed."""
+        asking = self._ask_quorum()
+        try:
+            losses = self._forward_backward()
+        finally:
+            healed = self._finish_quorum(asking)
+        if healed or self.manager.errored() is not None:
+            self.nodes.zero_grad()
+            return None
+        return losses
+
+    def _forward_backward(self) -> Tensor:
         start = time.perf_counter()
         try:
-            return self._train_step()
+            batch = self.nodes.to_batch_device(local_batch(self.batches, self.node_ids))
+            return self.nodes.forward_backward(batch)
         finally:
             self.seconds["compute"] += time.perf_counter() - start
 
-    def _train_step(self) -> float:
-        self.comm.attendance.step = self.step
-        batch = self.nodes.to_batch_device(local_batch(self.batches, self.node_ids))
-        losses = self.nodes.forward_backward(batch)
-        self.strategy.step(self.step)
-        self.nodes.zero_grad()
-        return float(losses.mean())
+    def _compute(self, losses: Tensor | None = None) -> float:
+        """A training step (``losses``: its forward and backward, already computed)."""
+        if losses is None:
+            losses = self._forward_backward()
+        start = time.perf_counter()
+        try:
+            self.comm.attendance.step = self.step
+            self.strategy.step(self.step)
+            self.nodes.zero_grad()
+            return float(losses.mean())
+        finally:
+            self.seconds["compute"] += time.perf_counter() - start
 
     def _joined(self) -> bool:
         """Commit the first quorum after an all-reduce of one number (a barrier: a peer that
@@ -240,8 +289,7 @@ class _Replica:
     def _transaction(self, asked: bool) -> None:
         """Steps from this one (which may communicate) up to ``commit_every`` of those that
         may, under one quorum and one commit: committed together, or restored together."""
-        if not asked:
-            self._quorum()
+        ahead = None if asked else self._overlapped_quorum()
         start_step, made = self.step, len(self.comm.log)
         counted = (list(self.comm.bytes_sent), list(self.comm.bytes_received))
         rows: list[tuple[int, float]] = []
@@ -253,7 +301,7 @@ class _Replica:
             if self.manager.errored() is not None:
                 break  # a collective failed: the rest would be computed in vain
             try:
-                loss = self._compute()
+                loss, ahead = self._compute(ahead), None
             except Exception:
                 if self.manager.errored() is None:
                     raise  # not a failed collective: a bug, not a failure to survive
@@ -275,6 +323,7 @@ class _Replica:
         self.log.event("discarded", start_step, steps=len(rows),
                        error=str(self.manager.errored() or ""))
         load_replica_state(self.kept, self.strategy, self.nodes, self.batches, own=True)
+        self.nodes.zero_grad()  # a step stopped by an error inside it left its gradient
         self.step = start_step
         del self.comm.log[made:]
         self.comm.bytes_sent, self.comm.bytes_received = counted
@@ -390,4 +439,5 @@ def run_replica(spec: ReplicaSpec, model: nn.Module, data: Dataset | DatasetFact
         torch.save(result, tmp)
         os.replace(tmp, out / f"replica{spec.replica}.result.pt")
     replica.log.close()
+    replica.asking.shutdown()
     replica.manager.shutdown(wait=False)
