@@ -10,7 +10,9 @@ process, one intra-op thread (a node of the threads engine computes on one), the
 - ``engine``: ``NodeStack(model, 1, engine="loop").forward_backward(batch)``, the loop engine's
   whole node step (the node's views bound into the template, :mod:`exogym.sim.binding`, the
   gradient accumulated straight into the stacked row, the loss stacked), then ``zero_grad``;
-- ``functional_call``: the node step as it was before the binding (the same views through
+- ``threads``: the same with ``engine="threads"`` (one worker thread: the hand-over to it, the
+  node's own random generator, :class:`exogym.sim.threads.NodeRandomness`, around the forward);
+- ``functional_call``: the loop's node step as it was before the binding (the same views through
   ``torch.func.functional_call``, tie-weight pass off as the engine had it), for the record.
 
 Each of ``--repeats`` rounds times ``--steps`` steps of every side, in an order reversed every
@@ -43,7 +45,7 @@ from engines import build, dataset
 
 from exogym.sim.engine import NodeStack, loss_of
 
-SIDES = ("plain", "engine", "functional_call")
+SIDES = ("plain", "engine", "threads", "functional_call")
 
 
 def sides(model_name: str, batch: int) -> dict[str, Callable[[], None]]:
@@ -52,6 +54,7 @@ def sides(model_name: str, batch: int) -> dict[str, Callable[[], None]]:
     model = build(model_name).train()
     x, y = dataset(model_name, batch).tensors
     nodes = NodeStack(model, 1, engine="loop")
+    threaded = NodeStack(model, 1, engine="threads")
     stacked = (x.unsqueeze(0), y.unsqueeze(0))
     params = list(model.parameters())
 
@@ -64,12 +67,17 @@ def sides(model_name: str, batch: int) -> dict[str, Callable[[], None]]:
         nodes.forward_backward(stacked)
         nodes.zero_grad()
 
+    def threads() -> None:
+        with threaded.stepping():
+            threaded.forward_backward(stacked)
+            threaded.zero_grad()
+
     def functional() -> None:
         state = (nodes._node_params[0], nodes._node_buffers[0])
         loss_of(functional_call(nodes.module, state, ((x, y),), tie_weights=False)).backward()
         nodes.zero_grad()
 
-    return {"plain": plain, "engine": engine, "functional_call": functional}
+    return {"plain": plain, "engine": engine, "threads": threads, "functional_call": functional}
 
 
 def timed(step: Callable[[], None], steps: int) -> float:
@@ -110,15 +118,16 @@ def main() -> None:
     torch.set_num_threads(1)
     print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"1 intra-op thread, batch {a.batch}, {a.repeats} rounds of {a.steps} steps")
-    print("| model | plain ms | engine ms | engine / plain | functional_call ms | "
-          "functional_call / plain |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| model | plain ms | loop engine ms | loop / plain | threads engine ms | "
+          "threads / plain | functional_call ms | functional_call / plain |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     results = []
     for name in a.models.split(","):
         r = measure(name, a.batch, a.steps, a.repeats)
         results.append(r)
         ms, ratio = r["ms"], r["ratio"]
         print(f"| {name} | {ms['plain']:.3f} | {ms['engine']:.3f} | {ratio['engine']:.3f}x | "
+              f"{ms['threads']:.3f} | {ratio['threads']:.3f}x | "
               f"{ms['functional_call']:.3f} | {ratio['functional_call']:.3f}x |", flush=True)
     if a.json:
         a.json.write_text(json.dumps(results, indent=1))

@@ -175,6 +175,7 @@ class QuorumManager:
     def __init__(self, computing: Any, heal: dict[str, Any] | None = None) -> None:
         self.computing, self.heal = computing, heal
         self.load: Any = None
+        self.commits: list[bool] = []  # what should_commit answers, in turn (then True)
 
     def start_quorum(self) -> None:
         if not self.computing.wait(timeout=10):
@@ -192,7 +193,7 @@ class QuorumManager:
         return None
 
     def should_commit(self) -> bool:
-        return True
+        return self.commits.pop(0) if self.commits else True
 
     def allreduce(self, t: Tensor, reduce_op: Any) -> Any:
         return type("Work", (), {"wait": lambda self: None})()
@@ -251,6 +252,23 @@ def test_the_step_computes_while_its_quorum_is_formed(tmp_path: Path) -> None:
     replica = _replica(tmp_path)
     replica._transaction(asked=False)
     assert (replica.step, replica.syncs, replica.calls, replica.heals) == (1, 1, 1, 0)
+    replica.asking.shutdown()
+
+
+def test_the_next_state_is_kept_while_the_commit_is_awaited(tmp_path: Path) -> None:
+    replica = _replica(tmp_path)
+    replica._transaction(asked=False)
+    ahead = replica.kept_ahead  # the state after step 0, copied during its commit
+    assert (ahead["step"], ahead["syncs"]) == (1, 1)
+    after = {k: v.clone() for k, v in replica.nodes.params.items()}
+    replica.manager.commits = [False]  # the next transaction is not committed: undone
+    replica._transaction(asked=False)
+    assert replica.kept is ahead and replica.kept_ahead is None
+    assert (replica.step, replica.syncs) == (1, 1)
+    for name, p in replica.nodes.params.items():
+        torch.testing.assert_close(p, after[name], rtol=0, atol=0)
+    replica._transaction(asked=False)  # committed this time
+    assert (replica.step, replica.syncs, replica.kept_ahead["step"]) == (2, 2, 2)
     replica.asking.shutdown()
 
 

@@ -150,6 +150,8 @@ class _Replica:
         self.strategy.setup(self.nodes, self.comm, spec.max_steps)
         self.step = self.syncs = self.trained = 0
         self.kept: dict[str, Any] | None = None
+        # the state after the last committed transaction, taken while its commit was awaited
+        self.kept_ahead: dict[str, Any] | None = None
         self.heal_state: dict[str, Any] | None = None  # a peer's, received, not yet loaded
         # asks torchft for a quorum while this thread computes (one at a time)
         self.asking = ThreadPoolExecutor(1, thread_name_prefix="exogym-quorum")
@@ -201,10 +203,21 @@ class _Replica:
             die()
 
     def _keep(self) -> None:
+        """Keep the state at the start of this step: the one taken while the last commit was
+        awaited when nothing has changed since, else a copy now."""
+        ahead, self.kept_ahead = self.kept_ahead, None
+        if ahead is not None and ahead["step"] == self.step:
+            self.kept = ahead
+            return
+        self.kept = self._state(self.syncs)
+
+    def _state(self, syncs: int) -> dict[str, Any]:
         start = time.perf_counter()
-        self.kept = replica_state(self.strategy, self.nodes, self.batches, self.step,
-                                  self.syncs, self.spec.replica)
-        self.seconds["keep"] += time.perf_counter() - start
+        try:
+            return replica_state(self.strategy, self.nodes, self.batches, self.step, syncs,
+                                 self.spec.replica)
+        finally:
+            self.seconds["keep"] += time.perf_counter() - start
 
     def _quorum(self) -> None:
         """Keep the state, ask for a quorum and wait for it (a heal loads a peer's state)."""
@@ -309,9 +322,7 @@ class _Replica:
             rows.append((self.step, loss))
             self.step += 1
             syncing += may
-        start = time.perf_counter()
-        committed = self.manager.should_commit()
-        self.seconds["commit"] += time.perf_counter() - start
+        committed = self._commit(self.syncs + self._syncs_in(made))
         if committed:
             self.syncs += self._syncs_in(made)
             for step, loss in rows:
@@ -328,11 +339,26 @@ class _Replica:
         del self.comm.log[made:]
         self.comm.bytes_sent, self.comm.bytes_received = counted
 
+    def _commit(self, syncs: int) -> bool:
+        """Ask torchft whether to commit, on the quorum thread; meanwhile keep the state the
+        next transaction starts from if it does (``syncs``: the count then), so that copying
+        it costs no time of its own. Whether to commit."""
+        committing = self.asking.submit(self.manager.should_commit)
+        try:
+            ahead = self._state(syncs)
+        finally:
+            waited = time.perf_counter()
+            committed = bool(committing.result())
+            self.seconds["commit"] += time.perf_counter() - waited
+        self.kept_ahead = ahead if committed else None
+        return committed
+
     def _syncs_in(self, made: int) -> int:
         """Synchronisations among the records since ``made``: steps that made a collective."""
         return len({r.step for r in self.comm.log[made:]})
 
     def _local_step(self) -> None:
+        self.kept_ahead = None  # the state moves on
         made = len(self.comm.log)
         loss = self._compute()
         if len(self.comm.log) != made:
