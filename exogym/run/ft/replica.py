@@ -18,7 +18,9 @@ the peer's state arrives on the quorum's thread, is loaded on the training threa
 quorum is in, and the step's forward and backward are computed again from it (a heal is rare:
 it follows a failure). torchft's own asynchronous mode would instead let a healing replica's
 first step contribute zeros, its update applied after the heal, which exogym's strategies (their
-update made inside ``step``) cannot take.
+update made inside ``step``) cannot take. Likewise the commit is asked for on that thread while
+the training thread copies the state the next transaction starts from (kept only if torchft
+commits).
 
 A replica started after a death (``generation > 0``) asks for a quorum before its first step:
 it is behind (the others committed their first quorum when the run started), so torchft heals
