@@ -3,15 +3,18 @@ form of ``torch.func.functional_call``, at the cost of a few dictionary writes.
 
 ``functional_call(module, state, args)`` swaps ``state``'s tensors into ``module`` by name, calls
 it and swaps the originals back; to do that for any module it resolves every dotted name through
-the submodules and (with ``tie_weights``) walks every submodule on every call. Measured on the
-2-core machine of docs/benchmarks.md, one node of the MNIST CNN at batch 8: about 0.2-0.3 ms per
-node step, 7% of the step (``bench/node_step.py``). The engines call the same template with the
-same names step after step, so the places a module keeps its tensors are found once
+the submodules and (with ``tie_weights``) walks every submodule on every call. The engines call
+the same template with the same names step after step, so the places a module keeps its tensors
+are found once
 (:class:`Slots`: each submodule's ``_parameters`` or ``_buffers`` dictionary and the key in it)
 and a call writes the node's tensors into those places and the originals back afterwards
 (:func:`bound`). The module runs its own ``forward`` on the node's tensors (the same autograd graph
 as ``functional_call`` builds, so the same numbers); a tensor registered under two names (tied
 weights) is one slot per name, both given the node's one tensor, as ``tie_weights=True`` does.
+Measured (``bench/node_step.py``, MNIST CNN at batch 8, one thread): the loop's node step
+1.106x the plain model call, against 1.121x through ``functional_call``, a difference within
+the rounds' spread: the swap was not where the engine's per-node cost is (docs/benchmarks,
+"Populations", says where it is).
 
 As with ``functional_call``, a module that *reassigns* a buffer inside ``forward``
 (``self.cache = new``) has the reassignment undone when the call ends; updates in place
