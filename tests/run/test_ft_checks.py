@@ -199,7 +199,7 @@ class QuorumManager:
         return type("Work", (), {"wait": lambda self: None})()
 
 
-def _replica(tmp_path: Path, heal_from_step: int | None = None) -> Any:
+def _replica(tmp_path: Path, heal_from_step: int | None = None, strategy: Any = None) -> Any:
     import threading
 
     from torch.utils.data import TensorDataset
@@ -218,7 +218,7 @@ def _replica(tmp_path: Path, heal_from_step: int | None = None) -> Any:
         def _manager(self) -> Any:
             return QuorumManager(computing)
 
-    replica = Replica(spec, model, data, make("ddp"))
+    replica = Replica(spec, model, data, strategy or make("ddp"))
     replica.manager.load = replica._load
     forward_backward = replica.nodes.forward_backward
     replica.calls = 0
@@ -295,3 +295,16 @@ def test_a_heal_in_an_overlapped_quorum_lands_at_the_step_boundary(tmp_path: Pat
         torch.testing.assert_close(p, ref.nodes.params[name], rtol=0, atol=0)
     replica.asking.shutdown()
     ref.asking.shutdown()
+
+
+def test_no_state_is_copied_ahead_of_a_local_step(tmp_path: Path) -> None:
+    replica = _replica(tmp_path, strategy=make("diloco", H=4))
+    sync = next(t for t in range(8) if replica.strategy.communicates(t) is not False)
+    while replica.step < sync:
+        replica._local_step()
+    replica._transaction(asked=False)
+    assert replica.step == sync + 1 and replica.syncs == 1
+    # the next step is an inner one: the state moves on, nothing kept ahead
+    assert replica.strategy.communicates(replica.step) is False
+    assert replica.kept_ahead is None
+    replica.asking.shutdown()

@@ -342,12 +342,16 @@ class _Replica:
         self.comm.bytes_sent, self.comm.bytes_received = counted
 
     def _commit(self, syncs: int) -> bool:
-        """Ask torchft whether to commit, on the quorum thread; meanwhile keep the state the
-        next transaction starts from if it does (``syncs``: the count then), so that copying
-        it costs no time of its own. Whether to commit."""
+        """Ask torchft whether to commit, on the quorum thread; meanwhile, when the next step
+        starts a transaction, keep the state it starts from if this one commits (``syncs``: the
+        count then), so that copying it costs no time of its own (before a local step, such as
+        DiLoCo's inner ones, the state moves on and the copy would be wasted). Whether to
+        commit."""
         committing = self.asking.submit(self.manager.should_commit)
         try:
-            ahead = self._state(syncs)
+            starts = (self.step < self.spec.max_steps
+                      and self.strategy.communicates(self.step) is not False)
+            ahead = self._state(syncs) if starts else None
         finally:
             waited = time.perf_counter()
             committed = bool(committing.result())
