@@ -106,11 +106,13 @@ class FedAvg(StackedStrategy):
     def budgets(self, round_index: int) -> Tensor | None:
         """Local steps each node takes in round ``round_index`` (``[N]``, global order; None
         without stragglers): ``H``, or ``e ~ U{1, ..., H}`` for the ``round(stragglers * N)``
-        stragglers, drawn from a generator seeded by ``straggler_seed`` and the round."""
+        stragglers, drawn from a generator seeded by ``straggler_seed`` and the round. A copy:
+        the draw itself is cached for the round's steps, and a caller's change must not reach
+        them."""
         if self.stragglers == 0.0:
             return None
         return _draw_budgets(self.straggler_seed, round_index, self.comm.num_nodes, self.H,
-                             self.stragglers)
+                             self.stragglers).clone()
 
     def _working(self, step: int) -> Tensor | None:
         """This process's rows that take step ``step`` (None: every active one)."""
