@@ -449,15 +449,19 @@ class NodeStack:
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _node_step(self, i: int, parts: list[tuple[float | None, Any]],
-                   module: nn.Module) -> Tensor:
+    def _node_step(self, i: int, parts: list[tuple[float | None, Any]], module: nn.Module,
+                   randomness: NodeRandomness | None = None) -> Tensor:
         """Node ``i``'s forward and backward (every micro-batch) through ``module``, a template
         (the loop's, or a worker thread's copy) with the node's tensors bound in
-        (:mod:`.binding`); its detached loss."""
+        (:mod:`.binding`); its detached loss. ``randomness`` (the threads engine's) is pushed
+        around the model's forward alone: a random draw happens there, and every operation
+        under the mode pays a Python call (the batch's slicing, the loss's handling and the
+        ``backward`` call stay outside it)."""
         total: Tensor | None = None
         for weight, part in parts:
             node_batch = tree_map(lambda t, i=i: t[i] if isinstance(t, Tensor) else t, part)
-            with self._autocast(), bound(module, self._node_params[i], self._node_buffers[i]):
+            with (self._autocast(), bound(module, self._node_params[i], self._node_buffers[i]),
+                  randomness or contextlib.nullcontext()):
                 out = run_model(module, node_batch)
             loss = _upcast(loss_of(out))
             if weight is None:
@@ -532,8 +536,7 @@ class NodeStack:
             if module.training != training:
                 module.train(training)
             randomness = NodeRandomness(torch.Generator().manual_seed(seeds[i]))
-            with randomness:
-                loss = self._node_step(i, parts, module)
+            loss = self._node_step(i, parts, module, randomness)
             used[i] = randomness.used
             return loss
 
