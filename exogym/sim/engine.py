@@ -13,7 +13,8 @@ dimension, ``[N, *shape]``. Node ``i``'s forward pass is the unmodified module r
   draws its own dropout masks), then one backward over the sum of the node losses. The nodes are
   independent, so each row of the gradient is exactly that node's gradient.
 - ``threads`` (CPU): the loop's per-node forward and backward, run concurrently by
-  ``min(N, P)`` worker threads that share the process's ``P`` intra-op threads
+  ``min(N, P)`` workers (the calling thread and ``min(N, P) - 1`` threads) that share the
+  process's ``P`` intra-op threads
   (:mod:`exogym.sim.threads`): every core busy on its own node, as a process per node would be,
   in one process. Each node draws its random numbers from its own generator, seeded each step
   from the global generator's state, so the numbers do not depend on thread timing.
@@ -483,7 +484,7 @@ class NodeStack:
         return _stack_losses(losses)
 
     def share_pool(self, other: NodeStack) -> None:
-        """Run this stack's nodes in ``other``'s worker threads (the groups of a paged run: one
+        """Run this stack's nodes in ``other``'s workers (the groups of a paged run: one
         pool for all, each group's template module being the same model)."""
         self._pool = other._node_pool() if other.engine == "threads" else None
 
@@ -520,7 +521,7 @@ class NodeStack:
 
     def _threads_step(self, parts: list[tuple[float | None, Any]],
                       active: Sequence[bool] | None) -> Tensor:
-        """The nodes in the worker threads, each with its own generator (:mod:`.threads`)."""
+        """The nodes on the pool's workers, each with its own generator (:mod:`.threads`)."""
         pool = self._node_pool()
         first = not self._threads_checked
         if first:  # to undo the step if the model draws from the global generator

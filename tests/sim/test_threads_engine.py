@@ -168,6 +168,24 @@ def test_the_pool_leaves_the_process_s_thread_count_and_ends_with_its_owner() ->
             NodePool(1, 1, lambda: None).map(lambda i: 1 // i, [1, 0])
 
 
+def test_the_caller_is_one_of_the_pool_s_workers() -> None:
+    import threading
+
+    from exogym.sim.threads import NodePool
+
+    alone = NodePool(1, 1, lambda: None)  # one worker: the caller, no thread started
+    assert alone._threads == []
+    assert alone.map(lambda i: threading.current_thread(), [0, 1]) == [
+        threading.current_thread()] * 2
+    three = NodePool(3, 1, lambda: None)
+    assert len(three._threads) == 2
+    met = threading.Barrier(3, timeout=10)  # passed only by three runners at once
+    runners = three.map(lambda i: (met.wait(), threading.current_thread())[1], [0, 1, 2])
+    assert len(set(runners)) == 3 and threading.current_thread() in runners
+    with pytest.raises(ValueError, match="workers >= 1"):
+        NodePool(0, 1, lambda: None)
+
+
 # -- the engine ------------------------------------------------------------------------------------
 def test_auto_picks_threads_for_several_nodes_on_a_cpu() -> None:
     cpu = torch.device("cpu")
