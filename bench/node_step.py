@@ -16,13 +16,16 @@ process, one intra-op thread (a node of the threads engine computes on one), the
   ``torch.func.functional_call``, tie-weight pass off as the engine had it), for the record.
 
 Each of ``--repeats`` rounds times ``--steps`` steps of every side, in an order reversed every
-other round; the table gives the median ms per step and its ratio to ``plain`` (medians over
-rounds of the per-round ratio). Models: ``mnist_cnn`` (exogym's MnistCNN, the FL workload's),
-``exo_cnn``, ``gpt`` (bench/engines.py's). Data: random tensors of the model's shapes.
+other round; the table gives the median ms per step and its ratio to ``plain``: the median over
+rounds of the per-round ratio, with a bootstrap 95% interval of that median. Short rounds (20
+steps, about 70 ms a side on the CNN) compare sides in the same fraction of a second: this
+machine's speed drifts by several percent within seconds, more than the engine's per-node cost
+at batch 8. Models: ``mnist_cnn`` (exogym's MnistCNN, the FL workload's), ``exo_cnn``, ``gpt``
+(bench/engines.py's). Data: random tensors of the model's shapes.
 
 Usage::
 
-    python bench/node_step.py --models mnist_cnn,gpt --batch 8 --repeats 9
+    python bench/node_step.py --models mnist_cnn,gpt --batch 8
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import random
 import statistics
 import sys
 import time
@@ -96,10 +100,20 @@ def measure(model_name: str, batch: int, steps: int, repeats: int) -> dict[str, 
     for r in range(repeats):
         for s in (SIDES if r % 2 == 0 else SIDES[::-1]):
             per[s].append(timed(fns[s], steps))
-    ratios = {s: statistics.median(a / b for a, b in zip(per[s], per["plain"], strict=True))
-              for s in SIDES}
+    ratios = {s: [a / b for a, b in zip(per[s], per["plain"], strict=True)] for s in SIDES}
     return {"model": model_name, "batch": batch, "steps": steps, "repeats": repeats,
-            "ms": {s: 1e3 * statistics.median(v) for s, v in per.items()}, "ratio": ratios}
+            "ms": {s: 1e3 * statistics.median(v) for s, v in per.items()},
+            "ratio": {s: statistics.median(r) for s, r in ratios.items()},
+            "ratio_ci": {s: median_interval(r) for s, r in ratios.items()}}
+
+
+def median_interval(values: list[float], draws: int = 2000) -> tuple[float, float]:
+    """A bootstrap 95% interval of the median of ``values`` (percentiles 2.5 and 97.5 of the
+    medians of ``draws`` resamples; a fixed seed, so the same values give the same interval)."""
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values)))
+                     for _ in range(draws))
+    return medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]
 
 
 def main() -> None:
@@ -108,8 +122,9 @@ def main() -> None:
     p.add_argument("--models", default="mnist_cnn",
                    help="comma-separated: mnist_cnn, exo_cnn, gpt (default: mnist_cnn)")
     p.add_argument("--batch", type=int, default=8, help="rows per step (default: 8)")
-    p.add_argument("--steps", type=int, default=200, help="steps per timed side (default: 200)")
-    p.add_argument("--repeats", type=int, default=9, help="timed rounds (default: 9)")
+    p.add_argument("--steps", type=int, default=20,
+                   help="steps per side in a round (default: 20)")
+    p.add_argument("--repeats", type=int, default=61, help="timed rounds (default: 61)")
     p.add_argument("--json", type=Path, help="also write the results here")
     a = p.parse_args()
     if a.batch < 1 or a.steps < 1 or a.repeats < 1:
@@ -118,17 +133,22 @@ def main() -> None:
     torch.set_num_threads(1)
     print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"1 intra-op thread, batch {a.batch}, {a.repeats} rounds of {a.steps} steps")
-    print("| model | plain ms | loop engine ms | loop / plain | threads engine ms | "
-          "threads / plain | functional_call ms | functional_call / plain |")
+    print("| model | plain ms | loop engine ms | loop / plain [95%] | threads engine ms | "
+          "threads / plain [95%] | functional_call ms | functional_call / plain [95%] |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     results = []
     for name in a.models.split(","):
         r = measure(name, a.batch, a.steps, a.repeats)
         results.append(r)
-        ms, ratio = r["ms"], r["ratio"]
-        print(f"| {name} | {ms['plain']:.3f} | {ms['engine']:.3f} | {ratio['engine']:.3f}x | "
-              f"{ms['threads']:.3f} | {ratio['threads']:.3f}x | "
-              f"{ms['functional_call']:.3f} | {ratio['functional_call']:.3f}x |", flush=True)
+        ms = r["ms"]
+
+        def ratio(side: str, r: dict[str, Any] = r) -> str:
+            low, high = r["ratio_ci"][side]
+            return f"{r['ratio'][side]:.3f}x [{low:.3f}, {high:.3f}]"
+
+        print(f"| {name} | {ms['plain']:.3f} | {ms['engine']:.3f} | {ratio('engine')} | "
+              f"{ms['threads']:.3f} | {ratio('threads')} | "
+              f"{ms['functional_call']:.3f} | {ratio('functional_call')} |", flush=True)
     if a.json:
         a.json.write_text(json.dumps(results, indent=1))
 
