@@ -102,20 +102,22 @@ def main() -> int:
             with tempfile.TemporaryDirectory() as tmp:
                 res = case(sid, kills, a.steps, plan[sid], Path(tmp))
             results.append(res)
-            for r in res.get("restarts", []):
-                if r.get("back_s") is not None:
-                    backs.append(r["back_s"])
-                    ups.append(r["up_s"])
+            healed = [r for r in res.get("restarts", []) if r.get("back_s") is not None]
+            for r in healed:
+                backs.append((r["back_s"], i, sid))
+                ups.append(r["up_s"])
             print(f"{i:3d} {sid:17s} {'ok  ' if res['ok'] else 'FAIL'} "
                   f"{[(k.replica, k.step, k.at, k.restart_after_s) for k in kills]} "
+                  f"healed in {[round(r['back_s'], 2) for r in healed]} s "
                   f"{res.get('why', '')}", flush=True)
     passed = sum(r["ok"] for r in results)
     hangs = sum(r["hang"] for r in results)
     print(f"\n{passed}/{len(results)} cases passed, {hangs} hangs")
     if backs:
-        print(f"restart -> healed: median {statistics.median(backs):.2f} s, worst "
-              f"{max(backs):.2f} s over {len(backs)} restarts (of which before the loop: "
-              f"median {statistics.median(ups):.2f} s)")
+        worst, at, sid = max(backs)
+        print(f"restart -> healed: median {statistics.median(b for b, _, _ in backs):.2f} s, "
+              f"worst {worst:.2f} s (schedule {at}, {sid}) over {len(backs)} restarts (of "
+              f"which before the loop: median {statistics.median(ups):.2f} s)")
     return 0 if passed == len(results) else 1
 
 
