@@ -12,8 +12,8 @@ and a call writes the node's tensors into those places and the originals back af
 as ``functional_call`` builds, so the same numbers); a tensor registered under two names (tied
 weights) is one slot per name, both given the node's one tensor, as ``tie_weights=True`` does.
 Measured (``bench/node_step.py``, MNIST CNN at batch 8, one thread): the loop's node step
-1.106x the plain model call, against 1.121x through ``functional_call``, a difference within
-the rounds' spread: the swap was not where the engine's per-node cost is (docs/benchmarks,
+1.069x the plain model call, against 1.076x through ``functional_call``, a difference within
+the intervals; the swap was not where the engine's per-node cost is (docs/benchmarks,
 "Populations", says where it is).
 
 As with ``functional_call``, a module that *reassigns* a buffer inside ``forward``
