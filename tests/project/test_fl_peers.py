@@ -109,9 +109,12 @@ def test_exogym_command_is_the_workload_on_exogyms_command_line(tmp_path: Path) 
 
 
 def test_tree_memory_counts_a_child_in_the_tools_session() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"],
-                             start_new_session=True)
+    child = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); "
+                              "time.sleep(5)"], start_new_session=True, stdout=subprocess.PIPE,
+                             text=True)
     try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "up\n"  # its interpreter is up, its memory with it
         assert child.pid in driver.tree(child.pid)
         assert child.pid in driver.tree(os.getpid())  # a descendant
         memory = driver.TreeMemory(child.pid)
