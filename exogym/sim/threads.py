@@ -310,7 +310,9 @@ class NodePool:
                     task = self._tasks.get_nowait()
                 except queue.Empty:
                     break
-                assert task is not None  # only close() puts None, never during a map
+                if task is None:  # close() ran meanwhile: the stop is a thread's to take
+                    self._tasks.put(None)
+                    break
                 _run(task)
                 del task
         wait(futures)
