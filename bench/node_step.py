@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import random
 import statistics
 import sys
 import time
@@ -47,6 +46,7 @@ from torch.func import functional_call
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engines import build, dataset
 
+from exogym.lab.claims.stats import bootstrap_ci
 from exogym.sim.engine import NodeStack, loss_of
 
 SIDES = ("plain", "engine", "threads", "functional_call")
@@ -104,16 +104,7 @@ def measure(model_name: str, batch: int, steps: int, repeats: int) -> dict[str, 
     return {"model": model_name, "batch": batch, "steps": steps, "repeats": repeats,
             "ms": {s: 1e3 * statistics.median(v) for s, v in per.items()},
             "ratio": {s: statistics.median(r) for s, r in ratios.items()},
-            "ratio_ci": {s: median_interval(r) for s, r in ratios.items()}}
-
-
-def median_interval(values: list[float], draws: int = 2000) -> tuple[float, float]:
-    """A bootstrap 95% interval of the median of ``values`` (percentiles 2.5 and 97.5 of the
-    medians of ``draws`` resamples; a fixed seed, so the same values give the same interval)."""
-    rng = random.Random(0)
-    medians = sorted(statistics.median(rng.choices(values, k=len(values)))
-                     for _ in range(draws))
-    return medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]
+            "ratio_ci": {s: bootstrap_ci(r, statistic="median") for s, r in ratios.items()}}
 
 
 def main() -> None:

@@ -60,6 +60,14 @@ def test_the_bootstrap_interval_by_hand() -> None:
     lo, hi = bootstrap_ci([1.0, 2.0, 3.0, 4.0, 5.0])
     assert 1.0 < lo < 3.0 < hi < 5.0
     assert bootstrap_ci([1.0, 2.0, 3.0, 4.0, 5.0]) == (lo, hi)  # a fixed generator
+    # nine zeros and a one: a resample's median is above 0 only with 5 or more ones
+    # (Binomial(10, 0.1): p = 0.0016 < 0.025), its mean reaches 0.3 with p = 0.070 > 0.025 and
+    # 0.4 with p = 0.013: the 97.5% quantiles are 0 and 0.3
+    assert bootstrap_ci([0.0] * 9 + [1.0], statistic="median") == (0.0, 0.0)
+    lo, hi = bootstrap_ci([0.0] * 9 + [1.0])
+    assert lo == 0.0 and hi == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="'mean' or 'median'"):
+        bootstrap_ci([1.0, 2.0], statistic="mode")  # type: ignore[arg-type]
 
 
 def test_verdicts_by_where_the_interval_lies() -> None:

@@ -47,9 +47,12 @@ def per_seed(a: Sequence[float], b: Sequence[float], form: str) -> list[float]:
 
 
 def bootstrap_ci(values: Sequence[float], *, level: float = 0.95,
-                 resamples: int = RESAMPLES, seed: int = 0) -> tuple[float, float]:
-    """The percentile bootstrap ``level`` interval of the mean of ``values`` (module
-    docstring)."""
+                 resamples: int = RESAMPLES, seed: int = 0,
+                 statistic: Literal["mean", "median"] = "mean") -> tuple[float, float]:
+    """The percentile bootstrap ``level`` interval of the mean (or the median: benchmarks'
+    per-round ratios, ``bench/node_step.py``) of ``values`` (module docstring)."""
+    if statistic not in ("mean", "median"):
+        raise ValueError(f"statistic must be 'mean' or 'median', got {statistic!r}")
     x = np.asarray(values, dtype=np.float64)
     if x.size == 0:
         raise ValueError("no values to bootstrap")
@@ -57,9 +60,9 @@ def bootstrap_ci(values: Sequence[float], *, level: float = 0.95,
         return float(x[0]), float(x[0])
     idx = np.random.default_rng(seed).integers(0, x.size, size=(resamples, x.size))
     with np.errstate(invalid="ignore"):
-        means = x[idx].mean(axis=1)
+        stats = x[idx].mean(axis=1) if statistic == "mean" else np.median(x[idx], axis=1)
     tail = (1 - level) / 2
-    lo, hi = np.quantile(means, [tail, 1 - tail], method="inverted_cdf")
+    lo, hi = np.quantile(stats, [tail, 1 - tail], method="inverted_cdf")
     return float(lo), float(hi)
 
 
