@@ -109,14 +109,20 @@ class FedAvg(StackedStrategy):
         stragglers, drawn from a generator seeded by ``straggler_seed`` and the round. A copy:
         the draw itself is cached for the round's steps, and a caller's change must not reach
         them."""
+        budget = self._budgets(round_index)
+        return None if budget is None else budget.clone()
+
+    def _budgets(self, round_index: int) -> Tensor | None:
+        """:meth:`budgets` without the copy: the round's cached draw, read only (every step
+        reads it; a copy per step would be ``N`` integers copied for nothing)."""
         if self.stragglers == 0.0:
             return None
         return _draw_budgets(self.straggler_seed, round_index, self.comm.num_nodes, self.H,
-                             self.stragglers).clone()
+                             self.stragglers)
 
     def _working(self, step: int) -> Tensor | None:
         """This process's rows that take step ``step`` (None: every active one)."""
-        budget = self.budgets(step // self.H)
+        budget = self._budgets(step // self.H)
         if budget is None:
             return None
         rows = self.comm.local_rows((budget > step % self.H).tolist(), self.nodes.device)
@@ -134,7 +140,7 @@ class FedAvg(StackedStrategy):
         names = list(self.nodes.params) + list(self.nodes.float_buffers)
         members = self.arrivals()
         adopt = members
-        budget = self.budgets(round_index) if round_index is not None else None
+        budget = self._budgets(round_index) if round_index is not None else None
         if self.drop_stragglers and budget is not None:
             # the stragglers that did not finish send nothing; alive, they adopt the mean
             adopt = members or [True] * self.comm.num_nodes
