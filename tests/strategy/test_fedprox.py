@@ -130,6 +130,9 @@ def test_straggler_budgets_are_seeded_per_round():
     none = FedAvg(H=5)
     build(none, n=4)
     assert none.budgets(0) is None
+    kept = b0.clone()
+    b0.zero_()  # a caller's change to what budgets() gave does not reach the round's steps
+    assert torch.equal(strategy.budgets(0), kept) and torch.equal(strategy._budgets(0), kept)
 
 
 @pytest.mark.parametrize("drop", [False, True])
