@@ -120,7 +120,8 @@ def implied_bytes_sent(log: Sequence[CommRecord], num_nodes: int) -> list[float]
         elif r.op == "broadcast":
             sent[r.src] += float((m - 1) * r.payload_bytes)
         elif r.op in ("send", "push"):
-            sent[r.src] += float(r.payload_bytes)
+            if r.src >= 0:  # (src -1: a download, the server sends it)
+                sent[r.src] += float(r.payload_bytes)
         elif r.op != "pull":  # the server sends a pull
             raise ValueError(f"unknown collective {r.op!r} in the log")
     return sent

@@ -347,30 +347,40 @@ class SimClock:
 
     def _send(self, rec: CommRecord) -> None:
         """``src`` sends to ``dst``: it starts when both are there and both links are free; the
-        receiver waits for it (comm), the sender goes on computing."""
+        receiver waits for it (idle until it starts, comm while it lasts), the sender goes on
+        computing. ``src = -1`` (a download from the server, :meth:`Communicator.download`):
+        over ``dst``'s downlink alone, from when it is free."""
         src, dst = rec.src, rec.dst
         if self.server:  # the server holds the state since its last release: a download
             start = max(self.last_release, self.t[dst], self.link_free[dst])
             end = from_server(self, dst, rec.payload_bytes, start, forget=False)
             if self.spans is not None:
+                self.spans.add(dst, "idle", self.t[dst], start, "waiting for the server",
+                               (), rec.step)
                 self.spans.add(dst, "comm", start, end, f"download {rec.tag} from the server",
                                (("bytes", rec.payload_bytes), ("tag", rec.tag)), rec.step)
-            self.node_comm[dst] += end - self.t[dst]
+            self.node_idle[dst] += start - self.t[dst]
+            self.node_comm[dst] += end - start
             self.t[dst] = end
             return
-        start = max(self.t[src], self.t[dst], self.link_free[src], self.link_free[dst])
+        ends = [dst] if src < 0 else [src, dst]  # src < 0: the server's state, re-costed
+        start = max(max(self.t[i], self.link_free[i]) for i in ends)  # among peers: dst's link
         net = self.network
-        end = start + (net.transfer_s(rec.payload_bytes, self.up_bps[src], self.down_bps[dst])
+        up = math.inf if src < 0 else self.up_bps[src]
+        end = start + (net.transfer_s(rec.payload_bytes, up, self.down_bps[dst])
                        + net.message_latency_s)
-        self.link_free[src] = self.link_free[dst] = end
+        for i in ends:
+            self.link_free[i] = end
         if self.spans is not None:
-            name = (f"recovery from node {src}" if rec.tag == "recovery"
-                    else f"receive {rec.tag} from node {src}")
+            who = "the server" if src < 0 else f"node {src}"
+            name = (f"recovery from {who}" if rec.tag == "recovery"
+                    else f"receive {rec.tag} from {who}")
             self.spans.add(dst, "idle", self.t[dst], start, "waiting to receive",
                            (("from", src),), rec.step)
             self.spans.add(dst, "comm", start, end, name,
                            (("bytes", rec.payload_bytes), ("tag", rec.tag)), rec.step)
-            self.spans.flow(f"send {rec.tag}", (src, 0), start, (dst, 0), (start + end) / 2)
+            if src >= 0:
+                self.spans.flow(f"send {rec.tag}", (src, 0), start, (dst, 0), (start + end) / 2)
         self.node_idle[dst] += start - self.t[dst]
         self.node_comm[dst] += end - start
         self.t[dst] = end

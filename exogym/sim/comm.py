@@ -34,7 +34,10 @@ may hand it the result anyway, a DiLoCo-style method leaves it on its own parame
 
 Point to point: :meth:`Communicator.send` moves node ``src``'s row to node ``dst`` (live
 recovery, gossip, a parameter server): ``S`` bytes sent by ``src`` and received by ``dst``,
-logged as ``op="send"`` with both ends.
+logged as ``op="send"`` with both ends. Through a server (``server=True``), state the server
+holds (the global model a joining client or a recovering node needs) is a download:
+:meth:`Communicator.download`, ``S`` bytes received by ``dst`` and sent by the server, none by
+any node, logged as ``op="send"`` with ``src=-1``.
 
 Codecs (lossy transport, :mod:`exogym.sim.codecs`). Every collective takes ``codec=``: each node's
 row of tensor ``j`` goes through ``codec.roundtrip(t, key=(tag, j))`` (a broadcast: the source's row
@@ -171,8 +174,8 @@ class CommRecord:
             ``payload_bytes`` is then the compressed payload, and an all-reduce with a sparse
             codec is recorded as the ``"all_gather"`` that carries it.
         members: the nodes that took part, as a bit mask (bit ``i``: node ``i``); ``-1``: all.
-        src: the sending end of a point-to-point ``"send"``, or a broadcast's source (``-1``
-            otherwise).
+        src: the sending end of a point-to-point ``"send"`` (``-1``: the server, a download,
+            :meth:`Communicator.download`), or a broadcast's source (``-1`` otherwise).
         dst: the receiving end of a point-to-point ``"send"`` (``-1`` otherwise).
     """
 
@@ -471,6 +474,23 @@ class Communicator(abc.ABC):
         out = self._broadcast(tensors, src)
         return out if isinstance(x, (list, tuple)) else out[0]
 
+    def download(self, x: Tensor | Sequence[Tensor], dst: int, *, tag: str = "") -> None:
+        """The server sends node ``dst`` state it holds, of the shape of a row of ``x`` (every
+        process already holds the values: a global model): ``S`` bytes received by ``dst`` and
+        sent by the server, none sent by any node; logged as ``op="send"`` with ``src=-1``. The
+        clock times it over ``dst``'s downlink from the server's last release. Only through a
+        server (``server=True``): among peers, state travels from a peer (:meth:`send`)."""
+        if not self.server:
+            raise ValueError("a download needs a server (topology='server'); among peers the "
+                             "state comes from a peer: send(x, src, dst)")
+        if not 0 <= dst < self.num_nodes:
+            raise ValueError(f"dst must be a node id in [0, {self.num_nodes}), got {dst}")
+        tensors = self._check(x)
+        s = float(payload_bytes(tensors))
+        self._account("send", tensors, tag, False, sent=[0.0] * self.num_nodes,
+                      received=[s if i == dst else 0.0 for i in range(self.num_nodes)],
+                      members=[i == dst for i in range(self.num_nodes)], src=-1, dst=dst)
+
     def push(self, x: Tensor | Sequence[Tensor], node: int, *, tag: str = "") -> float:
         """Node ``node`` sends its row of ``x`` to the parameter server (asynchronous
         strategies, in one process: the strategy reads the row itself). Bytes: ``S`` sent by
@@ -632,6 +652,8 @@ class Communicator(abc.ABC):
         if self.server and op in ("all_reduce", "all_gather", "broadcast"):
             sent, received = server_bytes(op, payload, self.num_nodes, members, src)
             self.server_bytes_received += sum(sent)
+            self.server_bytes_sent += sum(received)
+        elif op == "send" and src < 0:  # a download from the server
             self.server_bytes_sent += sum(received)
         for i in range(self.num_nodes):
             self.bytes_sent[i] += sent[i]

@@ -30,12 +30,18 @@ from typing import Any
 from exogym.sim.clock import SimClock
 from exogym.sim.world import World
 
-__all__ = ["Presence", "bits"]
+__all__ = ["Presence", "bits", "recovery_source"]
 
 
 def bits(flags: Sequence[bool] | None) -> int:
     """Booleans as a bit mask (bit ``i``: ``flags[i]``); None (all) as -1."""
     return -1 if flags is None else sum(1 << i for i, f in enumerate(flags) if f)
+
+
+def recovery_source(donor: int) -> dict[str, Any]:
+    """A recovery event's source: ``{"donor": node}``, or ``{"from": "server"}`` for ``-1``
+    (state downloaded from the server, :meth:`exogym.sim.comm.Communicator.download`)."""
+    return {"from": "server"} if donor < 0 else {"donor": donor}
 
 
 class Presence:
@@ -195,11 +201,13 @@ class Presence:
 
     def recovered(self, node: int, donor: int, received: float, seconds: float) -> None:
         """Count a recovery the run performed (``received`` bytes, ``seconds`` on the node's
-        clock)."""
+        clock) from ``donor`` (``-1``: the server, through a server topology; the event says
+        ``"from": "server"`` instead of a donor)."""
         self.counts["recoveries"] += 1
         self.counts["recovery_bytes"] += received
         self.counts["recovery_time_s"] += seconds
-        self._event("recovery", node, donor=donor, bytes=received, duration_s=seconds)
+        self._event("recovery", node, **recovery_source(donor), bytes=received,
+                    duration_s=seconds)
 
     # -- a synchronisation -----------------------------------------------------------------
     def arrivals(self, active: list[bool] | None, deadline: str | None,

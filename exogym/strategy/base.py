@@ -373,11 +373,16 @@ class StackedStrategy(metaclass=abc.ABCMeta):
 
     def send_global(self, values: Sequence[Tensor], dst: int, src: int, *, tag: str) -> None:
         """Account a transfer of global (not node-stacked) tensors, e.g. a global model and an
-        outer momentum, from ``src`` to ``dst`` (every process already holds the values)."""
+        outer momentum, to ``dst`` (every process already holds the values): from peer ``src``,
+        or through a server (``topology="server"``) a download from the server, which holds
+        them (:meth:`Communicator.download`; ``src`` sends nothing)."""
         if values:
             n = self.comm.n_local
-            self.comm.send([v.unsqueeze(0).expand(n, *v.shape) for v in values], src, dst,
-                           tag=tag)
+            rows = [v.unsqueeze(0).expand(n, *v.shape) for v in values]
+            if self.comm.server:
+                self.comm.download(rows, dst, tag=tag)
+            else:
+                self.comm.send(rows, src, dst, tag=tag)
 
     def _row(self, node: int) -> int | None:
         """This process's row of global node ``node`` (None if another process holds it)."""

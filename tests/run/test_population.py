@@ -66,6 +66,40 @@ def test_seats_give_the_numbers_of_a_row_per_client(sid: str, state: str) -> Non
     assert b.population["joins"] == b.world["recoveries"] > 0
 
 
+@pytest.mark.parametrize("mode", ["all", "round"])
+def test_a_client_s_bytes_through_a_server_are_its_own_worked_by_hand(mode: str) -> None:
+    # FedAvg, H = 2, 6 clients, 2 a round (seed 0): the rounds' clients, in order
+    r = fit(make("fedavg", H=2), mode)
+    rounds = [[0, 4], [1, 5], [4, 5], [2, 3], [2, 3], [0, 4]]
+    assert [sorted(c) for c in (r.rounds or [[i for i in range(6) if rec.members >> i & 1]
+                                              for rec in r.comm_log if rec.op == "all_reduce"])
+            ] == rounds
+    s = 332.0  # the model's bytes: Net(6 -> 16 -> 3) in float32 is 83 numbers
+    # each round, each client uploads its model and downloads the average: one S each way; a
+    # client not in the previous round first downloads the global model from the server (a
+    # join: rounds 1: 1 and 5; 2: 4; 3: 2 and 3; 5: 0 and 4). No client uploads for another.
+    rounds_in = [2, 1, 2, 2, 3, 2]
+    joins = [1, 1, 1, 1, 2, 1]
+    assert list(r.bytes_sent) == [s * k for k in rounds_in]
+    assert list(r.bytes_received) == [s * (k + j) for k, j in zip(rounds_in, joins, strict=True)]
+    assert r.world["recoveries"] == 7 and r.world["recovery_bytes"] == 7 * s
+    recoveries = [e for e in r.events if e["event"] == "recovery"]
+    assert all(e["from"] == "server" and "donor" not in e for e in recoveries)
+    # a join lasts its download: 8 S / (efficiency * 100 Mbit/s) plus one latency
+    net = r.network
+    assert net is not None
+    took = 8 * s / (net.efficiency * 100e6) + net.message_latency_s
+    assert all(e["duration_s"] == pytest.approx(took, rel=1e-9) for e in recoveries)
+    if mode == "round":
+        # the server sent 12 averages and 7 models, and received 12 uploads
+        p = r.population
+        assert p["server_bytes_sent"] == 19 * s and p["server_bytes_received"] == 12 * s
+        assert p["join_time_s"] == pytest.approx(7 * took, rel=1e-9)
+        traffic = next(x for x in r.summary().splitlines() if x.startswith("traffic"))
+        assert traffic == ("traffic     per client sent 664 B, received 1.05 KB (mean over the 6 "
+                           "that took part; max 996 B, 1.66 KB; 13 collectives)")
+
+
 @pytest.mark.parametrize("engine", ["loop", "threads"])
 def test_seats_on_both_engines_with_dropout_and_a_dirichlet_split(engine: str) -> None:
     def run(mode: str) -> Any:

@@ -60,18 +60,26 @@ def test_only_the_round_s_participants_compute_and_join_with_the_global_model() 
     reduces = [rec for rec in r.comm_log if rec.op == "all_reduce"]
     assert [members(rec.members, n) for rec in reduces] == rounds  # each round's members
     assert [rec.step for rec in reduces] == [1, 3, 5, 7, 9, 11]
-    # a client not in the previous round receives the model from one that was, at the round's
-    # first step; nobody else sends
+    # a client not in the previous round downloads the model from the server (a population's
+    # topology) at the round's first step; no client sends it anything
     sends = [(rec.step, rec.src, rec.dst) for rec in r.comm_log if rec.op == "send"]
+    expected = []
+    for k in range(1, 6):
+        joining = [i for i in range(n) if rounds[k][i] and not rounds[k - 1][i]]
+        expected += [(k * h, -1, node) for node in joining]
+    assert sends == expected
+    # samples count the node-steps computed: 2 nodes x 12 steps x batch 4
+    assert r.samples == 2 * 12 * 4 and r.history[-1]["samples"] == 96
+    assert r.world["recoveries"] == len(expected)
+    # among peers the model comes from a client of the previous round, in turn
+    p = client_run(make("fedavg", H=h), participation=2, network="home-100mbps,topology=peer")
+    sends = [(rec.step, rec.src, rec.dst) for rec in p.comm_log if rec.op == "send"]
     expected = []
     for k in range(1, 6):
         joining = [i for i in range(n) if rounds[k][i] and not rounds[k - 1][i]]
         donors = [i for i in range(n) if rounds[k - 1][i]]
         expected += [(k * h, donors[j % len(donors)], node) for j, node in enumerate(joining)]
     assert sends == expected
-    # samples count the node-steps computed: 2 nodes x 12 steps x batch 4
-    assert r.samples == 2 * 12 * 4 and r.history[-1]["samples"] == 96
-    assert r.world["recoveries"] == len(expected)
 
 
 def test_every_node_participating_is_the_run_without_participation() -> None:

@@ -73,9 +73,8 @@ class WorldStep:
         a time; a joining client's recovery lasts from when its donor can send (before, it was
         not part of the run)."""
         comm, part = self.held.comm, self.participation
-        before = [(comm.bytes_received[n],
-                   max(self._time(n), self._time(d)) if j else self._time(n))
-                  for n, d, j in pairs]
+        before = [(comm.bytes_received[n], self._time(n), self._comm(n), comm.bytes_sent[d])
+                  for n, d, _ in pairs]
 
         def recover_all(strategy: StackedStrategy) -> None:
             for n, d, j in pairs:
@@ -84,9 +83,13 @@ class WorldStep:
 
         self.held.call(recover_all)
         self.feed.feed()
-        for (node, donor, _), (received, start) in zip(pairs, before, strict=True):
-            self.presence.recovered(node, donor, comm.bytes_received[node] - received,
-                                    self._time(node) - start)
+        for (node, donor, joining), (received, start, busy, gave) in zip(pairs, before,
+                                                                         strict=True):
+            # a joining client's recovery is its transfer (before it, it was not in the run);
+            # through a server a recovery the donor sent nothing for came from the server
+            seconds = (self._comm(node) - busy if joining else self._time(node) - start)
+            source = -1 if comm.server and comm.bytes_sent[donor] == gave else donor
+            self.presence.recovered(node, source, comm.bytes_received[node] - received, seconds)
 
     def heard(self, active: list[bool] | None, deadline: str | None) -> list[bool] | None:
         """Who is heard at a synchronisation of the step being computed (the communicator's
@@ -98,6 +101,11 @@ class WorldStep:
     def _time(self, node: int) -> float:
         clock = self.feed.clock
         return clock.t[node] if clock is not None else 0.0
+
+    def _comm(self, node: int) -> float:
+        """``node``'s time communicating on the clock so far."""
+        clock = self.feed.clock
+        return clock.node_comm[node] if clock is not None else 0.0
 
 
 @contextlib.contextmanager

@@ -328,6 +328,7 @@ class GroupComm(Communicator):
     bytes_received = _hub_attribute("bytes_received")
     server_bytes_sent = _hub_attribute("server_bytes_sent")
     server_bytes_received = _hub_attribute("server_bytes_received")
+    server = _hub_attribute("server")
     log = _hub_attribute("log")
     transport_s = _hub_attribute("transport_s")
     transport_cpu_s = _hub_attribute("transport_cpu_s")

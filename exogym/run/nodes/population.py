@@ -15,10 +15,12 @@ client is a seat's occupant for one round. At a round's first step (:meth:`Popul
    or is read back from the client store (``"keep"``: :mod:`exogym.run.nodes.client_store`);
 3. each client that did not take part in the previous round receives the global model, as in
    a run with every client in memory (:meth:`exogym.strategy.base.StackedStrategy.recover`, the
-   ``recovery`` the client state implies): from a client of the previous round, in turn, point
-   to point, counted and timed. In seats, the sender is the seat its donor held in the previous
-   round (the seat's previous occupant may hand the model on to its next: a send from a seat to
-   itself is two clients);
+   ``recovery`` the client state implies), counted and timed: through a server (a population's
+   default topology) it downloads the model from the server, and no client sends anything
+   (:meth:`exogym.sim.comm.Communicator.download`); among peers (``topology=peer``) a client
+   of the previous round sends it, in turn, point to point. In seats, that sender is the seat
+   its donor held in the previous round (the seat's previous occupant may hand the model on to
+   its next: a send from a seat to itself is two clients);
 
 then the ``K`` seats compute the round's steps as any ``K`` nodes do, and at the round's end a
 client that keeps state is written back. No step touches the other ``N - K`` clients: their
@@ -26,12 +28,11 @@ data positions, bytes and stored state exist only once they have trained.
 
 Accounting. The communicator tells the population each record's bytes per seat as it counts
 them (:attr:`exogym.sim.comm.Communicator.on_record`), and the population credits them to the
-seats' clients (a join's sent bytes to the donor), into per-client totals (``float64[N]``,
-allocated once: 16 MB for a million clients), in the order a run with a row per client adds
-them. The
-communicator's log is in seats; :func:`client_records` gives it in client ids (each record's
-seats mapped through the round it was made in), the form a run with every client in memory
-logs.
+seats' clients (among peers, a join's sent bytes to the donor), into per-client totals
+(``float64[N]``, allocated once: 16 MB for a million clients), in the order a run with a row
+per client adds them. The communicator's log is in seats; :func:`client_records` gives it in
+client ids (each record's seats mapped through the round it was made in), the form a run with
+every client in memory logs.
 """
 
 from __future__ import annotations
@@ -198,19 +199,20 @@ class Population:
             with _recovery_as(strategy):
                 for seat, donor_seat in joins:
                     received = self.received[clients[seat]]  # its own total: the rows' float
-                    start = links.send(donor_seat, seat,
-                                       lambda s=seat, d=donor_seat: (strategy.recover(s, d),
-                                                                     feed()))
+                    busy = _comm(clock, seat)
+                    links.send(donor_seat, seat, lambda s=seat, d=donor_seat: (
+                        strategy.recover(s, d), feed()))
                     got = float(self.received[clients[seat]] - received)
-                    done.append((seat, donor_seat, got, start))
+                    done.append((seat, donor_seat, got, _comm(clock, seat) - busy))
         finally:
             self._joining = False
-        for seat, donor_seat, got, start in done:
+        for seat, donor_seat, got, seconds in done:
             self.counts["joins"] += 1
             self.counts["join_bytes"] += got
-            seconds = _time(clock, seat) - start
             self.counts["join_time_s"] += seconds
-            recovered(seat, clients[seat], self.previous[donor_seat], got, seconds)
+            # through a server the new client downloads the model from it (no client sends)
+            donor = -1 if strategy.comm.server else self.previous[donor_seat]
+            recovered(seat, clients[seat], donor, got, seconds)
 
     def apply_speeds(self, clock: SimClock | None) -> None:
         """Each seat computes at its client's speed and sends over its client's link (an empty
@@ -500,7 +502,8 @@ def client_records(log: Sequence[CommRecord], rounds: Sequence[Sequence[int]], p
                    ) -> list[CommRecord]:
     """A population run's log in client ids, as a run with every client in memory logs it:
     members as a bit mask of client ids, a send's ``src`` the donor (the seat's occupant in the
-    previous round: a join), ``dst`` the receiver."""
+    previous round: a join among peers; ``-1``: a download from the server), ``dst`` the
+    receiver."""
     out = []
     for rec in log:
         k = min(max(rec.step, 0) // period, len(rounds) - 1)
@@ -508,8 +511,11 @@ def client_records(log: Sequence[CommRecord], rounds: Sequence[Sequence[int]], p
         seats = ([s for s in range(len(seated)) if rec.members >> s & 1] if rec.members >= 0
                  else range(len(seated)))
         if rec.op == "send":
-            src = rounds[k - 1][rec.src] if k > 0 else seated[rec.src]
             dst = seated[rec.dst]
+            if rec.src < 0:  # a download from the server
+                out.append(replace(rec, members=1 << dst, dst=dst))
+                continue
+            src = rounds[k - 1][rec.src] if k > 0 else seated[rec.src]
             out.append(replace(rec, members=(1 << src) | (1 << dst), src=src, dst=dst))
             continue
         bits = sum(1 << seated[s] for s in seats)
@@ -558,8 +564,10 @@ def _idle_until(clock: SimClock, seat: int, until: float, why: str) -> None:
     clock.link_free[seat] = max(clock.link_free[seat], until)
 
 
-def _time(clock: SimClock | None, seat: int) -> float:
-    return clock.t[seat] if clock is not None else 0.0
+def _comm(clock: SimClock | None, seat: int) -> float:
+    """Seat ``seat``'s time communicating on the clock so far (a join's transfer is its
+    increase)."""
+    return clock.node_comm[seat] if clock is not None else 0.0
 
 
 @contextlib.contextmanager

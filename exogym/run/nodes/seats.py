@@ -19,6 +19,7 @@ from exogym.run.settings import RunSettings, client_links, client_speeds
 from exogym.sim.client_data import ClientBatches
 from exogym.sim.comm import Communicator, InProcessCommunicator
 from exogym.sim.engine import NodeStack
+from exogym.sim.presence import recovery_source
 from exogym.strategy.base import StackedStrategy
 from exogym.strategy.server import ServerStrategy
 
@@ -105,8 +106,8 @@ class Seats(InMemory):
             counts["recovery_bytes"] += received
             counts["recovery_time_s"] += seconds
             event({"step": step, "time_s": clock.t[seat] if clock is not None else 0.0,
-                   "node": client, "event": "recovery", "donor": donor, "bytes": received,
-                   "duration_s": seconds})
+                   "node": client, "event": "recovery", **recovery_source(donor),
+                   "bytes": received, "duration_s": seconds})
 
         self.population.start_round(step, self.strategy, self.nodes, self.comm, clock, joined,
                                     feed)
@@ -160,9 +161,11 @@ class Seats(InMemory):
         self.population.apply_speeds(clock)
 
     def result(self) -> dict[str, Any]:
-        pop = self.population
-        return {**super().result(), "population": pop.report(), "rounds": pop.rounds,
-                "draw_seats": pop.draw_seats}
+        pop, comm = self.population, self.comm
+        server = ({"server_bytes_sent": comm.server_bytes_sent,
+                   "server_bytes_received": comm.server_bytes_received} if comm.server else {})
+        return {**super().result(), "population": {**pop.report(), **server},
+                "rounds": pop.rounds, "draw_seats": pop.draw_seats}
 
     def close(self) -> None:
         if self.population.store is not None:

@@ -398,11 +398,7 @@ class FitResult:
             f"throughput  {self.samples_per_s:,.0f} samples/s  ({self.samples:,} samples in "
             f"{self.train_time_s:.1f} s of training, {self.wall_time_s:.1f} s in all)"
         )
-        lines.append(
-            f"traffic     per node sent {_fmt_bytes(float(max(sent)))}, received "
-            f"{_fmt_bytes(float(max(recv)))} (max over nodes; {len(self.comm_log)} "
-            f"collective{'s' * (len(self.comm_log) != 1)})"
-        )
+        lines.append(f"traffic     {_traffic(sent, recv, len(self.comm_log), self.population)}")
         if self.paging is not None:
             p = self.paging
             lines.append(f"paged       {p['groups']} groups of {p['resident']} nodes on "
@@ -445,6 +441,25 @@ class FitResult:
         if self.out_dir:
             lines.append(f"written to  {self.out_dir}")
         return "\n".join(lines)
+
+
+def _traffic(sent: Sequence[float], recv: Sequence[float], collectives: int,
+             population: dict[str, Any] | None) -> str:
+    """The summary's traffic line: the most any node sent and received; a population's, per
+    client that took part (any traffic), on average and at most."""
+    plural = f"collective{'s' * (collectives != 1)}"
+    if population is None:
+        return (f"per node sent {_fmt_bytes(float(max(sent)))}, received "
+                f"{_fmt_bytes(float(max(recv)))} (max over nodes; {collectives} {plural})")
+    up, down = np.asarray(sent, dtype=np.float64), np.asarray(recv, dtype=np.float64)
+    took_part = (up != 0) | (down != 0)
+    k = int(took_part.sum())
+    if k == 0:
+        return f"no client sent or received anything ({collectives} {plural})"
+    return (f"per client sent {_fmt_bytes(float(up[took_part].mean()))}, received "
+            f"{_fmt_bytes(float(down[took_part].mean()))} (mean over the {k:,} that took part; "
+            f"max {_fmt_bytes(float(up.max()))}, {_fmt_bytes(float(down.max()))}; "
+            f"{collectives} {plural})")
 
 
 PER_NODE_LISTED = 10_000
