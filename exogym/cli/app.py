@@ -35,7 +35,7 @@ from exogym.cli import (
     trace,
 )
 from exogym.cli.common import Parser
-from exogym.cli.presets import expand_preset
+from exogym.cli.presets import PresetError, expand_preset
 from exogym.utils.config import ConfigError
 from exogym.utils.signals import InterruptOnSignal, Stopped
 
@@ -118,11 +118,14 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     options to suggest), not of ``exogym``'s."""
     parser = build_parser()
     raw = list(sys.argv[1:] if argv is None else argv)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     if raw[:1] == ["run"]:
-        raw = expand_preset(raw)  # `--preset NAME`: its flags where it stands
+        try:
+            raw = expand_preset(raw)  # `--preset NAME`: its flags where it stands
+        except PresetError as e:
+            sub.choices["run"].error(str(e))
     args, extra = parser.parse_known_args(_attach_negative_values(parser, raw))
     if extra:
-        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         sub.choices[args.command].unrecognized(extra)
     return args
 

@@ -94,10 +94,11 @@ class FedBuff(ServerStrategy):
         ``async_weight`` keeps FLSim's constant staleness weight), the clients' plain SGD at lr
         0.1. FLSim starts 100 clients per unit of time whose training lasts ``|N(0, 1)|`` units
         (``per_user_half_normal_duration_distribution``, sd 1, min 0): about 80 in flight.
-        The whole configuration, its timing included, is ``exogym run --preset flsim-sent140``
-        (:mod:`exogym.cli.presets`); in Python, this strategy with ``H=1`` and ``fit(...,
-        batch_size=32, concurrency=128, arrivals="constant:100",
-        world="duration=halfnormal:1:0")``. ``changes`` override any of these fields."""
+        The whole configuration, its timing included, is this strategy with ``H=1`` and
+        ``fit(..., batch_size=32, concurrency=128, arrivals="constant:100",
+        world="duration=halfnormal:1:0")``. Its settings were tuned for Sent140's LSTM, a task
+        exogym does not have (``exogym run --preset flsim-sent140`` is refused, saying so): on
+        MNIST they diverge. ``changes`` override any of these fields."""
         settings: dict[str, Any] = {"K": 10, "eta_g": 0.7, "server_momentum": 0.9, "a": 0.0,
                                     "optim": OptimSpec(name="sgd", lr=0.1)}
         settings.update(changes)
