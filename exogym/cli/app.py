@@ -9,6 +9,7 @@ the seconds torch takes to import ends the command with a message and status 130
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 import sys
 import warnings
@@ -124,10 +125,25 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
             raw = expand_preset(raw)  # `--preset NAME`: its flags where it stands
         except PresetError as e:
             sub.choices["run"].error(str(e))
-    args, extra = parser.parse_known_args(_attach_negative_values(parser, raw))
+    raw = _attach_negative_values(parser, raw)
+    args, extra = parser.parse_known_args(raw)
     if extra:
         sub.choices[args.command].unrecognized(extra)
+    args.typed = _typed(sub.choices[args.command], raw[1:]) if args.command else frozenset()
     return args
+
+
+def _typed(parser: argparse.ArgumentParser, argv: list[str]) -> frozenset[str]:
+    """The destinations of the options ``argv`` gives (typed, whatever their value: ``--seed
+    0`` equal to the default is typed), parsed again with no defaults."""
+    bare = copy.copy(parser)
+    bare._actions = [copy.copy(a) for a in parser._actions]
+    for a in bare._actions:
+        a.default = argparse.SUPPRESS
+    bare._option_string_actions = {s: a for a in bare._actions for s in a.option_strings}
+    bare._defaults = {}
+    seen, _ = bare.parse_known_args(argv, argparse.Namespace())
+    return frozenset(vars(seen))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

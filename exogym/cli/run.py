@@ -293,8 +293,8 @@ def _check_resume_options(args: argparse.Namespace) -> argparse.Namespace:
     allowed = {str(settings()[name].dest) for name in [*changeable, *as_given, "resume"]}
     allowed.update(_RESUME_OWN)
     flag = {a.dest: a.option_strings[-1] for a in p._actions if a.option_strings}
-    changed = sorted(flag.get(k, k) for k, v in vars(args).items()
-                     if k not in allowed and v != getattr(defaults, k, None))
+    typed = _typed_options(args, defaults)
+    changed = sorted(flag.get(k, k) for k in typed if k not in allowed)
     if changed:
         flags = [str(settings()[name].flag) for name in [*changeable, *as_given]]
         raise ConfigError("--resume continues the run as it was recorded; drop "
@@ -303,12 +303,22 @@ def _check_resume_options(args: argparse.Namespace) -> argparse.Namespace:
     return defaults
 
 
+def _typed_options(args: argparse.Namespace, defaults: argparse.Namespace) -> set[str]:
+    """The options typed on the command line, whatever their value (``args.typed``, from the
+    command line's parse); a namespace built by hand: those that differ from the defaults."""
+    typed = getattr(args, "typed", None)
+    if typed is not None:
+        return set(typed) & set(vars(defaults))
+    return {k for k, v in vars(args).items() if v != getattr(defaults, k, None)}
+
+
 def _resume_run(args: argparse.Namespace) -> int:
     """``exogym run --resume RUN_DIR``: rebuild the recorded run (task, data, sinks) and
     continue it from its newest usable checkpoint."""
     import torch
 
     from exogym.run.dist.ranks import torchrun_env
+    from exogym.run.options import settings
     from exogym.run.output.result import read_json
     from exogym.run.trainer import Trainer
 
@@ -327,9 +337,10 @@ def _resume_run(args: argparse.Namespace) -> int:
     changeable, as_given = _resume_flags()
     fit_args: dict[str, Any] = dict(resume=args.resume, sinks=sinks,
                                     **setting_values(args, as_given))
-    # the recorded values go on (checkpoints, pages), unless an option here changes one
-    fresh = setting_values(defaults, changeable)
-    fit_args.update({k: v for k, v in setting_values(args, changeable).items() if v != fresh[k]})
+    # the recorded values go on (checkpoints, pages), unless an option typed here changes one
+    typed = _typed_options(args, defaults)
+    fit_args.update({k: v for k, v in setting_values(args, changeable).items()
+                     if str(settings()[k].dest) in typed})
     if config.get("launcher") == "process":
         from exogym.run.launch import fit_processes
 

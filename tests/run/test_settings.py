@@ -24,6 +24,7 @@ from support.scripts import ROOT
 
 from exogym import Trainer
 from exogym.cli import build_parser
+from exogym.cli.app import _parse
 from exogym.cli.run import _check_resume_options, _run_fit_args
 from exogym.run.loop.config import RUN_CONFIG_KEYS
 from exogym.run.options import (
@@ -116,6 +117,17 @@ def test_resume_takes_the_flags_of_the_settings_that_may_change() -> None:
                 ["--csv"], ["--set", "H=3"]):
         with pytest.raises(ConfigError, match=f"drop {bad[0]} "):
             _check_resume_options(parser.parse_args(["--resume", "r", *bad]))
+
+
+def test_resume_refuses_a_typed_flag_whatever_its_value() -> None:
+    # equal to the defaults, but typed: refused by name (was accepted, the run going on as
+    # recorded with seed 1, 2 nodes and home-100mbps)
+    with pytest.raises(ConfigError, match="drop --network, --nodes, --seed "):
+        _check_resume_options(_parse(["run", "--resume", "r", "--seed", "0", "--nodes", "4",
+                                      "--network", "datacenter"]))
+    with pytest.raises(ConfigError, match="drop --strategy "):
+        _check_resume_options(_parse(["run", "--resume", "r", "--strategy", "diloco"]))
+    _check_resume_options(_parse(["run", "--resume", "r", "--steps", "500", "--data-dir", "d"]))
 
 
 def test_config_records_every_recorded_setting_under_its_key(tmp_path: Path) -> None:
