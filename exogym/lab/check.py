@@ -9,7 +9,9 @@ why). What each one checks:
 - ``communicates``: it ran at least one collective in 6 steps (a method that never synchronises
   is no distributed method; give a shorter period with ``--set``), and each node's bytes sent
   equal what its logged collectives imply (ring all-reduce ``2(M-1)/M * S`` per member, all-gather
-  ``(M-1) * S``, a broadcast's source ``(M-1) * S``, a send's or push's ``S``).
+  ``(M-1) * S``, a broadcast's source ``(M-1) * S``, a send's or push's ``S``), and ``step``
+  never reads the node mean (``node_mean_state()``, ``comm.mean_rows``: evaluation's, not
+  traffic, so an average made with it inside ``step`` is free and uncounted).
 - ``deterministic``: the same seed gives the same metrics rows (but the wall clock), bytes and
   final parameters, bit for bit.
 - ``seeds differ``: another seed gives other training losses.
@@ -19,8 +21,13 @@ why). What each one checks:
 - ``processes``: 2 nodes as 2 real processes (gloo) give the in-process parameters to 1e-6
   (``processes=False`` skips it; asynchronous strategies run in one process by design).
 - ``absent nodes``: node 1 fails at step 2 and rejoins at step 4 (a world, on home-100mbps): the
-  run finishes with finite numbers and the node is recovered from a live peer (asynchronous
-  strategies refuse failures by design: skipped).
+  run finishes with finite numbers and the node is recovered from a live peer; and the same run
+  with node 1's parameters + 1000 from its first step down gives the same training losses and
+  final model, bit for bit: what a down node holds never reaches the others (a strategy that
+  reduces over every node instead of ``members=self.arrivals()`` fails). Asynchronous
+  strategies refuse failures by design: skipped.
+- Each failure names what differed and its likely cause (``processes``: a row read or written
+  across nodes without the communicator).
 - ``hyperparameters``: every field is documented (an ``Attributes:`` entry of the class
   docstring) and a misspelled key is an error.
 - ``no host sync``: ``step`` reads no floating-point tensor on the host (``item``, ``tolist``,
@@ -34,6 +41,7 @@ why). What each one checks:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
@@ -41,7 +49,7 @@ import sys
 import tempfile
 import traceback
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,7 +60,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.data import TensorDataset
 
 from exogym import strategy as strategies
-from exogym.sim.comm import CommRecord, all_gather_bytes, all_reduce_bytes
+from exogym.sim.comm import CommRecord, Communicator, all_gather_bytes, all_reduce_bytes
 from exogym.strategy.base import StackedStrategy
 from exogym.strategy.server import ServerStrategy
 from exogym.utils.config import ConfigError, config_fields
@@ -204,7 +212,7 @@ def check_strategy(
     if base is None:
         return results + [CheckResult(n, None, "it does not run") for n in CHECKS[2:]]
     results[-1] = _finite_run(base)
-    results.append(_communicates(base))
+    results.append(_communicates(base, runs.free_reads()))
     _compare(results, "deterministic", lambda: _same(base, runs.fit()), "seed 0 twice: equal")
     other = _attempt(results, "seeds differ", lambda: runs.fit(seed=1))
     if other is not None:
@@ -240,10 +248,16 @@ def _finite_run(base: FitResult) -> CheckResult:
     return CheckResult("runs", True, f"final eval loss {base.final['eval_loss']:.4f}")
 
 
-def _communicates(base: FitResult) -> CheckResult:
-    """``communicates``: passed when the run logged a collective and each node's bytes sent
-    equal what its logged collectives imply (:func:`implied_bytes_sent`, to 1e-6 bytes)."""
+def _communicates(base: FitResult, free: int = 0) -> CheckResult:
+    """``communicates``: passed when the run logged a collective, each node's bytes sent equal
+    what its logged collectives imply (:func:`implied_bytes_sent`, to 1e-6 bytes), and
+    ``step`` never read the node mean (``free`` times: an exchange nobody pays for)."""
     implied = implied_bytes_sent(base.comm_log, NODES)
+    if free:
+        return CheckResult("communicates", False, f"step read the node mean {free} times "
+                           "(node_mean_state() or comm.mean_rows: evaluation's, not traffic, so "
+                           "no byte is counted and no time taken); exchange values inside step "
+                           "through self.comm.all_reduce")
     if not base.comm_log:
         return CheckResult("communicates", False, f"no collective in {STEPS} steps; "
                            "give it a shorter period (--set KEY=VALUE)")
@@ -342,17 +356,62 @@ class _Runs:
                 TinyNet(), tiny_data(torch.float32), tiny_data(torch.float32),
                 strategy=strategies.make(self.spec, **self.settings), num_nodes=2,
                 max_steps=STEPS, batch_size=8, eval_interval=3, progress=False, threads=1)
-        return _same(real, self.fit(nodes=2), exact=False)
+        differ = _same(real, self.fit(nodes=2), exact=False)
+        return (f"{differ} (2 processes against one; likely cause: step reads or writes "
+                "another node's row directly, e.g. x[j] for a node j, or state that is not "
+                "per node, instead of exchanging it through self.comm)") if differ else ""
 
     def absent(self) -> str:
-        """``absent nodes``: node 1 fails at step 2 and rejoins at step 4."""
-        r = self.fit(network="home-100mbps", step_time=0.05, world="fail=1@2,rejoin=1@4")
+        """``absent nodes``: node 1 fails at step 2 and rejoins at step 4, recovered from a
+        peer; and what a down node holds never reaches the others: the same run with node 1's
+        parameters overwritten while it is down (+1000 at its first step down) must give the
+        same training losses and final model, bit for bit (a strategy that reduces over every
+        node, not over :meth:`arrivals`, mixes them in)."""
+        world = dict(network="home-100mbps", step_time=0.05, world="fail=1@2,rejoin=1@4")
+        r = self.fit(**world)
         events = [e["event"] for e in r.events]
         if not all(math.isfinite(x) for x in r.final.values()):
             return f"non-finite final metrics {r.final}"
         if "recovery" not in events:
             return f"node 1 was not recovered after it rejoined (events: {events})"
+        with _watched_steps(self.cls, before=_poison_down_node):
+            poisoned = self.fit(**world)
+        losses = [[row["train_loss"] for row in x.history if "train_loss" in row]
+                  for x in (r, poisoned)]
+        differ = [k for (k, p), q in zip(r.model.state_dict().items(),
+                                         poisoned.model.state_dict().values(), strict=True)
+                  if not torch.equal(p, q)]
+        if losses[0] != losses[1] or differ:
+            where = f"the final model ({differ[0]} differs)" if differ else "the training losses"
+            return (f"node 1's parameters while it was down reached {where}; likely cause: a "
+                    "collective over every node instead of members=self.arrivals() (or the "
+                    "active nodes), or a row read without asking who is up")
         return ""
+
+    def free_reads(self) -> int:
+        """How many times ``step`` read the node mean (``Communicator.mean_rows``) in one run:
+        an exchange between nodes that no byte counts."""
+        calls = [0]
+        inside = [False]
+        original = Communicator.mean_rows
+
+        def counted(comm: Communicator, xs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+            calls[0] += inside[0]
+            return original(comm, xs)
+
+        def enter(strategy: StackedStrategy, step: int) -> None:
+            inside[0] = True
+
+        def leave(strategy: StackedStrategy, step: int) -> None:
+            inside[0] = False
+
+        Communicator.mean_rows = counted  # type: ignore[method-assign]
+        try:
+            with _watched_steps(self.cls, before=enter, after=leave):
+                self.fit()
+        finally:
+            Communicator.mean_rows = original  # type: ignore[method-assign]
+        return calls[0]
 
     def hyperparameters(self) -> str:
         """``hyperparameters``: every field documented; a misspelled key refused."""
@@ -369,22 +428,45 @@ class _Runs:
     def host_reads(self) -> str:
         """``no host sync``: one run with every ``step`` call watched by :class:`_HostReads`."""
         reads = _HostReads()
-        cls = self.cls
-        original = cls.step
-
-        def watched(strategy: StackedStrategy, step: int) -> None:
-            with reads:
-                original(strategy, step)
-
-        cls.step = watched  # type: ignore[method-assign]
-        try:
+        with _watched_steps(self.cls, before=lambda s, k: reads.__enter__(),
+                            after=lambda s, k: reads.__exit__(None, None, None)):
             self.fit()
-        finally:
-            cls.step = original  # type: ignore[method-assign]
         if reads.seen:
             first = sorted(set(reads.seen))
             return f"step reads {len(reads.seen)} tensors on the host: {'; '.join(first[:3])}"
         return ""
+
+
+@contextlib.contextmanager
+def _watched_steps(cls: type[StackedStrategy],
+                   before: Callable[[StackedStrategy, int], None] | None = None,
+                   after: Callable[[StackedStrategy, int], None] | None = None,
+                   ) -> Iterator[None]:
+    """``cls.step`` calls ``before(strategy, step)`` first and ``after`` last, while inside."""
+    original = cls.step
+
+    def watched(strategy: StackedStrategy, step: int) -> None:
+        if before is not None:
+            before(strategy, step)
+        try:
+            original(strategy, step)
+        finally:
+            if after is not None:
+                after(strategy, step)
+
+    cls.step = watched  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        cls.step = original  # type: ignore[method-assign]
+
+
+@torch.no_grad()
+def _poison_down_node(strategy: StackedStrategy, step: int) -> None:
+    """At step 2 (node 1 down, :meth:`_Runs.absent`), node 1's parameters + 1000."""
+    if step == 2:
+        for p in strategy.nodes.params.values():
+            p[1].add_(1000.0)
 
 
 def short_period(cls: type[StackedStrategy]) -> dict[str, Any]:

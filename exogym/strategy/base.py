@@ -197,8 +197,12 @@ class StackedStrategy(metaclass=abc.ABCMeta):
 
     @torch.no_grad()
     def node_mean_state(self) -> dict[str, Tensor]:
-        """The node mean of the parameters and float buffers, node 0's integer buffers: the
-        global model of a method whose nodes never hold one model (SPARTA, DES-LOC)."""
+        """The node mean of the parameters and float buffers over all the run's nodes (every
+        engine, every process: a multi-process run gathers the rows), node 0's integer
+        buffers: the global model of a method whose nodes never hold one model (SPARTA,
+        DES-LOC), for :meth:`global_state`. Not traffic: it is what evaluation reads. Inside
+        :meth:`step`, nodes exchange values only through ``self.comm`` (``all_reduce``: counted
+        and timed); ``exogym check`` fails a step that reads the node mean."""
         floats = {k: p.detach() for k, p in self.nodes.params.items()}
         floats.update((k, b) for k, b in self.nodes.buffers.items() if b.is_floating_point())
         means = dict(zip(floats, self.comm.mean_rows(list(floats.values())), strict=True))

@@ -133,6 +133,31 @@ BROKEN = textwrap.dedent('''
 
 
     @dataclass(kw_only=True)
+    class MeanInStep(Base):
+        @torch.no_grad()
+        def step(self, step):
+            self.inner_step()
+            if (step + 1) % self.H == 0:  # the node mean as an average nobody pays for
+                mean = self.node_mean_state()
+                for k, p in self.nodes.params.items():
+                    p.copy_(mean[k].expand_as(p))
+
+        def global_state(self):
+            return self.node_mean_state()
+
+
+    @dataclass(kw_only=True)
+    class IgnoresArrivals(Base):
+        @torch.no_grad()
+        def step(self, step):
+            self.inner_step()
+            if (step + 1) % self.H == 0:  # every node's row, up or not
+                params = list(self.nodes.params.values())
+                for p, m in zip(params, self.comm.all_reduce(params, "mean", tag="params")):
+                    p.copy_(m.expand_as(p))
+
+
+    @dataclass(kw_only=True)
     class Undocumented(Base):
         gamma: float = 0.5
 
@@ -148,10 +173,13 @@ BROKEN = textwrap.dedent('''
 
 EXPECTED = {
     "NoBuild": "builds", "Diverges": "runs", "Silent": "communicates",
-    "Miscounts": "communicates", "Noisy": ("deterministic", "engines", "exact resume"),
+    "Miscounts": "communicates",
+    "Noisy": ("deterministic", "engines", "exact resume", "absent nodes"),
     "Zeroes": "seeds differ",
-    "VmapOnly": "engines", "Forgets": "exact resume", "Peeks": "processes",
+    "VmapOnly": "engines", "Forgets": "exact resume", "Peeks": ("processes", "absent nodes"),
     "NoRecovery": "absent nodes", "Undocumented": "hyperparameters", "Syncs": "no host sync",
+    # reading every node's row, the two below also mix a down node's into the others'
+    "MeanInStep": ("communicates", "absent nodes"), "IgnoresArrivals": "absent nodes",
 }
 REASONS = {
     "NoBuild": "NoBuild: always", "Diverges": "NonFiniteLossError: non-finite training loss",
@@ -159,7 +187,8 @@ REASONS = {
     "Noisy": "metrics rows differ", "Zeroes": "give the same losses", "VmapOnly": "differs by",
     "Forgets": "differ", "Peeks": "differs by", "NoRecovery": "NotImplementedError: no recovery",
     "Undocumented": "fields without an Attributes: entry in the class docstring: gamma",
-    "Syncs": "step reads",
+    "Syncs": "step reads", "MeanInStep": "step read the node mean 3 times",
+    "IgnoresArrivals": "node 1's parameters while it was down reached the training losses",
 }
 
 
@@ -209,3 +238,11 @@ def test_cli_check_prints_the_table_and_exits_1_on_a_failure(broken: Path, capsy
         "1 of 11 checks failed: communicates")
     assert main(["check", "dilocoo"]) == 2
     assert "unknown strategy 'dilocoo'" in capsys.readouterr().err
+
+
+def test_the_node_mean_is_every_node_s_in_every_process_count(broken: Path):
+    # node_mean_state() averages the run's nodes under 2 real processes as in one (it averaged
+    # each process's own rows, and the processes check failed with a bare parameter diff)
+    results = {r.name: r for r in check_strategy(f"{broken}:MeanInStep", {"H": "2"})}
+    assert results["processes"].passed is True, results["processes"].detail
+    assert results["communicates"].passed is False

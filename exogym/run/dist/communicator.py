@@ -43,7 +43,14 @@ from torch import Tensor
 from torch.utils._pytree import tree_map
 
 from exogym.run.dist.ranks import local_node_ids
-from exogym.sim.comm import Attendance, Communicator, OnRecord, ReduceOp
+from exogym.sim.comm import (
+    Attendance,
+    Communicator,
+    OnRecord,
+    ReduceOp,
+    accumulate_rows,
+    finish_reduce,
+)
 from exogym.sim.compute import work_cpu_mark, work_cpu_since
 from exogym.sim.engine import NodeStack
 from exogym.sim.sharding import NodeBatches, fetch
@@ -172,6 +179,22 @@ class DistributedCommunicator(Communicator):
         if self.group is None:
             return group_rank
         return dist.get_global_rank(self.group, group_rank)
+
+    @torch.no_grad()
+    def mean_rows(self, xs: Sequence[Tensor]) -> list[Tensor]:
+        """The mean of every node's row of each ``x`` of ``xs`` over all ``N`` nodes of the
+        run, the same on every rank: every rank's rows gathered, summed in node order as one
+        process sums them. Not traffic (what evaluation reads), and not a transport time."""
+        xs = list(xs)
+        if self.world_size == 1 or not xs:
+            return super().mean_rows(xs)
+        full = []
+        for x in xs:
+            parts = [torch.empty_like(x) for _ in range(self.world_size)]
+            dist.all_gather(parts, x.detach().contiguous(), group=self.group)
+            full.append(torch.cat(parts, dim=0))
+        return finish_reduce(accumulate_rows(None, full), "mean", self.num_nodes,
+                             [x.dtype for x in xs])
 
     # -- hooks -------------------------------------------------------------------------------
     @_transport
