@@ -14,6 +14,7 @@ does), and the loss is the model output's ``loss``; the step's FLOPs are counted
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from exogym import Trainer
 from exogym.run.launch import fit_processes
+from exogym.run.output.result import check_out_dir
 from exogym.strategy import make
 from exogym.tasks.data.shakespeare import CharVocab, read_text
 
@@ -53,7 +55,7 @@ def tiny_gpt2(vocab_size: int, block: int, layers: int = 4, width: int = 128,
     return GPT2LMHeadModel(config)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--nodes", type=int, default=4)
@@ -62,24 +64,61 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--H", type=int, default=50, help="DiLoCo's inner steps per outer step")
-    p.add_argument("--engine", default="auto",
+    p.add_argument("--allow-unsynced", action="store_true",
+                   help="let a run shorter than --H go on (DiLoCo's model stays the initial one)")
+    p.add_argument("--engine", default="auto", choices=("auto", "loop", "threads", "process"),
                    help="auto, loop, threads (the simulator) or process (one process per node)")
     p.add_argument("--network", default="home-100mbps")
     p.add_argument("--eval-samples", type=int, default=500)
-    p.add_argument("--out", type=Path, default=Path("runs/huggingface-example"))
+    p.add_argument("--out", type=Path, default=None,
+                   help="a new folder for the two runs (default: runs/huggingface-ENGINE-TIME)")
     p.add_argument("--data-dir", default=None, help="a folder holding tinyshakespeare/ "
                                                      "(default: download)")
+    return p
+
+
+def _checked(p: argparse.ArgumentParser, args: argparse.Namespace) -> Path:
+    """Everything that can be wrong with the command line, said before any training; the
+    folder the runs go in (a new one per command by default, so commands follow each other)."""
+    for name in ("steps", "nodes", "batch_size", "block", "layers", "width", "H",
+                 "eval_samples"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.steps < args.H and not args.allow_unsynced:
+        p.error(f"--steps {args.steps} is shorter than DiLoCo's --H {args.H}: its nodes would "
+                f"never synchronise; give --H {args.steps} or less, more --steps, or "
+                "--allow-unsynced")
+    out = args.out
+    if out is None:  # a new folder per command: the next free name of this second
+        stem = Path("runs") / f"huggingface-{args.engine}-{time.strftime('%Y%m%d-%H%M%S')}"
+        out = next(o for k in range(1, 1000)
+                   if not (o := stem if k == 1 else Path(f"{stem}-{k}")).exists())
+    for sid in STRATEGIES:
+        try:
+            check_out_dir(out / sid)
+        except (OSError, ValueError) as e:
+            p.error(str(e))
+    return out
+
+
+STRATEGIES = ("ddp", "diloco")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = _parser()
     args = p.parse_args(argv)
+    out = _checked(p, args)
     text = read_text(args.data_dir, download=args.data_dir is None)
     train, val, vocab = char_datasets(text, args.block)
     results = {}
-    for sid, hyper in (("ddp", {}), ("diloco", {"H": args.H})):
+    for sid in STRATEGIES:
+        hyper = {"H": args.H} if sid == "diloco" else {}
         torch.manual_seed(0)
         model = tiny_gpt2(vocab, args.block, args.layers, args.width)
         settings = {"max_steps": args.steps, "batch_size": args.batch_size, "seed": 0,
                     "network": args.network, "eval_interval": max(1, args.steps // 4),
-                    "eval_samples": args.eval_samples, "out_dir": args.out / sid,
-                    "progress": False}
+                    "eval_samples": args.eval_samples, "out_dir": out / sid,
+                    "progress": False, "allow_unsynced": args.allow_unsynced}
         if args.engine == "process":  # real processes, real collectives (gloo)
             result = fit_processes(model, train, val, strategy=make(sid, **hyper),
                                    num_nodes=args.nodes, **settings)
@@ -92,6 +131,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{sid:7s} eval loss {result.final['eval_loss']:.4f}  sent per node "
               f"{max(result.bytes_sent) / 1e6:,.2f} MB  {result.samples_per_s:,.0f} samples/s  "
               f"{flops / 1e9:.3f} GFLOP per step per node (counted)")
+    print(f"written to {out}")
     return results
 
 

@@ -66,3 +66,28 @@ def test_one_process_per_node_gives_the_simulators_numbers(
         assert real[sid].final["eval_loss"] == pytest.approx(sim[sid].final["eval_loss"],
                                                              rel=1e-4), sid
         assert real[sid].bytes_sent == sim[sid].bytes_sent
+
+
+def test_the_page_s_commands_follow_each_other_and_bad_input_is_refused_first(
+        tmp_path: Path, shakespeare_data: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    data = ["--data-dir", str(shakespeare_data)]
+    hf.main([*TINY, *data])
+    first = capsys.readouterr().out.splitlines()[-1]
+    assert first.startswith("written to runs/huggingface-auto-")
+    hf.main([*TINY, *data, "--engine", "loop"])  # a second command: its own folder
+    assert capsys.readouterr().out.splitlines()[-1].startswith("written to runs/huggingface-loop-")
+    # an existing folder, a run shorter than H: refused by name before any training
+    taken = first.removeprefix("written to ")
+    for bad, says in ((["--out", taken], "already exists and is not empty"),
+                      (["--steps", "3", "--H", "4"], "--steps 3 is shorter than DiLoCo's --H 4"),
+                      (["--nodes", "0"], "--nodes must be >= 1, got 0")):
+        with pytest.raises(SystemExit) as e:
+            hf.main([*TINY, *data, *bad])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err
+    with pytest.warns(UserWarning, match="3 steps is not a multiple of H=4"):
+        results = hf.main([*TINY, *data, "--steps", "3", "--H", "4", "--allow-unsynced"])
+    assert results["diloco"].steps == 3
