@@ -14,8 +14,9 @@ import pytest
 from exogym.cli import main
 from exogym.lab.claims import CLAIMS, SUITE, Claim, Config, Paper, Rule, run_claims, select
 from exogym.lab.claims.measure import RunRecord
+from exogym.lab.claims.report import format_markdown
 from exogym.lab.claims.stats import bootstrap_ci, claim_verdict, decide, per_seed
-from exogym.lab.claims.suite import command_of, fingerprint
+from exogym.lab.claims.suite import ClaimOutcome, command_of, fingerprint
 
 
 # -- measures -----------------------------------------------------------------------------------
@@ -83,6 +84,24 @@ def test_verdicts_by_where_the_interval_lies() -> None:
     assert claim_verdict(["reproduced", "reproduced"]) == "reproduced"
     assert claim_verdict(["reproduced", "not reproduced", "inconclusive"]) == "not reproduced"
     assert claim_verdict(["reproduced", "inconclusive"]) == "inconclusive"
+    # one seed (--quick) is a value, not a verdict
+    one = decide([0.2741], "below", 0.05)
+    assert one.verdict == "not decided" and one.mean == 0.2741 and all(map(math.isnan, one.ci))
+    assert claim_verdict(["reproduced", "not decided", "not reproduced"]) == "not decided"
+
+
+def test_a_quick_report_shows_no_verdict_no_interval_and_its_own_scale() -> None:
+    claim = tiny(quick={"max_steps": 2, "num_nodes": 3}, scale="8 nodes, 400 steps")
+    rules = tuple(decide([v], r.side, r.threshold)
+                  for r, v in zip(claim.rules, (0.2741, 0.5), strict=True))
+    text = format_markdown([ClaimOutcome(claim, rules, claim_verdict([r.verdict for r in rules]),
+                                         1, True)], "t")
+    row = next(line for line in text.splitlines() if line.startswith("| `tiny`"))
+    assert "**" not in text and "[0.2741, 0.2741]" not in text
+    assert row.endswith("0.2741; final_loss(diloco) - final_loss(ddp): 0.5 (1 seed) | "
+                        "not decided (one seed) |")
+    assert ("Scale (--quick): 3 nodes, 2 steps, batch 8, one seed: a check of the machinery "
+            "(the suite's: 8 nodes, 400 steps)") in text
 
 
 # -- specs --------------------------------------------------------------------------------------
@@ -170,6 +189,6 @@ def test_exogym_claims_quick_runs_every_claim(tmp_path: Path, mnist_data: Path,
     assert [c["id"] for c in report["claims"]] == [c.id for c in CLAIMS]
     for c in report["claims"]:
         assert c["quick"] and c["seeds"] == 1
-        assert c["verdict"] in ("reproduced", "not reproduced", "inconclusive")
+        assert c["verdict"] == "not decided"  # one seed: no verdict
         assert (out / f"{c['id']}.png").stat().st_size > 0
     assert "--quick: a check of the machinery, not the verdicts" in shown

@@ -26,9 +26,28 @@ def _num(v: float) -> str:
 
 
 def _figure(o: ClaimOutcome) -> str:
-    """exogym's figure of each rule: mean [95% CI] (n seeds)."""
-    return "; ".join(f"{_what(r)}: {_num(x.mean)} [{_num(x.ci[0])}, {_num(x.ci[1])}]"
-                     for r, x in zip(o.claim.rules, o.rules, strict=True))
+    """exogym's figure of each rule: mean [95% CI] (n seeds); one seed, its value alone."""
+    return "; ".join(f"{_what(r)}: {_num(x.mean)}" + (
+        "" if math.isnan(x.ci[0]) and x.verdict == "not decided"
+        else f" [{_num(x.ci[0])}, {_num(x.ci[1])}]")
+        for r, x in zip(o.claim.rules, o.rules, strict=True))
+
+
+def _verdict(v: str) -> str:
+    """A verdict in bold; ``not decided`` (one seed) plain, saying why."""
+    return "not decided (one seed)" if v == "not decided" else f"**{v}**"
+
+
+def _scale(o: ClaimOutcome) -> str:
+    """The claim's scale; under ``--quick``, what the quick runs are, from their settings."""
+    if not o.quick:
+        return f"Scale: {o.claim.scale}"
+    fit = o.claim.settings_of(o.claim.configs[0], True)
+    parts = [f"{fit['num_nodes']} nodes" if "num_nodes" in fit else None,
+             f"{fit['max_steps']} steps" if "max_steps" in fit else None,
+             f"batch {fit['batch_size']}" if "batch_size" in fit else None]
+    return (f"Scale (--quick): {', '.join(p for p in parts if p)}, one seed: a check of the "
+            f"machinery (the suite's: {o.claim.scale})")
 
 
 def _what(r: Rule) -> str:
@@ -45,17 +64,18 @@ def format_markdown(outcomes: Sequence[ClaimOutcome], suite: str) -> str:
              "|---|---|---|---|---|"]
     for o in outcomes:
         c = o.claim
+        seeds = f"{o.seeds} seed{'s' * (o.seeds != 1)}"
         lines.append(f"| `{c.id}`: {c.claim} | {c.paper.authors} {c.paper.year} "
                      f"({c.paper.source}), {c.where} | {c.paper_figure} | "
-                     f"{_figure(o)} ({o.seeds} seeds) | **{o.verdict}** |")
+                     f"{_figure(o)} ({seeds}) | {_verdict(o.verdict)} |")
     lines += ["", "## Rules and commands", ""]
     for o in outcomes:
         c = o.claim
-        lines += [f"### `{c.id}`", "", f"Scale: {c.scale}", ""]
+        lines += [f"### `{c.id}`", "", _scale(o), ""]
         for r, x in zip(c.rules, o.rules, strict=True):
             values = ", ".join(_num(v) for v in x.values)
             text = r.text if r.text.endswith(".") else r.text + "."
-            lines.append(f"- {text} Per seed: {values}; **{x.verdict}**.")
+            lines.append(f"- {text} Per seed: {values}; {_verdict(x.verdict)}.")
         lines += ["", f"Each configuration with `--seed` 0 to {o.seeds - 1}:", "", "```bash"]
         lines += [command_of(c, cfg, o.quick) + " --seed 0" for cfg in c.configs]
         lines += ["```", ""]

@@ -5,14 +5,15 @@ same data order, the same initial model): ``d_s = m_a(s) - m_b(s)`` or ``m_a(s) 
 The statistic is the mean of the ``d_s``; its 95% CI is the percentile bootstrap (Efron and
 Tibshirani 1993, ch. 13): 10,000 resamples of the seeds with replacement, drawn from a fixed
 generator (the same CI for the same runs, always), the 2.5% and 97.5% quantiles of the resampled
-means (no interpolation: with 3 to 5 seeds the resampled means take few values). With one seed
-the interval is the point itself (``--quick``: a check of the machinery, never a verdict).
+means (no interpolation: with 3 to 5 seeds the resampled means take few values). One seed
+(``--quick``: a check of the machinery) has no interval and no verdict: ``not decided``.
 
 The verdict of a rule (:class:`~exogym.lab.claims.spec.Rule`): ``reproduced`` when the whole
 CI is on the claimed side of the threshold, ``not reproduced`` when the whole CI is on the other
 side, else ``inconclusive``; a per-seed value that is not a number (``inf - inf``: neither run
 reached a target) makes the rule inconclusive. A claim's verdict: every rule reproduced,
-``reproduced``; any not reproduced, ``not reproduced``; else ``inconclusive``.
+``reproduced``; any not reproduced, ``not reproduced``; any not decided (one seed), ``not
+decided``; else ``inconclusive``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import numpy as np
 __all__ = ["RESAMPLES", "RuleOutcome", "Verdict", "bootstrap_ci", "claim_verdict", "decide",
            "per_seed"]
 
-Verdict = Literal["reproduced", "not reproduced", "inconclusive"]
+Verdict = Literal["reproduced", "not reproduced", "inconclusive", "not decided"]
 RESAMPLES = 10_000
 
 
@@ -79,6 +80,9 @@ class RuleOutcome:
 def decide(values: Sequence[float], side: str, threshold: float) -> RuleOutcome:
     """The verdict of a rule whose per-seed values are ``values`` (module docstring)."""
     vals = tuple(float(v) for v in values)
+    if len(vals) < 2:  # one seed: a value, no interval, no verdict
+        return RuleOutcome(vals, float(np.mean(vals)) if vals else math.nan,
+                           (math.nan, math.nan), "not decided")
     if any(math.isnan(v) for v in vals):
         return RuleOutcome(vals, math.nan, (math.nan, math.nan), "inconclusive")
     mean = float(np.mean(vals))
@@ -92,7 +96,9 @@ def decide(values: Sequence[float], side: str, threshold: float) -> RuleOutcome:
 
 def claim_verdict(verdicts: Sequence[Verdict]) -> Verdict:
     """Every rule reproduced: reproduced; any not reproduced: not reproduced; else
-    inconclusive."""
+    inconclusive; any not decided (one seed), not decided."""
+    if any(v == "not decided" for v in verdicts):
+        return "not decided"
     if all(v == "reproduced" for v in verdicts):
         return "reproduced"
     if any(v == "not reproduced" for v in verdicts):
