@@ -6,7 +6,10 @@ what a strict build cannot.
 - the search works: ``population`` lists the populations page among its first five results;
 - an API page has no grouped-name artefact (an attribute named ``num_nodes,``);
 - the feature pages open with a table of contents on the right (their sections), and no escaped
-  pipe of a table shows as a backslash and a bar.
+  pipe of a table shows as a backslash and a bar;
+- nothing is cut at the right in a 1280-pixel window: no table, code block or API signature of
+  the home page, five feature pages and three API pages is wider than its column (tables fit,
+  code wraps).
 
 Screenshots of the home page and of two feature pages are written to ``--shots`` (not
 committed) for a person to look at. Chromium is Debian's package; the script installs it with
@@ -39,7 +42,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 FEATURE_PAGES = ("populations", "world", "clock", "async", "ft")
-SHOTS = {"home": "", "populations": "populations/", "world": "world/"}
+SHOTS = {"home": "", "populations": "populations/", "world": "world/",
+         "api-trainer": "api/trainer/"}
 
 
 def chromium() -> str:
@@ -206,6 +210,28 @@ def check_feature_pages(b: Browser, base: str) -> list[str]:
     return problems
 
 
+# what a reader cannot see without scrolling sideways: a table, a code block or an API
+# signature wider than the column it sits in (Material wraps tables in a scrolling box)
+_CLIPPED = """Array.from(document.querySelectorAll(
+    'article .md-typeset__scrollwrap, article pre > code, article .doc-signature'))
+    .filter(e => e.scrollWidth > e.clientWidth + 2)
+    .map(e => [e.className || e.tagName, e.textContent.trim().slice(0, 50),
+               e.scrollWidth, e.clientWidth])"""
+WIDE_PAGES = ("", "populations/", "world/", "clock/", "async/", "claims/", "devices/",
+              "api/trainer/", "api/run/", "api/sim/")
+
+
+def check_wide_content(b: Browser, base: str) -> list[str]:
+    """Wide tables, code blocks and API signatures fit their column or wrap (at 1280 px)."""
+    problems = []
+    for page in WIDE_PAGES:
+        b.open(base + page)
+        for kind, text, wide, shown in b.eval(_CLIPPED) or []:
+            problems.append(f"/{page}: a {kind} is {wide} px wide in a {shown} px column, cut "
+                            f"(it starts {text!r})")
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--site", type=Path, help="a built site (default: build one)")
@@ -222,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     browser = Browser(chromium())
     try:
         problems = [*check_home(browser, base), *check_search(browser, base),
-                    *check_api(browser, base), *check_feature_pages(browser, base)]
+                    *check_api(browser, base), *check_feature_pages(browser, base),
+                    *check_wide_content(browser, base)]
         args.shots.mkdir(parents=True, exist_ok=True)
         for name, page in SHOTS.items():
             browser.open(base + page)
@@ -232,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     for problem in problems:
         print(f"browser_check: {problem}")
     print(f"browser_check: {'FAILED' if problems else 'ok'}: home page, search, API pages, "
-          f"{len(FEATURE_PAGES)} feature pages; screenshots in {args.shots}")
+          f"{len(FEATURE_PAGES)} feature pages, wide content on {len(WIDE_PAGES)} pages; "
+          f"screenshots in {args.shots}")
     return 1 if problems else 0
 
 
