@@ -121,6 +121,7 @@ def command(args: argparse.Namespace) -> int:
 
     if args.resume is not None:
         return _resume_run(args)
+    _check_typed(args)
     if args.ft or args.kill or args.min_replicas != 1 or args.commit_every != 1:
         plain = argparse.ArgumentParser()
         add_arguments(plain)
@@ -201,6 +202,15 @@ def _check_run(args: argparse.Namespace, strategy: StackedStrategy, model: nn.Mo
             f"{strategy.id}: --steps {args.steps} is shorter than H={period}: the nodes would "
             "never (fully) synchronise and the global model would stay the initial one; train "
             "longer, lower H (--set H=...), or pass --allow-unsynced if that is intended")
+
+
+def _check_typed(args: argparse.Namespace) -> None:
+    """Options typed that another option makes meaningless are refused by name, whatever
+    their value (a value equal to the default included)."""
+    typed = getattr(args, "typed", frozenset())
+    if "client_store" in typed and args.client_state != "keep":
+        raise ConfigError(f"--client-store {args.client_store} keeps the state of clients that "
+                          f"keep it: give --client-state keep (got {args.client_state})")
 
 
 def _run_fit_args(args: argparse.Namespace, task: Task, out: Path, sinks: list[Any],

@@ -84,6 +84,21 @@ _FIT_ARGUMENTS = frozenset(f.name for f in dataclasses.fields(FitOptions))
 """The keyword arguments of exogym's :meth:`Trainer.fit` (one per setting)."""
 
 
+def _check_clients(o: FitOptions) -> None:
+    """A population's options that name each other: the clients in flight are at most the
+    population, and a client store is for clients that keep state."""
+    if o.concurrency is not None and not isinstance(o.concurrency, bool) and isinstance(
+            o.concurrency, int) and o.concurrency > o.num_nodes:
+        raise ValueError(f"concurrency={o.concurrency} is more than the {o.num_nodes} clients "
+                         "of the run (num_nodes): at most every client trains at once")
+    default = FitOptions.__dataclass_fields__["client_store"].default
+    check_client_store(o.client_store)  # a malformed value is named as such first
+    if o.client_store != default and o.client_state != "keep":
+        raise ValueError(f"client_store={o.client_store!r} is where clients that keep their "
+                         f"state keep it: it needs client_state='keep' (got "
+                         f"{o.client_state!r}, which stores nothing)")
+
+
 def _records_given_arguments(fit: Callable[..., FitResult]) -> Callable[..., FitResult]:
     """Remember which keyword arguments a call passed (``self._given``): a resumed run checks
     exactly those against its checkpoint, and takes every other setting from it. A call in
@@ -291,6 +306,7 @@ class Trainer:
             net.check_nodes(o.num_nodes)
         the_world = check_world(parse_world(o.world), o.num_nodes, net, strategy)
         policy = parse_round_policy(o.round_policy)
+        _check_clients(o)
         arrivals = check_arrivals(parse_arrivals(o.arrivals), o.concurrency)
         participation = participation_of(o.participation, o.concurrency, o.client_state,
                                          o.seed, strategy, policy)

@@ -51,9 +51,9 @@ class Arrivals:
             raise ValueError(f"arrivals must be constant:R or poisson:R, got kind {self.kind!r}")
         r = self.rate
         if not (isinstance(r, (int, float)) and not isinstance(r, bool) and math.isfinite(r)
-                and r > 0):
-            raise ValueError(f"arrivals rate R must be a number > 0 (clients per second), got "
-                             f"{r!r}")
+                and RATES[0] <= r <= RATES[1]):
+            raise ValueError(f"arrivals rate R must be a number in [{RATES[0]:g}, "
+                             f"{RATES[1]:g}] (clients per second), got {r!r}")
 
     def gap(self, j: int, seed: int) -> float:
         """Seconds between the ``(j - 1)``-th start and the ``j``-th (``j >= 1``; the 0-th is
@@ -65,6 +65,12 @@ class Arrivals:
 
     def spec(self) -> str:
         return f"{self.kind}:{self.rate:g}"
+
+
+RATES = (1e-6, 1e9)
+"""The arrival rates taken (clients per simulated second): a client every 11.6 days to a
+billion a second. Beyond them the simulated times overflow what the clock and the trace
+represent (a rate of 1e-300 gave infinite times, found only when the trace was written)."""
 
 
 def parse_arrivals(text: str | Arrivals | None) -> Arrivals | None:
@@ -79,6 +85,6 @@ def parse_arrivals(text: str | Arrivals | None) -> Arrivals | None:
     try:
         value = float(rate)
     except ValueError:
-        raise ValueError(f"arrivals rate R must be a number > 0 (clients per second), got "
-                         f"{rate!r}") from None
+        raise ValueError(f"arrivals rate R must be a number in [{RATES[0]:g}, {RATES[1]:g}] "
+                         f"(clients per second), got {rate!r}") from None
     return Arrivals(kind, value)  # type: ignore[arg-type]

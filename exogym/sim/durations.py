@@ -43,6 +43,11 @@ _FORMS = {"halfnormal": "halfnormal:SD[:MIN]", "gaussian": "gaussian:MEAN:SD[:MI
 _STREAM = 0xD0_5E55  # separates the duration draws from the world's other seed streams
 
 
+LONGEST_S = 1e7
+"""The largest MEAN, SD or MIN taken, in seconds (116 days a session, or a sample with
+``perexample``): longer ones overflow the simulated clock's and the trace's times."""
+
+
 @dataclass(frozen=True)
 class Durations:
     """A distribution of client session durations in seconds (module docstring).
@@ -67,9 +72,9 @@ class Durations:
         for name in ("mean", "sd", "min"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and not isinstance(value, bool)
-                    and math.isfinite(value) and value >= 0):
-                raise ValueError(f"duration={self.spec()}: {name.upper()} must be a finite "
-                                 f"number >= 0 (seconds), got {value!r}")
+                    and math.isfinite(value) and 0 <= value <= LONGEST_S):
+                raise ValueError(f"duration={self.spec()}: {name.upper()} must be a number in "
+                                 f"[0, {LONGEST_S:g}] (seconds), got {value!r}")
         if self.kind == "halfnormal" and self.sd <= 0:
             raise ValueError(f"duration={self.spec()}: SD must be > 0")
         if self.kind in ("gaussian", "uniform", "exponential", "perexample") and self.mean <= 0:

@@ -41,6 +41,11 @@ from exogym.sim.network import parse_duration
 __all__ = ["Outcome", "RoundPolicy", "decide", "parse_round_policy"]
 
 _KEYS = ("over_selection", "deadline", "min_reports", "dropouts")
+MOST_OVER_SELECTION = 10.0
+"""The largest over-selection taken: ten times the clients a round aggregates (deployed
+systems draw 1.3 times, Bonawitz et al. 2019); more overflowed the count of clients drawn."""
+LONGEST_DEADLINE_S = 1e7
+"""The longest round deadline taken (116 days): longer ones overflow the clock's times."""
 
 
 @dataclass(frozen=True)
@@ -63,13 +68,15 @@ class RoundPolicy:
     def __post_init__(self) -> None:
         r = self.over_selection
         if not (isinstance(r, (int, float)) and not isinstance(r, bool) and math.isfinite(r)
-                and r >= 1.0):
-            raise ValueError(f"round policy over_selection must be a number >= 1 (1.3: draw 30% "
-                             f"more clients than a round aggregates), got {r!r}")
+                and 1.0 <= r <= MOST_OVER_SELECTION):
+            raise ValueError(f"round policy over_selection must be a number in [1, "
+                             f"{MOST_OVER_SELECTION:g}] (1.3: draw 30% more clients than a "
+                             f"round aggregates), got {r!r}")
         d = self.deadline_s
         if d is not None and not (isinstance(d, (int, float)) and not isinstance(d, bool)
-                                  and math.isfinite(d) and d > 0):
-            raise ValueError(f"round policy deadline must be a duration > 0 (e.g. 30s), got {d!r}")
+                                  and math.isfinite(d) and 0 < d <= LONGEST_DEADLINE_S):
+            raise ValueError(f"round policy deadline must be a duration in (0, "
+                             f"{LONGEST_DEADLINE_S:g}] seconds (e.g. 30s), got {d!r}")
         m = self.min_reports
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
             raise ValueError(f"round policy min_reports must be an integer >= 1, got {m!r}")

@@ -516,3 +516,22 @@ def test_two_processes_resume_a_population_with_the_recorded_processes(tmp_path:
     assert again.resumed_from["step"] == 3 and again.processes == 2
     assert again.rounds == full.rounds and again.comm_log == full.comm_log
     assert rows(again) == rows(full)
+
+
+def test_options_that_name_each_other_are_refused_by_name(capsys: pytest.CaptureFixture[str],
+                                                          tmp_path: Path) -> None:
+    # more clients in flight than clients: the message named participation, never given
+    with pytest.raises(ValueError, match=r"concurrency=8 is more than the 6 clients of the run"):
+        fit(make("fedbuff", H=2), "round", k=None, concurrency=8)
+    # a client store for clients that keep no state was accepted and never used
+    with pytest.raises(ValueError, match=r"client_store='1GB' .* needs client_state='keep' "
+                                         r"\(got 'fresh'"):
+        fit(make("fedavg", H=2), "round", client_store="1GB")
+    from exogym.cli import main
+
+    code = main(["run", "--task", "mnist", "--strategy", "fedavg", "--nodes", "10",
+                 "--participation", "2", "--client-store", "512MB", "--steps", "2",
+                 "--out", str(tmp_path / "r")])
+    assert code == 2 and "--client-store 512MB keeps the state of clients that keep it: give " \
+        "--client-state keep (got fresh)" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

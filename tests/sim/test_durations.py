@@ -56,7 +56,10 @@ def test_the_spec_reads_back(text: str) -> None:
     ("halfnormal", r"takes halfnormal:SD\[:MIN\], got 'halfnormal'"),
     ("halfnormal:0", "SD must be > 0"),
     ("uniform:1:2", "MIN must be at most MEAN"),
-    ("exponential:-1", "MEAN must be a finite number >= 0"),
+    ("exponential:-1", r"MEAN must be a number in \[0, 1e\+07\] \(seconds\), got -1"),
+    # huge but finite: the simulated times overflowed when the trace was written
+    ("halfnormal:1e300:0", r"SD must be a number in \[0, 1e\+07\] \(seconds\), got 1e\+300"),
+    ("perexample:1e8:1", r"MEAN must be a number in \[0, 1e\+07\]"),
     ("gaussian:a:1", r"takes gaussian:MEAN:SD\[:MIN\] with plain numbers"),
 ])
 def test_bad_durations_are_named(text: str, match: str) -> None:

@@ -52,7 +52,10 @@ def test_the_spec_reads_back_and_bad_items_are_named() -> None:
     assert parse_round_policy(None) is None and parse_round_policy(p) is p
     for spec, match in [
         ("over=1.3", r"keys over_selection, deadline, min_reports, dropouts; got 'over=1.3'"),
-        ("over_selection=0.5", r"over_selection must be a number >= 1 .*got 0.5"),
+        ("over_selection=0.5", r"over_selection must be a number in \[1, 10\] .*got 0.5"),
+        # huge but finite: ceil(r K) overflowed
+        ("over_selection=1e300", r"over_selection must be a number in \[1, 10\] .*got 1e\+300"),
+        ("deadline=1e300s", r"deadline must be a duration in \(0, 1e\+07\] seconds"),
         ("deadline=-1s", "deadline"),
         ("min_reports=0", r"min_reports must be an integer >= 1, got 0"),
         ("dropouts=yes", r"dropouts=yes: takes on or off, got 'yes'"),
