@@ -72,6 +72,7 @@ from exogym.sim.engine import (
 from exogym.sim.network import Network, parse_network
 from exogym.sim.partition import Partition, parse_partition
 from exogym.sim.round_policy import RoundPolicy, parse_round_policy
+from exogym.sim.rows import check_rows
 from exogym.sim.sharding import DatasetFactory, NodeBatches, is_map_style
 from exogym.sim.world import World, parse_world
 from exogym.strategy import StackedStrategy
@@ -307,6 +308,9 @@ class Trainer:
         the_world = check_world(parse_world(o.world), o.num_nodes, net, strategy)
         policy = parse_round_policy(o.round_policy)
         _check_clients(o)
+        for data, what in ((self.train_dataset, "train"), (self.val_dataset, "evaluation")):
+            if data is not None and is_map_style(data):
+                check_rows(data, what)
         arrivals = check_arrivals(parse_arrivals(o.arrivals), o.concurrency)
         participation = participation_of(o.participation, o.concurrency, o.client_state,
                                          o.seed, strategy, policy)
