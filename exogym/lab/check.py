@@ -217,8 +217,9 @@ def check_strategy(
     other = _attempt(results, "seeds differ", lambda: runs.fit(seed=1))
     if other is not None:
         differ = [r["train_loss"] for r in other.history] != [r["train_loss"] for r in base.history]
-        results[-1] = CheckResult("seeds differ", differ, "seeds 0 and 1 give other losses"
-                                  if differ else "seeds 0 and 1 give the same losses")
+        results[-1] = (CheckResult("seeds differ", True, "seeds 0 and 1 give other losses")
+                       if differ else _failed("seeds differ",
+                                              "seeds 0 and 1 give the same losses"))
     _compare(results, "engines", runs.engines, "loop == vmap == threads to 1e-6 (float64)")
     _compare(results, "exact resume", runs.resume, "3 + 3 steps == 6 steps, bit for bit")
     asynchronous = issubclass(cls, ServerStrategy)
@@ -243,8 +244,7 @@ def _finite_run(base: FitResult) -> CheckResult:
     losses = [r["train_loss"] for r in base.history if "train_loss" in r]
     finals = list(base.final.values())
     if not all(math.isfinite(x) for x in losses + finals):
-        return CheckResult("runs", False, f"non-finite numbers: losses {losses}, final "
-                                          f"{base.final}")
+        return _failed("runs", f"non-finite numbers: losses {losses}, final {base.final}")
     return CheckResult("runs", True, f"final eval loss {base.final['eval_loss']:.4f}")
 
 
@@ -263,7 +263,9 @@ def _communicates(base: FitResult, free: int = 0) -> CheckResult:
                            "give it a shorter period (--set KEY=VALUE)")
     if [round(x, 6) for x in implied] != [round(x, 6) for x in base.bytes_sent]:
         return CheckResult("communicates", False, f"bytes sent per node {base.bytes_sent} "
-                           f"differ from what the logged collectives imply, {implied}")
+                           f"differ from what the logged collectives imply, {implied}; likely "
+                           "cause: bytes counted by hand (comm.bytes_sent written) or an "
+                           "exchange outside self.comm")
     return CheckResult("communicates", True, f"{len(base.comm_log)} collectives, "
                        f"{max(base.bytes_sent):,.0f} bytes sent by the busiest node")
 
@@ -511,19 +513,43 @@ def _attempt(results: list[CheckResult], name: str, fn: Callable[[], Any]) -> An
     try:
         value = fn()
     except Exception as err:
-        results.append(CheckResult(name, False, _reason(err)))
+        results.append(_failed(name, _reason(err)))
         return None
     results.append(CheckResult(name, True))
     return value
+
+
+LIKELY = {
+    "runs": "a learning rate too large for the tiny model, or a division by a zero norm",
+    "deterministic": "randomness drawn outside torch's seeded generators (os.urandom, time, an "
+                     "unseeded numpy or random generator) or an iteration over a set",
+    "seeds differ": "step overwrites the parameters with values that do not depend on the data "
+                    "(zeros, a constant)",
+    "engines": "step depends on the engine (self.nodes.engine) or treats one node's row apart; "
+               "use the node-stacked tensors alike in every engine",
+    "exact resume": "state set outside init_state and step, or an attribute step changes listed "
+                    "in derived_state: the checkpoint does not hold it",
+    "no host sync": "a .item(), .tolist(), bool() or float() of a tensor inside step (a device "
+                    "stall on a GPU): keep the value a tensor (torch.where) or compute it once "
+                    "outside step",
+}
+"""Each check's likely cause, added to a failure that does not name one."""
+
+
+def _failed(name: str, problem: str) -> CheckResult:
+    """Check ``name`` failed with ``problem``, its likely cause added when it names none."""
+    if name in LIKELY and "likely cause" not in problem:
+        problem = f"{problem}; likely cause: {LIKELY[name]}"
+    return CheckResult(name, False, problem)
 
 
 def _compare(results: list[CheckResult], name: str, fn: Callable[[], str], ok: str) -> None:
     try:
         problem = fn()
     except Exception as err:
-        results.append(CheckResult(name, False, _reason(err)))
+        results.append(_failed(name, _reason(err)))
         return
-    results.append(CheckResult(name, not problem, problem or ok))
+    results.append(_failed(name, problem) if problem else CheckResult(name, True, ok))
 
 
 def render(spec: str, results: Sequence[CheckResult]) -> str:

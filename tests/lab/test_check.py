@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from exogym.cli import main
-from exogym.lab.check import CHECKS, check_strategy, implied_bytes_sent
+from exogym.lab.check import CHECKS, LIKELY, check_strategy, implied_bytes_sent
 from exogym.sim.comm import CommRecord
 
 BROKEN = textwrap.dedent('''
@@ -209,6 +209,10 @@ def test_a_strategy_broken_one_way_fails_that_check_with_its_reason(broken: Path
     failed = {r.name: r.detail for r in results if r.passed is False}
     assert tuple(failed) == expected, failed
     assert REASONS[name] in failed[expected[0]]
+    # each failure of a check that can say why names its likely cause
+    for check, detail in failed.items():
+        if check in {*LIKELY, "processes", "absent nodes"}:
+            assert "likely cause: " in detail, (check, detail)
 
 
 def test_the_unbroken_base_passes_every_check(broken: Path):
