@@ -359,9 +359,7 @@ class _Runs:
                 strategy=strategies.make(self.spec, **self.settings), num_nodes=2,
                 max_steps=STEPS, batch_size=8, eval_interval=3, progress=False, threads=1)
         differ = _same(real, self.fit(nodes=2), exact=False)
-        return (f"{differ} (2 processes against one; likely cause: step reads or writes "
-                "another node's row directly, e.g. x[j] for a node j, or state that is not "
-                "per node, instead of exchanging it through self.comm)") if differ else ""
+        return f"{differ} (2 processes against one)" if differ else ""
 
     def absent(self) -> str:
         """``absent nodes``: node 1 fails at step 2 and rejoins at step 4, recovered from a
@@ -529,6 +527,10 @@ LIKELY = {
                "use the node-stacked tensors alike in every engine",
     "exact resume": "state set outside init_state and step, or an attribute step changes listed "
                     "in derived_state: the checkpoint does not hold it",
+    "processes": "step reads or writes another node's row directly, or keeps state that is "
+                 "not per node, instead of exchanging it through self.comm",
+    "absent nodes": "recover(node, donor) fails, or step does not expect a node that missed "
+                    "steps (docs/writing-a-strategy.md, 'absent nodes')",
     "no host sync": "a .item(), .tolist(), bool() or float() of a tensor inside step (a device "
                     "stall on a GPU): keep the value a tensor (torch.where) or compute it once "
                     "outside step",
