@@ -448,6 +448,14 @@ def _check(o: FitOptions) -> None:
                          "clock; give the run a network")
     check_compute(o.compute, o.hardware, device_profiles=o.device_profiles,
                   step_time=o.step_time)
+    unread = [(name, value) for name, value in (("hardware", o.hardware),
+                                                ("device_profiles", o.device_profiles))
+              if value is not None]
+    if o.network is None and unread:
+        name, value = unread[0]
+        raise ValueError(f"{name}={str(value)!r} prices a step for the simulated clock; "
+                         f"network=None gives the run no clock, so it would never be read: "
+                         f"give the run a network or leave {name} out")
 
 
 def check_compute(compute: str, hardware: Any, *, device_profiles: Any = None,
@@ -467,6 +475,13 @@ def check_compute(compute: str, hardware: Any, *, device_profiles: Any = None,
     if compute == "measured" and (given or hardware is not None):
         raise ValueError(f"compute='measured' times the step on this host; "
                          f"{(given or ['hardware'])[0]} prices it otherwise: give one of them")
+    if device_profiles is not None and (given or compute == "measured"):
+        # the file only names devices for the hardware's price, which is then never made
+        how = (f"{given[0]} ({settings()[given[0]].flag}) prices the step as given" if given
+               else "compute='measured' (--compute measured) times it on this host")
+        raise ValueError(f"device_profiles={str(device_profiles)!r} (--device-profiles) names "
+                         f"devices for hardware= (--hardware) to price the step on; {how}, so "
+                         f"the file would never be read: give one of them")
 
 
 def settings() -> dict[str, Setting]:

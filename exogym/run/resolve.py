@@ -92,6 +92,11 @@ def resumed_settings(o: FitOptions, given: frozenset[str], saved: dict[str, Any]
     if source == "profile" or given & {"step_time", "compute", "hardware"}:
         # a given price is recorded as step_time_s: the argument as given
         step_time_s, source, hardware = compute_of({**v, "step_time": o.step_time})
+    if (net is not None and hardware is not None and hardware.table is not None
+            and "network" not in given):
+        # the recorded network holds the links a FedScale-form file gave every node (a run
+        # refuses them given twice); they are the file's again, set when it is priced
+        net = dataclasses.replace(net, node_up_bps=None, node_down_bps=None)
     the_world = check_world(parse_world(v["world"]), num_nodes, net, strategy)
     check_engine(v["engine"], v["precision"])
     return RunSettings.of(
@@ -382,11 +387,15 @@ def strategy_from_config(config: dict[str, Any], where: Path) -> StackedStrategy
 def check_same_run(saved: dict[str, Any], now: dict[str, Any], where: Path) -> None:
     """The continued run must be the checkpointed one: every recorded setting equal, but for
     those that may change (:func:`exogym.run.options.changeable_records`: ``steps``, a resumed
-    run may be extended; how it writes checkpoints; where a paged run keeps its pages). Raises
-    ValueError listing every difference."""
+    run may be extended; how it writes checkpoints; where a paged run keeps its pages), and
+    what its steps were priced on (``priced``: every device's figures, a FedScale-form table's
+    digest) the same, down to the figure that changed (a run of an earlier version recorded
+    none, and resumes as it did). Raises ValueError listing every difference."""
     def flat(config: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for key, value in json.loads(json.dumps(config, default=str)).items():
+        for key, value in _as_json(config).items():
+            if key == "priced":
+                continue  # compared below, figure by figure
             if isinstance(value, dict) and key != "partition_stats":
                 out.update({f"{key}.{k}": v for k, v in value.items()})
             else:
@@ -401,8 +410,25 @@ def check_same_run(saved: dict[str, Any], now: dict[str, Any], where: Path) -> N
     if any(k not in derived for k in keys):
         keys = [k for k in keys if k not in derived]
     diffs = [f"{k}: checkpoint {a.get(k)!r}, now {b.get(k)!r}" for k in keys]
+    if "priced" in saved:
+        diffs += [f"{k}: checkpoint {x!r}, now {y!r}" for k, x, y in _changes(
+            "priced", _as_json(saved["priced"]), _as_json(now.get("priced")))]
     if diffs:
         raise ValueError(f"this is not the run of {where}: " + "; ".join(diffs))
+
+
+def _as_json(value: Any) -> Any:
+    """``value`` as ``config.json`` holds it (tuples as lists, paths as strings)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def _changes(key: str, a: Any, b: Any) -> list[tuple[str, Any, Any]]:
+    """Where ``a`` and ``b`` differ: ``(key.sub.key, a's, b's)``, into every object both
+    are."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [c for k in sorted(set(a) | set(b))
+                for c in _changes(f"{key}.{k}", a.get(k), b.get(k))]
+    return [] if a == b else [(key, a, b)]
 
 
 def total_steps(max_steps: int | None, num_epochs: float | None, steps_per_epoch: int) -> int:

@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import csv
 import difflib
+import hashlib
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,22 +97,23 @@ class DeviceProfile:
     eta_m: float = ETA_M
 
     def __post_init__(self) -> None:
-        if "fp32" not in self.peak_flops:
-            raise ValueError(f"device {self.name!r}: peak_flops needs an 'fp32' rate, got "
-                             f"{sorted(self.peak_flops)}")
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ValueError(f"a device's name must be a non-empty string, got {self.name!r}")
+        where = f"device {self.name!r}"
+        if not isinstance(self.peak_flops, Mapping) or "fp32" not in self.peak_flops:
+            raise ValueError(f"{where}: peak_flops must map dtypes ({', '.join(DTYPES)}) to "
+                             f"FLOP/s, with an 'fp32' rate, got {self.peak_flops!r}")
         for key, value in self.peak_flops.items():
             if key not in DTYPES:
-                raise ValueError(f"device {self.name!r}: unknown dtype {key!r} in peak_flops; "
+                raise ValueError(f"{where}: unknown dtype {key!r} in peak_flops; "
                                  f"allowed: {', '.join(DTYPES)}")
-            _positive(f"device {self.name!r}: peak_flops[{key!r}]", value)
-        _positive(f"device {self.name!r}: mem_bw", self.mem_bw)
-        if not (math.isfinite(self.overhead_s) and self.overhead_s >= 0):
-            raise ValueError(f"device {self.name!r}: overhead_s must be >= 0 seconds, got "
-                             f"{self.overhead_s!r}")
+            _figure(f"{where}: peak_flops[{key!r}]", value, *_FLOPS)
+        _figure(f"{where}: mem_bw", self.mem_bw, *_MEM_BW)
+        _figure(f"{where}: overhead_s", self.overhead_s, *_OVERHEAD_S)
         for key in ("eta_c", "eta_m"):
-            value = getattr(self, key)
-            if not 0 < value <= 1:
-                raise ValueError(f"device {self.name!r}: {key} must be in (0, 1], got {value!r}")
+            _figure(f"{where}: {key}", getattr(self, key), *_ETA)
+        if self.memory is not None:
+            _figure(f"{where}: memory", self.memory, *_MEMORY)
 
     def peak(self, kind: str, dtype: str) -> float:
         """The peak FLOP/s a kernel of ``kind`` in ``dtype`` runs at."""
@@ -148,6 +150,12 @@ class DeviceProfile:
             out[which] += t * n
         return out
 
+    def figures(self) -> dict[str, Any]:
+        """The figures that price a step on this device (a run's ``config.json`` records them:
+        a resumed run's must be the same)."""
+        return {"peak_flops": dict(self.peak_flops), "mem_bw": self.mem_bw,
+                "overhead_s": self.overhead_s, "eta_c": self.eta_c, "eta_m": self.eta_m}
+
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "title": self.title, "kind": self.kind,
                 "peak_flops": dict(self.peak_flops), "mem_bw": self.mem_bw,
@@ -155,66 +163,108 @@ class DeviceProfile:
                 "eta_m": self.eta_m, "source": self.source}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> DeviceProfile:
-        allowed = {"name", "title", "kind", "peak_flops", "mem_bw", "memory", "overhead_s",
-                   "eta_c", "eta_m", "source"}
-        unknown = set(data) - allowed
+    def from_dict(cls, data: Any) -> DeviceProfile:
+        """A profile from its JSON form (:func:`load_profiles`): every figure a number or a
+        string with a unit (``"20T"``, ``"900GB/s"``, ``"6us"``); a bad one is an error naming
+        the field, the value and what is allowed."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a device profile must be an object with {_PROFILE_KEYS}, got "
+                             f"{data!r}")
+        unknown = set(data) - set(_FIELDS)
         if unknown:
-            raise ValueError(f"unknown device profile keys {sorted(unknown)}; allowed: "
-                             f"{', '.join(sorted(allowed))}")
+            raise ValueError(f"unknown device profile keys {sorted(map(str, unknown))}; "
+                             f"allowed: {', '.join(sorted(_FIELDS))}")
         for key in ("name", "peak_flops", "mem_bw"):
             if key not in data:
                 raise ValueError(f"a device profile needs {key!r}, got keys {sorted(data)}")
-        name = str(data["name"])
-        return cls(name=name, title=str(data.get("title", name)),
-                   kind=str(data.get("kind", "custom")),
-                   peak_flops={str(k): parse_flops(v) for k, v in
-                               dict(data["peak_flops"]).items()},
-                   mem_bw=_bytes_rate(data["mem_bw"]),
-                   memory=float(data["memory"]) if data.get("memory") is not None else None,
-                   overhead_s=_seconds(data.get("overhead_s", _OVERHEAD["custom"])),
-                   source=str(data.get("source", "given by the user")),
-                   eta_c=float(data.get("eta_c", ETA_C)), eta_m=float(data.get("eta_m", ETA_M)))
+        name = data["name"]
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"a device profile's name must be a non-empty string, got "
+                             f"{name!r}")
+        where = f"device {name!r}"
+        for key in ("title", "kind", "source"):
+            if not isinstance(data.get(key, ""), str):
+                raise ValueError(f"{where}: {key} must be a string, got {data[key]!r}")
+        peaks = data["peak_flops"]
+        if not isinstance(peaks, Mapping) or not peaks:
+            raise ValueError(f"{where}: peak_flops must be an object of FLOP/s by dtype "
+                             f"({', '.join(DTYPES)}; 'fp32' needed), e.g. {{\"fp32\": \"20T\", "
+                             f"\"bf16\": \"80T\"}}, got {peaks!r}")
+        memory = data.get("memory")
+        return cls(name=name, title=data.get("title", name), kind=data.get("kind", "custom"),
+                   peak_flops={str(k): parse_flops(v, f"{where}: peak_flops[{k!r}]")
+                               for k, v in peaks.items()},
+                   mem_bw=_figure(f"{where}: mem_bw", data["mem_bw"], *_MEM_BW),
+                   memory=None if memory is None else _figure(f"{where}: memory", memory,
+                                                              *_MEMORY),
+                   overhead_s=_figure(f"{where}: overhead_s",
+                                      data.get("overhead_s", _OVERHEAD["custom"]), *_OVERHEAD_S),
+                   source=data.get("source", "given by the user"),
+                   eta_c=_figure(f"{where}: eta_c", data.get("eta_c", ETA_C), *_ETA),
+                   eta_m=_figure(f"{where}: eta_m", data.get("eta_m", ETA_M), *_ETA))
 
 
-def _positive(what: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            math.isfinite(value) and value > 0):
-        raise ValueError(f"{what} must be a number > 0, got {value!r}")
+_FIELDS = ("name", "title", "kind", "peak_flops", "mem_bw", "memory", "overhead_s", "eta_c",
+           "eta_m", "source")
+_PROFILE_KEYS = ("name, peak_flops, mem_bw (and optionally title, kind, memory, overhead_s, "
+                 "eta_c, eta_m, source)")
 
 
 # -- figures ------------------------------------------------------------------------------------
+# The range of each figure a device may give: finite bounds, so that a step's price stays a
+# finite number of seconds however large the model (a step of 1e20 FLOPs at the least FLOP/s
+# and eta costs 1e16 s; an hour's overhead times a million kernels, 3.6e9 s). Each is (least,
+# most, what an error says is allowed, how a string is read).
 _FLOPS_UNIT = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
-_FLOPS = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([kKmMgGtTpP]?)"
-                    r"(?:flop/?s|flops)?\s*$", re.IGNORECASE)
+_FLOPS_TEXT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([kKmMgGtTpP]?)"
+                         r"(?:flop/?s|flops)?\s*$", re.IGNORECASE)
 
 
-def parse_flops(text: str | float) -> float:
-    """A FLOP/s figure: ``82.6T``, ``82.6TFLOPS``, ``3.6e12``, ``900G`` -> FLOP/s."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        _positive("a FLOP/s figure", text)
-        return float(text)
-    match = _FLOPS.match(str(text))
+def _flops_text(text: str) -> float:
+    match = _FLOPS_TEXT.match(text)
     if match is None:
-        raise ValueError(f"a FLOP/s figure must be a number with an optional k/M/G/T/P prefix, "
-                         f"e.g. '82.6T' or '3.6e12', got {text!r}")
-    value = float(match.group(1)) * _FLOPS_UNIT[match.group(2).lower()]
-    _positive("a FLOP/s figure", value)
-    return value
+        raise ValueError("not a number with an optional k/M/G/T/P prefix")
+    return float(match.group(1)) * _FLOPS_UNIT[match.group(2).lower()]
 
 
-def _bytes_rate(value: Any) -> float:
-    """Bytes/s from a number (bytes/s) or a rate string (``1TB/s``, ``800Gbps``)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        _positive("mem_bw", value)
-        return float(value)
-    return parse_rate(str(value)) / 8
+def _bytes_per_s(text: str) -> float:
+    return parse_rate(text) / 8
 
 
-def _seconds(value: Any) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return parse_duration(str(value))
+_Figure = tuple[float, float, str, Callable[[str], float]]
+_FLOPS: _Figure = (1e6, 1e21, "a FLOP/s figure in [1e+06, 1e+21] (1 MFLOP/s to 1 ZFLOP/s), "
+                  "e.g. '82.6T' or 3.6e12", _flops_text)
+_MEM_BW: _Figure = (1e3, 1e18, "a memory bandwidth in [1e+03, 1e+18] bytes/s (1 kB/s to "
+                   "1 EB/s), e.g. '900GB/s' (in a JSON file also 9e11)", _bytes_per_s)
+_OVERHEAD_S: _Figure = (0.0, 3600.0, "a time per kernel in [0, 3600] seconds (at most an hour "
+                       "a kernel), e.g. '8us' (in a JSON file also 8e-6)", parse_duration)
+_ETA: _Figure = (0.01, 1.0, "a fraction of peak in [0.01, 1], e.g. 0.7", float)
+_MEMORY: _Figure = (1.0, 1e18, "a size in bytes in [1, 1e+18], e.g. 8e10", float)
+_MS_PER_SAMPLE: _Figure = (1e-6, 3.6e6, "milliseconds per sample in [1e-06, 3.6e+06] (1 ns to "
+                          "an hour a sample), e.g. 40.5", float)
+_KBPS: _Figure = (1e-3, 1e10, "kbit/s in [0.001, 1e+10] (1 bit/s to 10 Tbit/s), e.g. 5000", float)
+
+
+def _figure(what: str, value: Any, lo: float, hi: float, allowed: str,
+            parse: Callable[[str], float] = float) -> float:
+    """``value``, a number or a string that ``parse`` reads, checked in ``[lo, hi]`` (NaN and
+    infinities never are); else an error naming ``what``, the value and what is ``allowed``."""
+    number, why = value, ""
+    if isinstance(value, str):
+        try:
+            number = parse(value.strip())
+        except ValueError as e:
+            number, why = None, "" if parse is float else f" ({e})"
+    if (isinstance(number, bool) or not isinstance(number, (int, float))
+            or not lo <= number <= hi):
+        raise ValueError(f"{what} must be {allowed}, got {value!r}{why}")
+    return float(number)
+
+
+def parse_flops(text: str | float, what: str = "a FLOP/s figure") -> float:
+    """A FLOP/s figure: ``82.6T``, ``82.6TFLOPS``, ``3.6e12``, ``900G`` -> FLOP/s, in
+    [1 MFLOP/s, 1 ZFLOP/s] (``what``: the figure an error names)."""
+    return _figure(what, text, *_FLOPS)
 
 
 def format_flops(value: float) -> str:
@@ -324,34 +374,59 @@ def parse_profile(text: str) -> DeviceProfile:
             raise ValueError(f"a custom device is KEY=VALUE items (e.g. 'flops=80T,"
                              f"mem_bw=1TB/s'); got {part.strip()!r} in {text!r}; keys: "
                              f"{', '.join(_CUSTOM_KEYS)}")
+        if key in items:
+            raise ValueError(f"a custom device gives {key} twice in {text!r}")
         items[key] = value.strip()
     if "mem_bw" not in items or not ({"flops", "fp32"} & set(items)):
         raise ValueError(f"a custom device needs flops (or fp32) and mem_bw, e.g. "
                          f"'flops=80T,mem_bw=1TB/s'; got {text!r}")
-    peaks = ({d: parse_flops(items["flops"]) for d in DTYPES} if "flops" in items else {})
-    peaks.update({d: parse_flops(items[d]) for d in DTYPES if d in items})
+    where = f"custom device {text!r}"
+    peaks = ({d: parse_flops(items["flops"], f"{where}: flops") for d in DTYPES}
+             if "flops" in items else {})
+    peaks.update({d: parse_flops(items[d], f"{where}: {d}") for d in DTYPES if d in items})
     return DeviceProfile(
         name=items.get("name", "custom"), title=f"custom ({text})", kind="custom",
-        peak_flops=peaks, mem_bw=_bytes_rate(items["mem_bw"]), memory=None,
-        overhead_s=parse_duration(items["overhead"]) if "overhead" in items
-        else _OVERHEAD["custom"], source="given by the user",
-        eta_c=float(items.get("eta_c", ETA_C)), eta_m=float(items.get("eta_m", ETA_M)))
+        peak_flops=peaks, mem_bw=_figure(f"{where}: mem_bw", items["mem_bw"], *_MEM_BW),
+        memory=None, overhead_s=_figure(f"{where}: overhead",
+                                        items.get("overhead", _OVERHEAD["custom"]),
+                                        *_OVERHEAD_S),
+        source="given by the user",
+        eta_c=_figure(f"{where}: eta_c", items.get("eta_c", ETA_C), *_ETA),
+        eta_m=_figure(f"{where}: eta_m", items.get("eta_m", ETA_M), *_ETA))
 
 
 def load_profiles(path: str | Path) -> dict[str, DeviceProfile]:
-    """A user's named profiles: a JSON list of :meth:`DeviceProfile.from_dict` objects."""
+    """A user's named profiles: a JSON list of :meth:`DeviceProfile.from_dict` objects, each
+    under its own name; a bad one is an error naming the file, the profile and the field."""
+    where = f"device profiles {str(path)!r}"
     try:
         data = json.loads(Path(path).read_text())
     except OSError as e:
-        raise ValueError(f"cannot read device profiles {str(path)!r}: {e.strerror}") from None
+        raise ValueError(f"cannot read {where}: {e.strerror}") from None
     except json.JSONDecodeError as e:
-        raise ValueError(f"device profiles {str(path)!r} are not JSON: {e}") from None
-    if not isinstance(data, list):
-        raise ValueError(f"device profiles {str(path)!r} must be a JSON list of objects with "
-                         f"name, peak_flops, mem_bw (and optionally title, overhead_s, eta_c, "
-                         f"eta_m, memory, source)")
-    profiles = [DeviceProfile.from_dict(d) for d in data]
-    return {p.name: p for p in profiles}
+        raise ValueError(f"{where} are not JSON: {e}") from None
+    if not isinstance(data, list) or not data:
+        raise ValueError(f"{where} must be a JSON list of objects with {_PROFILE_KEYS}, got "
+                         f"{_shown(data)}")
+    profiles: dict[str, DeviceProfile] = {}
+    first: dict[str, int] = {}
+    for i, entry in enumerate(data, 1):
+        try:
+            p = DeviceProfile.from_dict(entry)
+        except ValueError as e:
+            raise ValueError(f"{where}, profile {i} of {len(data)}: {e}") from None
+        if _key(p.name) in first:
+            raise ValueError(f"{where} give the name {p.name!r} to profiles "
+                             f"{first[_key(p.name)]} and {i}: each profile needs its own name")
+        first[_key(p.name)] = i
+        profiles[p.name] = p
+    return profiles
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a file's content in an error)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 # -- a run's hardware ---------------------------------------------------------------------------
@@ -391,6 +466,14 @@ class ClientTable:
     path: str
     ms_per_sample: np.ndarray = field(repr=False)
     kbps: np.ndarray = field(repr=False)
+
+    @property
+    def sha256(self) -> str:
+        """A digest of the figures the run prices (every row's, in order; not the file's
+        bytes), which a resumed run's table must match."""
+        h = hashlib.sha256(self.ms_per_sample.astype("<f8").tobytes())
+        h.update(self.kbps.astype("<f8").tobytes())
+        return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -459,13 +542,24 @@ class Hardware:
             return ":".join(self.devices[i].name for i in self.per_node)
         return self.devices[0].title
 
+    def figures(self) -> dict[str, Any]:
+        """What prices a step on this hardware, resolved: every device's figures by name, and a
+        FedScale-form table's rows and digest (a run's ``config.json`` records them, so that a
+        resume after the profiles or the file changed is refused, naming what changed)."""
+        out: dict[str, Any] = {"devices": {d.name: d.figures() for d in self.devices}}
+        if self.table is not None:
+            out["table"] = {"rows": len(self.table.ms_per_sample),
+                            "sha256": self.table.sha256}
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"spec": self.spec, "devices": [d.to_dict() for d in
                                                               self.devices]}
         if self.shares is not None:
             out["shares"] = list(self.shares)
         if self.table is not None:
-            out["table"] = {"path": self.table.path, "rows": len(self.table.ms_per_sample)}
+            out["table"] = {"path": self.table.path, "rows": len(self.table.ms_per_sample),
+                            "sha256": self.table.sha256}
         return out
 
 
@@ -526,38 +620,86 @@ def _mix(text: str, profiles: Mapping[str, DeviceProfile] | None) -> Hardware:
     return Hardware(text, tuple(found), shares=tuple(s / total for s in shares))
 
 
+_FEDSCALE_FORM = ("FedScale's form: JSON {client_id: {'computation': ms per sample, "
+                  "'communication': kbit/s}} or CSV with columns client_id,computation,"
+                  "communication")
+_CLIENT_FIGURES = {"computation": _MS_PER_SAMPLE, "communication": _KBPS}
+
+
 def _load_table(path: str) -> ClientTable:
     """A FedScale-form file: JSON ``{client_id: {"computation": ms_per_sample,
-    "communication": kbps}}`` or CSV with columns ``client_id,computation,communication``."""
+    "communication": kbps}}`` or CSV with columns ``client_id,computation,communication``; a
+    bad row is an error naming the file, the client, the field and the value."""
     try:
         text = Path(path).read_text()
     except OSError as e:
         raise ValueError(f"cannot read the device-profile file {path!r}: {e.strerror}") from None
-    rows: list[tuple[int, float, float]] = []
-    try:
-        if path.endswith(".json"):
-            data = json.loads(text)
-            rows = [(int(k), float(v["computation"]), float(v["communication"]))
-                    for k, v in data.items()]
-        else:
-            reader = csv.DictReader(text.splitlines())
-            rows = [(int(r["client_id"]), float(r["computation"]), float(r["communication"]))
-                    for r in reader]
-    except (ValueError, KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
-        raise ValueError(
-            f"the device-profile file {path!r} must be FedScale's form: JSON {{client_id: "
-            f"{{'computation': ms per sample, 'communication': kbit/s}}}} or CSV with columns "
-            f"client_id,computation,communication ({type(e).__name__}: {e})") from None
+    rows = _json_rows(path, text) if path.endswith(".json") else _csv_rows(path, text)
     if not rows:
         raise ValueError(f"the device-profile file {path!r} lists no clients")
     rows.sort()
-    ms = np.array([r[1] for r in rows], dtype=np.float64)
-    kbps = np.array([r[2] for r in rows], dtype=np.float64)
-    if not (np.isfinite(ms).all() and (ms > 0).all() and np.isfinite(kbps).all()
-            and (kbps > 0).all()):
-        raise ValueError(f"the device-profile file {path!r}: every computation and "
-                         f"communication must be a number > 0")
-    return ClientTable(path, ms, kbps)
+    return ClientTable(path, np.array([r[1] for r in rows], dtype=np.float64),
+                       np.array([r[2] for r in rows], dtype=np.float64))
+
+
+def _csv_rows(path: str, text: str) -> list[tuple[int, float, float]]:
+    reader = csv.DictReader(text.splitlines())
+    missing = [c for c in ("client_id", *_CLIENT_FIGURES) if c not in (reader.fieldnames or ())]
+    if missing:
+        raise ValueError(f"the device-profile file {path!r} must be {_FEDSCALE_FORM}; its "
+                         f"header {reader.fieldnames} lacks {', '.join(missing)}")
+    seen: dict[int, str] = {}
+    return [_client_row(f"the device-profile file {path!r}, line {reader.line_num}",
+                        row["client_id"], row, seen, f"line {reader.line_num}")
+            for row in reader]
+
+
+class _Pairs(list):  # type: ignore[type-arg]
+    """A JSON object's ``(key, value)`` pairs in order, a key given twice kept twice (json's
+    ``object_pairs_hook``: a client listed twice is an error, not the last one silently)."""
+
+
+def _json_rows(path: str, text: str) -> list[tuple[int, float, float]]:
+    try:
+        data = json.loads(text, object_pairs_hook=_Pairs)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"the device-profile file {path!r} is not JSON: {e}") from None
+    if not isinstance(data, _Pairs):
+        raise ValueError(f"the device-profile file {path!r} must be {_FEDSCALE_FORM}, got "
+                         f"{_shown(data)}")
+    seen: dict[int, str] = {}
+    rows = []
+    where = f"the device-profile file {path!r}"
+    for key, value in data:
+        fields = dict(value) if isinstance(value, _Pairs) else value
+        if isinstance(value, _Pairs) and len(fields) < len(value):
+            raise ValueError(f"{where}: client {key!r} gives a field twice: "
+                             f"{[k for k, _ in value]}")
+        rows.append(_client_row(where, key, fields, seen, f"key {key!r}"))
+    return rows
+
+
+def _client_row(where: str, key: Any, fields: Any, seen: dict[int, str], at: str
+                ) -> tuple[int, float, float]:
+    """One client of a FedScale-form file (``where``: the file and its line or key; ``at``:
+    its line or key alone, for ``seen``, the clients so far): ``(id, ms per sample,
+    kbit/s)``."""
+    client = int(key) if isinstance(key, str) and key.strip().isdigit() else None
+    if client is None:
+        raise ValueError(f"{where}: client_id must be an integer >= 0, got {key!r}")
+    if client in seen:
+        raise ValueError(f"{where}: client {client} is listed twice (at {seen[client]} and "
+                         f"{at}); give each client one row")
+    seen[client] = at
+    if not isinstance(fields, Mapping):
+        raise ValueError(f"{where}: client {client} must be an object with computation (ms "
+                         f"per sample) and communication (kbit/s), got {_shown(fields)}")
+    figures = []
+    for name, figure in _CLIENT_FIGURES.items():
+        if fields.get(name) in (None, ""):
+            raise ValueError(f"{where}: client {client} has no {name} ({figure[2]})")
+        figures.append(_figure(f"{where}: client {client}'s {name}", fields[name], *figure))
+    return client, figures[0], figures[1]
 
 
 def describe_profile(p: DeviceProfile) -> list[str]:

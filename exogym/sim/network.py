@@ -136,6 +136,9 @@ def parse_rate(text: str) -> float:
     else:
         raise ValueError(f"unknown bandwidth unit {unit!r} in {text!r}; allowed: {RATE_UNITS}")
     rate = value * _PREFIX[prefix.lower()] * scale
+    if not math.isfinite(rate):
+        raise ValueError(f"a bandwidth must be a finite number of bits or bytes per second, "
+                         f"got {text!r}")
     if not rate > 0 or not math.isfinite(rate):
         raise ValueError(f"a bandwidth must be > 0, got {text!r}")
     return rate

@@ -17,6 +17,7 @@ from exogym.cli import main
 from exogym.lab.check import TinyNet, tiny_data
 from exogym.lab.devices import task_step
 from exogym.lab.estimate import estimate
+from exogym.run.resolve import check_same_run
 from exogym.sim.devices import PROFILES, parse_hardware
 from exogym.sim.flops import count_step
 from exogym.strategy import make
@@ -148,3 +149,89 @@ def test_an_estimate_and_a_run_of_the_same_configuration_agree(
                  compute_s=PROFILES["l4"].step_time(count), num_nodes=2,
                  network="home-100mbps", strategy="ddp")
     assert summary["sim_time_s"] == pytest.approx(e.all_reduce_total_s, rel=1e-9)
+
+
+def _profiles(path: Path, b_mem_bw: str = "100GB/s") -> Path:
+    path.write_text(json.dumps([
+        {"name": "lab-a", "peak_flops": {"fp32": "20T"}, "mem_bw": "900GB/s"},
+        {"name": "lab-b", "peak_flops": {"fp32": "2T"}, "mem_bw": b_mem_bw}]))
+    return path
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"step_time": 0.1}, r"device_profiles='.*mine.json' \(--device-profiles\) names devices "
+     r"for hardware= \(--hardware\) to price the step on; step_time \(--step-time\) prices the "
+     r"step as given, so the file would never be read: give one of them"),
+    ({"compute": "measured"}, r"compute='measured' \(--compute measured\) times it on this "
+     r"host, so the file would never be read"),
+    ({"network": None}, r"device_profiles='.*mine.json' prices a step for the simulated clock; "
+     r"network=None gives the run no clock"),
+    ({"network": None, "device_profiles": None, "hardware": "m2"},
+     r"hardware='m2' prices a step .* give the run a network or leave hardware out"),
+])
+def test_a_device_file_or_hardware_never_read_is_refused_before_any_work(
+        settings: dict[str, Any], message: str, tmp_path: Path) -> None:
+    # the hardware is not priced with a step time given, a measured step or no clock: a device
+    # file (or hardware) given then would silently change nothing
+    args = {"network": "home-100mbps", "device_profiles": str(_profiles(tmp_path / "mine.json")),
+            **settings}
+    with pytest.raises(ValueError, match=message):
+        check_run("ddp", out_dir=tmp_path / "run", **args)
+    assert not (tmp_path / "run").exists()
+
+
+def _checkpointed(tmp_path: Path, hardware: str, **settings: Any) -> Path:
+    check_run("ddp", network="home-100mbps", hardware=hardware, max_steps=3,
+              out_dir=tmp_path / "run", checkpoint_every=3, **settings)
+    return tmp_path / "run"
+
+
+def test_a_resume_after_a_later_devices_profile_changed_is_refused(tmp_path: Path) -> None:
+    mine = _profiles(tmp_path / "mine.json")
+    run = _checkpointed(tmp_path, "lab-a:lab-b:lab-b", device_profiles=str(mine))
+    config = json.loads((run / "config.json").read_text())
+    # every device's figures as priced, not only the first's step time
+    assert config["priced"]["devices"]["lab-b"] == {
+        "peak_flops": {"fp32": 2e12}, "mem_bw": 100e9, "overhead_s": 8e-6,
+        "eta_c": 0.7, "eta_m": 0.8}
+    _profiles(mine, b_mem_bw="200GB/s")
+    with pytest.raises(ValueError, match=r"this is not the run of .*: priced\.devices\.lab-b\."
+                                         r"mem_bw: checkpoint 100000000000\.0, now "
+                                         r"200000000000\.0$"):
+        check_run("ddp", max_steps=6, resume=run)
+    assert json.loads((run / "config.json").read_text()) == config
+    _profiles(mine)  # as it was: the run goes on
+    check_run("ddp", max_steps=6, resume=run)
+
+
+def test_a_resume_after_the_fedscale_file_changed_is_refused(tmp_path: Path) -> None:
+    table = tmp_path / "clients.csv"
+    table.write_text("client_id,computation,communication\n0,1,100000\n1,2,100000\n"
+                     "2,1,1000\n")
+    run = _checkpointed(tmp_path, str(table))
+    recorded = json.loads((run / "config.json").read_text())["priced"]["table"]
+    assert recorded["rows"] == 3 and len(recorded["sha256"]) == 64
+    # a later client's figure: the reference's step time (row 0) is the same
+    table.write_text("client_id,computation,communication\n0,1,100000\n1,3,100000\n"
+                     "2,1,1000\n")
+    with pytest.raises(ValueError, match=r"priced\.table\.sha256: checkpoint '[0-9a-f]{64}', "
+                                         r"now '[0-9a-f]{64}'$"):
+        check_run("ddp", max_steps=6, resume=run)
+    # as it was: the run goes on, its clock that of a run that never stopped (the nodes' links,
+    # which the file gives, recorded in the network, are the file's again)
+    table.write_text("client_id,computation,communication\n0,1,100000\n1,2,100000\n"
+                     "2,1,1000\n")
+    resumed = check_run("ddp", max_steps=6, resume=run)
+    whole = check_run("ddp", network="home-100mbps", hardware=str(table), max_steps=6)
+    assert _sim(resumed) == pytest.approx(_sim(whole), rel=1e-12)
+
+
+def test_a_run_folder_without_the_priced_record_resumes_as_before() -> None:
+    # config.json of an earlier version records no "priced": nothing to compare it with
+    now = {"steps": 6, "hardware": "a100", "priced": {"devices": {"a100": {"mem_bw": 2e12}}}}
+    check_same_run({"steps": 6, "hardware": "a100"}, now, Path("old"))
+    changed = {"devices": {"a100": {"mem_bw": 1e12}}, "table": None}
+    with pytest.raises(ValueError, match=r"^this is not the run of old: priced\.devices\.a100\."
+                                         r"mem_bw: checkpoint 1000000000000\.0, now "
+                                         r"2000000000000\.0$"):
+        check_same_run({"steps": 6, "hardware": "a100", "priced": changed}, now, Path("old"))

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -116,7 +118,9 @@ def test_a_custom_device() -> None:
     assert parse_flops("82.6TFLOPS") == parse_flops("82.6T") == parse_flops(82.6e12) == 82.6e12
     for bad, message in (("flops=80T", "needs flops"), ("flop=80T,mem_bw=1TB/s", "keys:"),
                          ("flops=fast,mem_bw=1TB/s", "FLOP/s figure"),
-                         ("flops=80T,mem_bw=1TB/s,eta_c=2", r"eta_c must be in \(0, 1\]")):
+                         ("flops=80T,mem_bw=1TB/s,flops=90T", "gives flops twice"),
+                         ("flops=80T,mem_bw=1TB/s,eta_c=2",
+                          r"eta_c must be a fraction of peak in \[0.01, 1\]")):
         with pytest.raises(ValueError, match=message):
             parse_profile(bad)
 
@@ -132,6 +136,75 @@ def test_a_users_profiles_file(tmp_path: Path) -> None:
                                  "speed": 3}]))
     with pytest.raises(ValueError, match=r"unknown device profile keys \['speed'\]"):
         load_profiles(path)
+
+
+LAB = {"name": "lab-gpu", "peak_flops": {"fp32": "20T"}, "mem_bw": "900GB/s"}
+FLOPS = r"a FLOP/s figure in \[1e\+06, 1e\+21\] \(1 MFLOP/s to 1 ZFLOP/s\)"
+
+
+@pytest.mark.parametrize(("profiles", "message"), [
+    (LAB, r"must be a JSON list of objects with name, peak_flops, mem_bw .*, got \{'name'"),
+    ([], r"must be a JSON list of objects .*, got \[\]"),
+    (["lab-gpu"], r"profile 1 of 1: a device profile must be an object with name, peak_flops, "
+                  r"mem_bw .*, got 'lab-gpu'"),
+    ([{**LAB, "name": 3}], r"profile 1 of 1: a device profile's name must be a non-empty "
+                           r"string, got 3$"),
+    ([LAB, {**LAB, "name": "b", "peak_flops": 5}],
+     r"profile 2 of 2: device 'b': peak_flops must be an object of FLOP/s by dtype \(fp32, "
+     r"tf32, bf16, fp16; 'fp32' needed\), .*, got 5$"),
+    ([{**LAB, "peak_flops": ["20T"]}], r"device 'lab-gpu': peak_flops must be .*, got \['20T'\]"),
+    ([{**LAB, "peak_flops": {"fp32": [1]}}],
+     rf"device 'lab-gpu': peak_flops\['fp32'\] must be {FLOPS}, e.g. '82.6T' or 3.6e12, "
+     r"got \[1\]$"),
+    ([{**LAB, "mem_bw": [1]}], r"device 'lab-gpu': mem_bw must be a memory bandwidth in "
+                               r"\[1e\+03, 1e\+18\] bytes/s .*, got \[1\]"),
+    ([{**LAB, "title": 7}], r"device 'lab-gpu': title must be a string, got 7$"),
+    ([{**LAB, "eta_c": "fast"}], r"device 'lab-gpu': eta_c must be a fraction of peak in "
+                                 r"\[0.01, 1\], e.g. 0.7, got 'fast'$"),
+    ([{**LAB, "memory": "lots"}], r"device 'lab-gpu': memory must be a size in bytes .*, "
+                                  r"got 'lots'$"),
+    ([{**LAB, "overhead_s": 1e308}], r"device 'lab-gpu': overhead_s must be a time per kernel "
+                                     r"in \[0, 3600\] seconds \(at most an hour a kernel\), "
+                                     r".*got 1e\+308$"),
+    ([LAB, {**LAB, "name": "Lab_GPU"}], r"give the name 'Lab_GPU' to profiles 1 and 2: each "
+                                        r"profile needs its own name"),
+])
+def test_a_profiles_file_of_wrong_types_names_the_file_the_profile_and_the_field(
+        profiles: Any, message: str, tmp_path: Path) -> None:
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(profiles))
+    with pytest.raises(ValueError, match=rf"^device profiles '{re.escape(str(path))}'.*{message}"):
+        load_profiles(path)
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("flops=80T,mem_bw=1TB/s,overhead=1e308s", r"overhead must be a time per kernel in \[0, "
+                                                r"3600\] seconds .*, got '1e308s'"),
+    ("fp32=1e400,mem_bw=1TB/s", rf"fp32 must be {FLOPS}, .*got '1e400'"),
+    ("flops=1e-300,mem_bw=1TB/s", rf"flops must be {FLOPS}, .*got '1e-300'"),
+    ("flops=80T,mem_bw=1e300TB/s", r"mem_bw must be a memory bandwidth in \[1e\+03, "
+                                   r"1e\+18\] bytes/s \(1 kB/s to 1 EB/s\), .*got '1e300TB/s'"),
+    ("flops=80T,mem_bw=1TB/s,eta_c=abc", r"eta_c must be a fraction of peak in \[0.01, 1\], "
+                                         r"e.g. 0.7, got 'abc'$"),
+    ("flops=80T,mem_bw=1TB/s,eta_m=1e-300", r"eta_m must be a fraction of peak in \[0.01, 1\]"),
+])
+def test_figures_that_would_overflow_a_price_are_refused_with_their_range(
+        spec: str, message: str) -> None:
+    with pytest.raises(ValueError, match=rf"^custom device '{re.escape(spec)}': {message}"):
+        parse_profile(spec)
+
+
+def test_no_device_prices_a_step_at_inf_or_nan() -> None:
+    # the extremes the ranges allow, on a step of 1e20 FLOPs in a million kernels: finite
+    slow = parse_profile("flops=1e6,mem_bw=1kB/s,overhead=3600s,eta_c=0.01,eta_m=0.01")
+    fast = parse_profile("flops=1e21,mem_bw=1e15kB/s,overhead=0s,eta_c=1,eta_m=1")
+    count = _count((Kernel("mm", "fp32", 10**14, 10**15), 10**6))
+    for device in (slow, fast):
+        assert math.isfinite(device.step_time(count)) and device.step_time(count) > 0
+    # a finite overhead beyond an hour would make a step of many kernels inf
+    with pytest.raises(ValueError, match=r"device 'x': overhead_s must be .*, got 1e\+308$"):
+        DeviceProfile(name="x", title="x", kind="custom", peak_flops={"fp32": 1e12},
+                      mem_bw=1e9, memory=None, overhead_s=1e308, source="test")
 
 
 def test_a_mix_draws_each_client_from_its_seed_and_id() -> None:
@@ -182,6 +255,57 @@ def test_a_fedscale_form_file_prices_each_client_and_gives_its_link(tmp_path: Pa
         parse_hardware(str(bad))
     with pytest.raises(ValueError, match="cannot read the device-profile file"):
         parse_hardware(str(tmp_path / "missing.csv"))
+
+
+HEADER = "client_id,computation,communication\n"
+
+
+@pytest.mark.parametrize(("name", "text", "message"), [
+    ("twice.csv", HEADER + "0,10,1000\n3,20,1000\n3,30,1000\n",
+     r", line 4: client 3 is listed twice \(at line 3 and line 4\); give each client one row"),
+    ("twice.json", '{"0": {"computation": 1, "communication": 2}, '
+                   '"0": {"computation": 3, "communication": 4}}',
+     r": client 0 is listed twice \(at key '0' and key '0'\)"),
+    ("columns.csv", "client_id,computation\n0,10\n",
+     r" must be FedScale's form: .*; its header \['client_id', 'computation'\] lacks "
+     r"communication$"),
+    ("word.csv", HEADER + "0,fast,1000\n", r", line 2: client 0's computation must be "
+                                           r"milliseconds per sample in \[1e-06, 3.6e\+06\] "
+                                           r".*, got 'fast'$"),
+    ("zero.csv", HEADER + "0,10,0\n", r", line 2: client 0's communication must be kbit/s in "
+                                      r"\[0.001, 1e\+10\] .*, got '0'$"),
+    ("huge.csv", HEADER + "0,1e308,10\n", r", line 2: client 0's computation must be .*, "
+                                          r"got '1e308'$"),
+    ("short.csv", HEADER + "0,10\n", r", line 2: client 0 has no communication"),
+    ("id.csv", HEADER + "a,10,10\n", r", line 2: client_id must be an integer >= 0, got 'a'$"),
+    ("list.json", "[1, 2]", r" must be FedScale's form: .*, got \[1, 2\]$"),
+    ("string.json", '{"0": "fast"}', r": client 0 must be an object with computation \(ms "
+                                     r"per sample\) and communication \(kbit/s\), got 'fast'$"),
+    ("types.json", '{"0": {"computation": [40], "communication": 10}}',
+     r": client 0's computation must be .*, got \[40\]$"),
+    ("flag.json", '{"0": {"computation": true, "communication": 10}}',
+     r": client 0's computation must be .*, got True$"),
+])
+def test_a_fedscale_file_with_bad_rows_names_the_client_and_the_field(
+        name: str, text: str, message: str, tmp_path: Path) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    where = re.escape(str(path))
+    with pytest.raises(ValueError, match=rf"^the device-profile file '{where}'{message}"):
+        parse_hardware(str(path))
+
+
+def test_a_fedscale_tables_digest_is_of_its_figures(tmp_path: Path) -> None:
+    one, other = tmp_path / "one.csv", tmp_path / "other.json"
+    one.write_text(HEADER + "1,20,5000\n0,10,1000\n")
+    other.write_text(json.dumps({"0": {"computation": 10.0, "communication": "1000"},
+                                 "1": {"computation": 20, "communication": 5e3}}))
+    table = parse_hardware(str(one)).figures()["table"]
+    # the same rows in another form and order: the same figures, the same digest
+    assert parse_hardware(str(other)).figures()["table"] == table
+    assert table["rows"] == 2 and len(table["sha256"]) == 64
+    one.write_text(HEADER + "1,21,5000\n0,10,1000\n")
+    assert parse_hardware(str(one)).figures()["table"]["sha256"] != table["sha256"]
 
 
 def test_the_docs_table_shows_every_profile_as_it_is() -> None:

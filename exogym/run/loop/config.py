@@ -15,10 +15,11 @@ from exogym.utils.plugins import source_of
 __all__ = ["RUN_CONFIG_KEYS", "plain", "run_config"]
 
 _DERIVED_KEYS = ("strategy_class", "hyperparameters", "steps_per_epoch", "partition_stats",
-                 "processes", "parameters", "eval_set", "compute_source")
+                 "processes", "parameters", "eval_set", "compute_source", "priced")
 # the settings' keys, and what follows from them (the strategy's class and hyperparameters, the
 # data's epochs and shards, the processes, the model's size, the evaluation set, the price's
-# source)
+# source, and what the hardware's price was made of: every device's figures, a FedScale-form
+# table's digest)
 
 RUN_CONFIG_KEYS = tuple(dict.fromkeys(
     [str(s.record).split(".")[0] for s in settings().values() if s.record] + [*_DERIVED_KEYS]))
@@ -49,6 +50,7 @@ def run_config(s: RunSettings, strategy: StackedStrategy, derived: dict[str, Any
         "eval_set": derived["eval_set"],
         "network": s.network.spec() if s.network is not None else None,
         "step_time_s": s.step_time_s, "compute_source": s.compute_source,
+        "priced": None if s.pricing is None else s.pricing.hardware.figures(),
         "hardware": None if s.hardware is None else s.hardware.spec,
         "device_profiles": None if s.device_profiles is None else str(s.device_profiles),
         "checkpointing": checkpointing, "world": s.world.spec(),
