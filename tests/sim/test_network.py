@@ -51,6 +51,7 @@ def test_parse_rate(text: str, bps: float) -> None:
         ("100MiB/s", "unknown bandwidth unit 'MiB/s'"),
         ("fast", "must be a number with a unit"),
         ("0Mbps", "must be > 0"),
+        ("1e300TB/s", "must be a finite number of bits or bytes per second"),  # overflows
     ],
 )
 def test_parse_rate_errors(text: str, message: str) -> None:
