@@ -16,7 +16,7 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "claims", help="published claims reproduced at small scale, with verdicts; resumable",
         description="Train every configuration of every claim of the suite with its seeds, "
-                    "decide each claim by its rule (a bootstrap 95%% CI of the compared "
+                    "decide each claim by its rule (a bootstrap 95% CI of the compared "
                     "difference: reproduced, not reproduced or inconclusive) and write "
                     "claims.md, claims.json and a plot per claim. Run it again with the same "
                     "--out to continue: finished runs are not retrained.")
@@ -35,11 +35,11 @@ def command(args: argparse.Namespace) -> int:
     """``exogym claims``: print the claims table and where it was written."""
     from exogym.lab.claims import CLAIMS, SUITE, run_claims, select, write_report
 
-    only = None if args.only is None else [i.strip() for i in args.only.split(",") if i.strip()]
-    claims = select(CLAIMS, only)
+    claims = select(CLAIMS, _only(args.only, [c.id for c in CLAIMS]))
     if args.list:
+        width = max(len(c.id) for c in claims)
         for c in claims:
-            print(f"{c.id:28s} {c.paper.authors} {c.paper.year} ({c.paper.source}): "
+            print(f"{c.id:{width}s} {c.paper.authors} {c.paper.year} ({c.paper.source}): "
                   f"{c.claim}")
         return 0
     out = args.out or Path("runs") / (SUITE + ("-quick" if args.quick else ""))
@@ -49,3 +49,15 @@ def command(args: argparse.Namespace) -> int:
     print((out / "claims.md").read_text(encoding="utf-8").split("\n## ")[0].rstrip())
     print(f"\nwritten to {out}  (claims.md, claims.json, a plot per claim, a folder per claim)")
     return 0
+
+
+def _only(value: str | None, known: list[str]) -> list[str] | None:
+    """``--only``'s ids (None: every claim); an empty item (``--only ,``, ``--only a,,b``) is an
+    error naming the value and the known ids, never an empty or shorter selection."""
+    if value is None:
+        return None
+    ids = [i.strip() for i in value.split(",")]
+    if not all(ids):
+        raise ValueError(f"--only {value!r}: an empty claim id; give one or more of "
+                         f"{', '.join(known)} (comma-separated, see --list)")
+    return ids

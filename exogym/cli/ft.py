@@ -72,6 +72,11 @@ def check_ft_args(args: argparse.Namespace, plain: argparse.Namespace) -> None:
     if not 1 <= args.min_replicas <= args.nodes:
         raise ConfigError(f"--min-replicas must be in [1, --nodes={args.nodes}], got "
                           f"{args.min_replicas}")
+    for kill in args.kill:  # before the data loads and anything starts
+        why = kill.never_fires(args.nodes, args.steps, args.checkpoint_every, args.commit_every)
+        if why is not None:
+            raise ConfigError(f"--kill {kill} can never fire: {why}; given --nodes "
+                              f"{args.nodes} --steps {args.steps}")
     if not args.ft:
         return
     from exogym.run.dist.ranks import torchrun_env

@@ -17,10 +17,24 @@ __all__ = ["add_parser", "command"]
 def add_parser(sub: Any) -> None:
     recost = sub.add_parser("recost", help="simulated time of a finished run on other networks")
     recost.add_argument("run_dir", type=converter("path"), metavar="RUN_DIR", help="a run folder")
-    recost.add_argument("--network", action="append", type=converter("network"),
-                        help="a network (repeatable; default: every profile)")
+    recost.add_argument("--network", action="append", type=converter(_network),
+                        help="a network (repeat it for several: --network a --network b; "
+                             "default: every profile)")
     recost.add_argument("--step-time", type=converter("duration"), metavar="TIME",
                         help="re-cost with this compute per step instead of the recorded one")
+
+
+def _network(text: str) -> Network:
+    """``--network``'s value: one network spec (``home-100mbps``, ``home-100mbps,latency=50ms``,
+    ``bw=1Gbps,latency=5ms``). Names alone separated by commas (``home-100mbps,datacenter``)
+    are several networks, which ``--network`` takes one at a time: an error saying so."""
+    from exogym.sim.network import parse_network
+
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) > 1 and all(p and "=" not in p for p in parts):
+        raise ValueError(f"{text!r} names {len(parts)} networks: repeat --network for each, "
+                         + " ".join(f"--network {p}" for p in parts))
+    return parse_network(text)
 
 
 def command(args: argparse.Namespace) -> int:

@@ -541,8 +541,12 @@ def parse_deadline(text: str) -> tuple[str, float]:
         seconds = math.nan
     if math.isfinite(seconds) and seconds > 0:
         return "s", seconds
-    raise ValueError(f"deadline {text!r}: give a multiple of the median arrival (e.g. 2x) or a "
-                     "duration after the last synchronisation (e.g. 30s)")
+    if seconds == 0:  # a deadline at the synchronisation itself would cut every node
+        raise ValueError(f"deadline {text!r}: a duration must be above zero (e.g. 30s); or give "
+                         "a multiple of the median arrival, >= 1 (e.g. 2x)")
+    raise ValueError(f"deadline {text!r}: give a multiple of the median arrival, a number >= 1 "
+                     "followed by x (e.g. 2x), or a finite duration above zero after the last "
+                     "synchronisation (e.g. 30s)")
 
 
 def _sub_network(network: Network, num_nodes: int, members: Sequence[int],

@@ -190,9 +190,13 @@ def loss_of(out: Any) -> Tensor:
     """The loss in a model's output: the output itself, ``out["loss"]`` or ``out.loss``."""
     entries = _entries(out)
     if entries is not None:
-        if "loss" not in entries:
-            raise TypeError(f"{_CONTRACT}; got a mapping without 'loss' (keys "
-                            f"{sorted(map(str, entries))})")
+        if entries.get("loss") is None:  # a ModelOutput leaves out its None entries
+            keys = sorted(str(k) for k, v in entries.items() if v is not None)
+            raise TypeError(
+                f"the model returned no loss: a mapping without 'loss' (keys {keys}). A Hugging "
+                "Face causal LM (GPT-2, ...) computes its loss only when given labels: the "
+                "dataset needs a 'labels' column (or the batch a 'labels' key; for a causal LM, "
+                f"the input_ids themselves). {_CONTRACT}")
         out = entries["loss"]
     if not isinstance(out, Tensor) or out.numel() != 1:
         got = type(out).__name__ + (str(tuple(out.shape)) if isinstance(out, Tensor) else "")

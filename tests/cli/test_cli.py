@@ -160,6 +160,29 @@ def test_recost_refuses_a_run_whose_world_ran_on_simulated_time(
     assert main(["recost", str(out), "--network", "datacenter"]) == 0  # its own: the recorded
 
 
+def test_recost_takes_one_network_per_flag_and_a_spec_s_own_commas(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], mnist_data: Path) -> None:
+    out = tmp_path / "run"
+    assert run(mnist_data, "--strategy", "ddp", "--nodes", "2", "--steps", "2", "--batch-size",
+               "8", "--eval-interval", "2", "--out", str(out)) == 0
+    capsys.readouterr()
+    for names in (["home-100mbps", "datacenter"], ["home-100mbps", "mobile", " datacenter"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(["recost", str(out), "--network", ",".join(names)])
+        assert exit_.value.code == 2
+        first, hint = capsys.readouterr().err.splitlines()
+        assert first == (f"exogym recost: error: argument --network: {','.join(names)!r} names "
+                         f"{len(names)} networks: repeat --network for each, "
+                         + " ".join(f"--network {n.strip()}" for n in names))
+        assert hint == "see `exogym recost --help`"
+    # commas inside one spec (key=value items after a name) are one network
+    assert main(["recost", str(out), "--network", "home-100mbps,topology=peer",
+                 "--network", "datacenter"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert [line.split("  ")[0] for line in table[3:]] == [
+        "datacenter (the run)", "home-100mbps+", "datacenter"]
+
+
 def test_strategies_shows_a_user_class_without_docstrings(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -145,6 +145,52 @@ def test_the_suite_s_claims_are_distinct_and_each_config_renders_as_a_command() 
     assert "--nodes 2 --steps 50 --batch-size 8" in command_of(claim, claim.config("ddp"), True)
 
 
+
+# -- the command line ---------------------------------------------------------------------------
+def test_claims_help_shows_a_single_percent_sign(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["claims", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())  # argparse wraps the description
+    assert "a bootstrap 95% CI" in shown and "%%" not in shown
+
+
+def test_claims_list_pads_the_ids_to_the_longest(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["claims", "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    width = max(len(c.id) for c in CLAIMS)
+    assert width > 28  # streaming-diloco-peak-bandwidth: longer than the old fixed column
+    assert [line[:width + 1] for line in lines] == [f"{c.id:{width}s} " for c in CLAIMS]
+    assert [line[width + 1:].split(" ")[0] for line in lines] == [
+        c.paper.authors.split(" ")[0] for c in CLAIMS]  # the authors start in one column
+
+
+@pytest.mark.parametrize("only", [",", "", "diloco-non-iid,", "diloco-non-iid,,tiny"])
+def test_claims_only_with_an_empty_id_is_refused(
+        only: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["claims", "--only", only, "--list"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(f"exogym: error: --only {only!r}: an empty claim id; give "
+                                   "one or more of diloco-matches-ddp, diloco-nesterov-outer")
+    assert all(c.id in captured.err for c in CLAIMS)
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"suite": "t"}',
+                                  '{"suite": "t", "quick": false, "claims": [1]}'])
+def test_a_broken_suite_record_is_named_with_what_to_do(tmp_path: Path, text: str) -> None:
+    out = tmp_path / "claims"
+    out.mkdir()
+    (out / "suite.json").write_text(text)
+    with pytest.raises(ValueError) as err:
+        run_claims([tiny()], out, suite="t")  # refused before any data is read
+    message = str(err.value)
+    assert message.startswith(f"{out / 'suite.json'} is ")
+    assert message.endswith(": it is not a claims suite record written by `exogym claims`; "
+                            f"give another --out, or remove the folder {out} to start afresh")
+    assert (out / "suite.json").read_text() == text  # left as it was
+    assert sorted(p.name for p in out.iterdir()) == ["suite.json"]
+
+
 # -- the runner ---------------------------------------------------------------------------------
 def test_a_claims_run_decides_resumes_and_refuses_a_changed_spec(
         tmp_path: Path, mnist_data: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -91,3 +91,23 @@ def test_the_page_s_commands_follow_each_other_and_bad_input_is_refused_first(
     with pytest.warns(UserWarning, match="3 steps is not a multiple of H=4"):
         results = hf.main([*TINY, *data, "--steps", "3", "--H", "4", "--allow-unsynced"])
     assert results["diloco"].steps == 3
+
+
+def test_a_dataset_without_labels_is_an_error_that_says_labels() -> None:
+    """GPT-2 on rows of input_ids only (no labels): transformers returns no loss, and the error
+    says so and that the dataset needs a 'labels' column."""
+    from datasets import Dataset
+
+    from exogym import Trainer
+
+    torch.manual_seed(0)
+    model = hf.tiny_gpt2(vocab_size=11, block=8, layers=1, width=16, heads=2)
+    rows = Dataset.from_dict({"input_ids": torch.randint(0, 11, (16, 8)).tolist()})
+    rows = rows.with_format("torch")
+    with pytest.raises(TypeError) as err:
+        Trainer(model, rows, rows).fit(strategy="ddp", num_nodes=2, max_steps=2, batch_size=4,
+                                       device="cpu", progress=False, network=None)
+    message = str(err.value)
+    assert message.startswith("the model returned no loss: a mapping without 'loss' (keys "
+                              "['logits']). A Hugging Face causal LM")
+    assert "the dataset needs a 'labels' column (or the batch a 'labels' key" in message

@@ -74,7 +74,8 @@ def test_without_failures_ft_gives_the_simulators_numbers(sid: str, tmp_path: Pa
     assert result.trained == {r: STEPS for r in range(REPLICAS)}
 
 
-def test_ddp_survives_a_kill_inside_a_collective(tmp_path: Path) -> None:
+def test_ddp_survives_a_kill_inside_a_collective(tmp_path: Path,
+                                                capfd: pytest.CaptureFixture[str]) -> None:
     # min_replicas=3: the survivors' steps do not commit until the restarted replica is back,
     # so it heals however slowly it starts (a loaded machine)
     result = ft_run(make("ddp", **{"optim.lr": 0.05}), tmp_path, min_replicas=3,
@@ -91,6 +92,9 @@ def test_ddp_survives_a_kill_inside_a_collective(tmp_path: Path) -> None:
     assert summary["trained"] == {"0": STEPS, "1": STEPS, "2": STEPS}
     # the survivors' step 5 failed in the collective and was done again: discarded, not lost
     assert any(e["event"] == "discarded" and e["step"] == 5 for e in result.events)
+    # the donor's checkpoint server served the heal without writing its access log line
+    # (`"GET /checkpoint/5/full HTTP/1.1" 200 -`) into the run's output
+    assert "GET /checkpoint/" not in capfd.readouterr().err
 
 
 @pytest.mark.slow  # keeps the default suite under 10 min on 2 cores; CI's slow step runs it

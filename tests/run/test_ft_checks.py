@@ -138,6 +138,43 @@ def test_cli_refuses_what_ft_does_not_take(argv: list[str], message: str,
     assert main(["run", "--task", "mnist-cnn-v0", *argv]) != 0
     assert message in capsys.readouterr().err
 
+@pytest.mark.parametrize(("kill", "extra", "message"), [
+    ("1@30", [], "--kill 1@30 can never fire: step 30 never comes (steps are 0..9); given "
+                 "--nodes 3 --steps 10"),
+    ("1@10", [], "--kill 1@10 can never fire: step 10 never comes (steps are 0..9)"),
+    ("3@2+never", [], "--kill 3@2+never can never fire: replica 3 does not exist (replicas "
+                      "are 0..2); given --nodes 3 --steps 10"),
+    ("0@4:checkpoint", [], "--kill 0@4:checkpoint can never fire: no checkpoint is written "
+                           "without checkpoint_every (--checkpoint-every)"),
+    ("0@3:checkpoint+2", ["--checkpoint-every", "2"],
+     "--kill 0@3:checkpoint+2 can never fire: checkpoints are written when steps 2, 4, ... are "
+     "done (checkpoint_every=2), never at step 3"),
+])
+def test_a_kill_that_can_never_fire_is_refused_before_anything_starts(
+        kill: str, extra: list[str], message: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from exogym.cli import main
+
+    out = tmp_path / "run"
+    assert main(["run", "--task", "mnist", "--ft", "--engine", "process", "--nodes", "3",
+                 "--steps", "10", "--kill", kill, *extra, "--out", str(out),
+                 "--data-dir", str(tmp_path / "no-data"), "--no-download"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"exogym: error: {message}"), err  # not the missing data's error
+    assert not out.exists()
+
+
+def test_kills_that_can_fire_are_taken_and_print_as_written() -> None:
+    from exogym.cli.ft import parse_kill
+
+    for text in ("0@0", "2@9:collective+5", "1@4:checkpoint+never", "1@8+0.5"):
+        kill = parse_kill(text)
+        assert str(kill) == text
+        assert kill.never_fires(3, 10, checkpoint_every=4) is None
+    # with several steps per commit a checkpoint may follow any step: not refused
+    assert parse_kill("1@3:checkpoint").never_fires(3, 10, 4, commit_every=2) is None
+
+
 
 # -- a real run's outages as a world ---------------------------------------------------------
 def _write_events(folder: Path, events: list[dict[str, Any]]) -> Path:

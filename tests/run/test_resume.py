@@ -265,7 +265,8 @@ def test_a_signal_before_the_loop_starts_stops_the_run_at_its_first_step(tmp_pat
 
 
 def test_csv_and_tensorboard_continue_without_duplicates(tmp_path: Path) -> None:
-    pytest.importorskip("tensorboard")
+    pytest.importorskip("tensorboard",
+                        reason='the tensorboard extra: pip install -e ".[tensorboard]"')
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from exogym.run.output.sinks import CSVSink, TensorBoardSink

@@ -39,6 +39,10 @@ SUMMARY: dict[str, Any] = {"strategy": "diloco", "samples_per_s": 400.0, "steps"
                            "final": {"eval_loss": 0.75, "eval_accuracy": 0.625},
                            "bytes_sent_per_node": [1.0, 2.0], "clock": {"report": {"x": 1}}}
 
+# the skip reasons of the tests that need an optional extra (as tests/project/test_hf_rows.py's)
+TENSORBOARD = 'the tensorboard extra: pip install -e ".[tensorboard]"'
+WANDB = 'the wandb extra: pip install -e ".[wandb]"'
+
 
 def _csv(path: Path) -> list[list[str]]:
     with path.open(newline="", encoding="utf-8") as f:
@@ -166,9 +170,9 @@ def test_make_sink_forms_and_errors():
         WandbSink("")
     with pytest.raises(ValueError, match="entity must be"):
         WandbSink("p", entity="")
-    pytest.importorskip("tensorboard")
+    pytest.importorskip("tensorboard", reason=TENSORBOARD)
     assert isinstance(make_sink("tensorboard"), TensorBoardSink)
-    pytest.importorskip("wandb")
+    pytest.importorskip("wandb", reason=WANDB)
     w = make_sink("wandb:proj")
     assert isinstance(w, WandbSink) and (w.project, w.entity, w.mode) == ("proj", None, None)
     w = make_sink("wandb:team/proj:offline")
@@ -196,7 +200,7 @@ def _f32(x: float) -> float:
 
 
 def test_tensorboard_scalars_text_and_hparams(tmp_path):
-    pytest.importorskip("tensorboard")
+    pytest.importorskip("tensorboard", reason=TENSORBOARD)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import plugin_data_pb2
 
@@ -231,7 +235,7 @@ def test_tensorboard_scalars_text_and_hparams(tmp_path):
 
 
 def test_tensorboard_crash_keeps_scalars_without_hparams(tmp_path):
-    pytest.importorskip("tensorboard")
+    pytest.importorskip("tensorboard", reason=TENSORBOARD)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     sink = TensorBoardSink(tmp_path / "tb")
@@ -316,7 +320,7 @@ def _wandb_run(tmp_path: Path, summary: dict[str, Any] | None) -> dict[str, Any]
 
 @pytest.fixture
 def wandb_offline(monkeypatch, tmp_path):
-    pytest.importorskip("wandb")
+    pytest.importorskip("wandb", reason=WANDB)
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))  # nothing lands in the working folder
@@ -360,7 +364,7 @@ def test_wandb_offline_logs_rows_summary_and_crash(wandb_offline):
 def test_trainer_rows_through_csv_and_tensorboard(tmp_path):
     """A real run folder replayed through the sinks (as ``fit(sinks=...)`` feeds them): the CSV
     holds exactly the rows of ``metrics.jsonl``, TensorBoard every numeric value."""
-    pytest.importorskip("tensorboard")
+    pytest.importorskip("tensorboard", reason=TENSORBOARD)
     import torch
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from torch.utils.data import TensorDataset
@@ -393,3 +397,64 @@ def test_trainer_rows_through_csv_and_tensorboard(tmp_path):
     assert [(e.step, e.value) for e in acc.Scalars("eval_loss")] == [
         (4, _f32(rows[1]["eval_loss"])), (6, _f32(rows[2]["eval_loss"]))]
     assert set(acc.Tags()["scalars"]) == set(numeric_metrics(rows[2]))
+
+
+# -- the skips of the tests above without their extra ---------------------------------------------
+@pytest.mark.parametrize(("module", "test"), [
+    pytest.param("tensorboard", lambda tmp: test_make_sink_forms_and_errors(), id="make_sink"),
+    pytest.param("wandb", lambda tmp: test_make_sink_forms_and_errors(), id="make_sink-wandb"),
+    ("tensorboard", test_tensorboard_scalars_text_and_hparams),
+    ("tensorboard", test_tensorboard_crash_keeps_scalars_without_hparams),
+    ("tensorboard", test_trainer_rows_through_csv_and_tensorboard),
+])  # (the W&B fixture's skip, wandb_offline, gives the same reason, WANDB)
+def test_a_test_that_needs_an_extra_skips_naming_it(
+        module: str, test: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, module, None)  # as if the extra were not installed
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        test(tmp_path)
+    assert skipped.value.msg == f'the {module} extra: pip install -e ".[{module}]"'
+
+
+# -- the progress of a run whose stderr is no terminal --------------------------------------------
+def test_without_a_terminal_a_run_s_progress_is_a_few_whole_lines(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """500 steps, a row each (tqdm's bar redraws at every row, after a carriage return): a line
+    when it starts and one when it ends, within 30 s."""
+    from exogym.run.output.record import Recorder
+
+    record = Recorder(None, CONFIG, MultiSink(()), lead=True, progress=True, total_steps=500)
+    record.open(0, resumed=False)
+    for step in range(1, 501):
+        record.advanced()
+        record.advanced({"step": step, "train_loss": 1.0 / step, "lr": 0.1})
+    record.close(None)
+    err = capsys.readouterr().err  # pytest's capture: not a terminal
+    assert "\r" not in err
+    start, end = err.splitlines()
+    assert start == "training: 500 steps (a line every 30 s)"
+    assert end.startswith("step 500/500 (100%), ") and end.endswith(", train_loss 0.002")
+    assert len(err) < 200
+
+
+def test_progress_lines_every_interval_with_the_time_left(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run resumed at step 100 of 500, 2 steps a second: a line every 30 s (60 steps), the
+    time left by the pace so far: after 60 s, 120 steps done and 280 left, 140 s (2.33 min);
+    the last line 10 s later: 120 steps in 70 s, 1.71 step/s."""
+    from exogym.run.output import progress
+
+    now = [1000.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    lines = progress.LogLines(500, initial=100)
+    for _ in range(120):
+        now[0] += 0.5
+        lines.update()
+        lines.set_postfix({"train_loss": "0.5"})
+    now[0] += 10
+    lines.close()
+    lines.close()  # once
+    assert capsys.readouterr().err.splitlines() == [
+        "training: 400 steps from step 100 (a line every 30 s)",
+        "step 160/500 (32%), 2 step/s, 30 s spent, about 2.83 min left, train_loss 0.5",
+        "step 220/500 (44%), 2 step/s, 1 min spent, about 2.33 min left, train_loss 0.5",
+        "step 220/500 (44%), 1.71 step/s, 1.17 min in all, train_loss 0.5"]

@@ -22,6 +22,7 @@ from exogym.sim.clock import (
     decode_comm_log,
     encode_comm_log,
     measure_step_time,
+    parse_deadline,
     resolve_step_time,
 )
 from exogym.sim.comm import CommRecord
@@ -155,6 +156,25 @@ def test_resolve_step_time() -> None:
         resolve_step_time(0.0)
     with pytest.raises(ValueError, match="unknown duration unit 'parsecs'"):
         resolve_step_time("2 parsecs")
+
+
+def test_parse_deadline_says_what_is_allowed() -> None:
+    assert parse_deadline("1.5x") == ("x", 1.5) and parse_deadline("30s") == ("s", 30.0)
+    assert parse_deadline("20ms") == ("s", 0.02)
+    for zero in ("0s", "0ms", " 0.0s "):
+        with pytest.raises(ValueError) as err:
+            parse_deadline(zero)
+        assert str(err.value) == (f"deadline {zero!r}: a duration must be above zero (e.g. 30s); "
+                                  "or give a multiple of the median arrival, >= 1 (e.g. 2x)")
+    for bad in ("soon", "-1s", "1e400s", "0"):
+        with pytest.raises(ValueError) as err:
+            parse_deadline(bad)
+        assert str(err.value) == (
+            f"deadline {bad!r}: give a multiple of the median arrival, a number >= 1 followed by "
+            "x (e.g. 2x), or a finite duration above zero after the last synchronisation (e.g. "
+            "30s)")
+    with pytest.raises(ValueError, match=r"deadline '0.5x': .* a number >= 1 followed by x"):
+        parse_deadline("0.5x")
 
 
 # -- real runs -------------------------------------------------------------------------------------

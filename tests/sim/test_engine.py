@@ -99,6 +99,24 @@ def test_metrics_of_keeps_scalar_numbers_and_ignores_the_rest() -> None:
     assert metrics_of(torch.tensor(3.0)) == {"loss": torch.tensor(3.0)}
 
 
+NO_LOSS = ("A Hugging Face causal LM (GPT-2, ...) computes its loss only when given labels: the "
+           "dataset needs a 'labels' column (or the batch a 'labels' key; for a causal LM, the "
+           "input_ids themselves). model(batch) must return a scalar loss tensor")
+
+
+def test_an_output_without_a_loss_says_where_labels_go() -> None:
+    """A Hugging Face model given no labels returns a ModelOutput without its (None) loss, or
+    an object whose ``.loss`` is None: the error says no loss came back and where labels go."""
+    outputs = (_ModelOutput(logits=torch.zeros(2, 3)), {"logits": torch.zeros(2, 3), "loss": None},
+               _LossObject(None))  # type: ignore[arg-type]
+    for out in outputs:
+        with pytest.raises(TypeError) as err:
+            loss_of(out)
+        keys = "[]" if isinstance(out, _LossObject) else "['logits']"
+        assert str(err.value).startswith(
+            f"the model returned no loss: a mapping without 'loss' (keys {keys}). {NO_LOSS}")
+
+
 class _HFStyleClassifier(nn.Module):
     """A model that returns what every ``transformers`` model returns: a ModelOutput with the
     loss, the logits (not a metric) and a scalar extra."""

@@ -103,7 +103,7 @@ def _open(out: Path, suite: str, quick: bool, claims: Sequence[Claim]) -> None:
     record_path = out / "suite.json"
     specs = {c.id: fingerprint(c) for c in claims}
     if record_path.exists():
-        record = json.loads(record_path.read_text(encoding="utf-8"))
+        record = _read_record(record_path)
         if record["suite"] != suite or record["quick"] != quick:
             raise ValueError(f"{out} holds the runs of {record['suite']} (quick="
                              f"{record['quick']}), not of {suite} (quick={quick}): give "
@@ -118,6 +118,29 @@ def _open(out: Path, suite: str, quick: bool, claims: Sequence[Claim]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     record_path.write_text(json.dumps({"suite": suite, "quick": quick, "claims": specs},
                                       indent=1) + "\n", encoding="utf-8")
+
+
+def _read_record(path: Path) -> dict[str, Any]:
+    """``path``'s suite record (``{"suite": str, "quick": bool, "claims": {id: fingerprint}}``);
+    a file that is not one (not JSON, or JSON of another shape) is an error naming it and what
+    to do, not the JSON parser's words or a KeyError."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        problem = None
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        record, problem = None, f"not valid JSON ({err})"
+    if problem is None and not (
+            isinstance(record, dict) and isinstance(record.get("suite"), str)
+            and isinstance(record.get("quick"), bool) and isinstance(record.get("claims"), dict)
+            and all(isinstance(k, str) and isinstance(v, str)
+                    for k, v in record["claims"].items())):
+        problem = ('JSON of another shape (expected {"suite": ..., "quick": ..., "claims": '
+                   '{...}})')
+    if problem is not None:
+        raise ValueError(f"{path} is {problem}: it is not a claims suite record written by "
+                         f"`exogym claims`; give another --out, or remove the folder "
+                         f"{path.parent} to start afresh")
+    return record
 
 
 def _train(claim: Claim, folder: Path, seeds: int, quick: bool, data_dir: str | Path | None,

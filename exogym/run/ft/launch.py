@@ -63,6 +63,33 @@ class Kill:
     def point(self) -> KillPoint:
         return KillPoint(self.step, self.at)
 
+    def __str__(self) -> str:
+        """As ``--kill`` writes it: ``REPLICA@STEP[:POINT][+SECONDS|+never]``."""
+        at = "" if self.at == "step" else f":{self.at}"
+        after = ("+never" if self.restart_after_s is None
+                 else f"+{self.restart_after_s:g}" if self.restart_after_s else "")
+        return f"{self.replica}@{self.step}{at}{after}"
+
+    def never_fires(self, replicas: int, max_steps: int, checkpoint_every: int | None = None,
+                    commit_every: int = 1) -> str | None:
+        """Why this kill can never fire in a run of ``replicas`` replicas and ``max_steps``
+        steps (its replica or step out of range; a ``checkpoint`` kill without checkpoints, or
+        at a step after which none is written), or None where it can."""
+        if not 0 <= self.replica < replicas:
+            return f"replica {self.replica} does not exist (replicas are 0..{replicas - 1})"
+        if not 0 <= self.step < max_steps:
+            return f"step {self.step} never comes (steps are 0..{max_steps - 1})"
+        if self.at != "checkpoint":
+            return None
+        if not checkpoint_every:
+            return "no checkpoint is written without checkpoint_every (--checkpoint-every)"
+        if commit_every == 1 and (self.step == 0 or self.step % checkpoint_every):
+            # written at a commit, once `checkpoint_every` more steps are done
+            k = checkpoint_every
+            return (f"checkpoints are written when steps {k}, {2 * k}, ... are done "
+                    f"(checkpoint_every={k}), never at step {self.step}")
+        return None
+
 
 def _entry(spec: ReplicaSpec, model: nn.Module, data: Dataset | DatasetFactory,
            strategy: StackedStrategy, eval_data: Dataset | None = None) -> None:
@@ -203,26 +230,24 @@ class _Supervisor:
                 life.process.join()
 
 
-def _check(replicas: int, nodes_per_replica: int, max_steps: int, kills: Sequence[Kill]) -> None:
+def _check(replicas: int, nodes_per_replica: int, max_steps: int, kills: Sequence[Kill], *,
+           checkpoint_every: int | None, commit_every: int, min_replicas: int) -> None:
     for name, value in (("replicas", replicas), ("nodes_per_replica", nodes_per_replica),
-                        ("max_steps", max_steps)):
+                        ("max_steps", max_steps), ("commit_every", commit_every)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if isinstance(min_replicas, bool) or not isinstance(min_replicas, int) or not (
+            1 <= min_replicas <= replicas):
+        raise ValueError(f"min_replicas must be an integer in [1, replicas={replicas}], got "
+                         f"{min_replicas!r}")
     for k in kills:
-        if not 0 <= k.replica < replicas:
-            raise ValueError(f"a kill names replica {k.replica}; the run has replicas "
-                             f"0..{replicas - 1}")
-        if not 0 <= k.step < max_steps:
-            raise ValueError(f"a kill at step {k.step}: steps are 0..{max_steps - 1}")
-        k.point()  # checks ``at``
+        k.point()  # checks ``at`` and the step's type
+        why = k.never_fires(replicas, max_steps, checkpoint_every, commit_every)
+        if why is not None:
+            raise ValueError(f"the kill {k} can never fire: {why}")
         if k.restart_after_s is not None and not k.restart_after_s >= 0:
             raise ValueError(f"restart_after_s must be >= 0 or None (never), got "
                              f"{k.restart_after_s!r}")
-
-
-def _check_commit_every(k: int) -> None:
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"commit_every must be an integer >= 1, got {k!r}")
 
 
 def fit_ft(
@@ -240,10 +265,9 @@ def fit_ft(
     nodes each, surviving the deaths of replicas (module docstring).
 
     Args:
-        kills: the chaos plan (:class:`Kill`); replicas that die of anything else are
-            restarted at once, up to ``max_restarts`` times each.
-        checkpoint_every: replicas write ``ckpt/replica{r}.pt`` every this many steps.
-        resume: start from the newest of those checkpoints.
+        kills: the chaos plan (:class:`Kill`; one that can never fire is refused); replicas
+            that die of anything else are restarted at once, up to ``max_restarts`` times each.
+        checkpoint_every: write ``ckpt/replica{r}.pt`` every this many steps; resume: from it.
         min_replicas: a step commits only with at least this many replicas in its quorum
             (torchft's ``min_replica_size``; fewer: the step is discarded and tried again,
             so the run waits for restarts instead of going on smaller).
@@ -271,12 +295,8 @@ def fit_ft(
     from torchft.coordination import LighthouseServer
 
     check_ft_strategy(strategy)
-    _check(replicas, nodes_per_replica, max_steps, kills)
-    _check_commit_every(commit_every)
-    if isinstance(min_replicas, bool) or not isinstance(min_replicas, int) or not (
-            1 <= min_replicas <= replicas):
-        raise ValueError(f"min_replicas must be an integer in [1, replicas={replicas}], got "
-                         f"{min_replicas!r}")
+    _check(replicas, nodes_per_replica, max_steps, kills, checkpoint_every=checkpoint_every,
+           commit_every=commit_every, min_replicas=min_replicas)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if not resume:
@@ -372,8 +392,8 @@ def fit_ft_torchrun(
     env = os.environ if environ is None else environ
     require_torchft()
     check_ft_strategy(strategy)
-    _check(replicas, 1, max_steps, kills)
-    _check_commit_every(commit_every)
+    _check(replicas, 1, max_steps, kills, checkpoint_every=checkpoint_every,
+           commit_every=commit_every, min_replicas=min_replicas)
     lighthouse = env.get("TORCHFT_LIGHTHOUSE")
     if not lighthouse:
         raise ValueError("--ft under torchrun needs a Lighthouse: start one (torchft_lighthouse "

@@ -39,11 +39,13 @@ with the reason (:func:`check_ft_strategy`).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +69,8 @@ from exogym.strategy.server import ServerStrategy
 
 __all__ = [
     "FT_STRATEGIES", "FTCommunicator", "FTUnavailable", "KillPoint", "ReplicaLog",
-    "check_ft_strategy", "load_replica_state", "replica_state", "require_torchft",
+    "check_ft_strategy", "checkpoint_transport", "load_replica_state", "replica_state",
+    "require_torchft",
 ]
 
 #: Strategies that run under ``--ft``: their collectives are all-reduces among all nodes, and
@@ -103,6 +106,28 @@ def require_torchft() -> Any:
             "publishes wheels for Linux x86-64 and Python 3.9-3.13 only; elsewhere build it "
             f"from https://github.com/pytorch/torchft) [{err}]") from None
     return torchft
+
+
+def checkpoint_transport(timeout: timedelta) -> Any:
+    """torchft's HTTP checkpoint transport, as its ``Manager`` builds it by default, without
+    the access log line that :mod:`http.server` writes to stderr (into the run's output) for
+    every heal it serves (``::ffff:127.0.0.1 - - [date] "GET /checkpoint/2/full HTTP/1.1" 200
+    -``): the line goes to the ``torchft`` logger at DEBUG, which a replica sets to ERROR
+    (:func:`~exogym.run.ft.replica.run_replica`); the server's error lines stay on stderr."""
+    from torchft.checkpointing import HTTPTransport
+
+    transport = HTTPTransport(timeout=timeout, num_chunks=0)
+    server = getattr(transport, "_server", None)  # its handler: a class made inside __init__
+    if server is None or not hasattr(server, "RequestHandlerClass"):
+        return transport  # another torchft: its log line stays
+    logger = logging.getLogger("torchft.checkpointing.http_transport")
+
+    class QuietHandler(server.RequestHandlerClass):  # type: ignore[name-defined,misc]
+        def log_request(self, code: Any = "-", size: Any = "-") -> None:
+            logger.debug('%s "%s" %s %s', self.address_string(), self.requestline, code, size)
+
+    server.RequestHandlerClass = QuietHandler  # read per request by the serving thread
+    return transport
 
 
 def check_ft_strategy(strategy: StackedStrategy) -> None:

@@ -50,6 +50,7 @@ from exogym.run.ft.manager import (
     FTCommunicator,
     KillPoint,
     ReplicaLog,
+    checkpoint_transport,
     die,
     load_replica_state,
     replica_state,
@@ -183,6 +184,7 @@ class _Replica:
             connect_timeout=timeout, rank=0, world_size=1, store_addr="127.0.0.1",
             store_port=self.store.port, lighthouse_addr=spec.lighthouse,
             replica_id=f"replica{spec.replica}", hostname=spec.hostname,
+            checkpoint_transport=checkpoint_transport(timeout),
             init_sync=False)  # every replica builds the same seeded model: no heal at step 0
 
     # -- torchft's callbacks -------------------------------------------------------------------

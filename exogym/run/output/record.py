@@ -15,14 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
+from exogym.run.output.progress import progress_bar
 from exogym.run.output.result import MetricsWriter
 from exogym.run.output.sinks import MultiSink
 from exogym.run.output.trace import PICTURE_FILE, REAL_TRACE_FILE, TRACE_FILE, write_trace
 
 __all__ = ["Recorder"]
-
 
 class Recorder:
     """Rows and events of a run, and where they go.
@@ -69,9 +68,7 @@ class Recorder:
             if self.writer is not None:
                 self.writer.close()
             raise
-        self._bar = tqdm(total=self._total, initial=step,
-                         disable=not (self._progress and self.lead), dynamic_ncols=True,
-                         unit="step")
+        self._bar = progress_bar(self._total, step, self._progress and self.lead)
 
     def row(self, row: dict[str, Any]) -> None:
         """A metrics row: kept, written to ``metrics.jsonl`` and given to the sinks."""
