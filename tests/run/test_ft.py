@@ -293,4 +293,7 @@ def test_ft_evaluates_during_training_and_reports_what_a_simulated_run_does(
     assert ft["bytes_sent_per_node"] == sim["bytes_sent_per_node"]
     assert ft["final"]["eval_loss"] == pytest.approx(sim["final"]["eval_loss"], rel=1e-5)
     assert ft["eval_during_training"] and ft["samples_per_s"] > 0 and ft["quorums"] >= 1
+    # the evaluation after the last step follows its row: kept out of the training time
+    parts = ft["seconds"].values()
+    assert sum(p["eval_last"] > 0 for p in parts) == 1 and sum(p["eval"] > 0 for p in parts) >= 1
     assert (tmp_path / "ft" / "model.pt").is_file()

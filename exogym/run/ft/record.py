@@ -108,6 +108,9 @@ def _common_fields(spec: ReplicaSpec, strategy_id: str, rows: Sequence[dict[str,
     samples = len(rows) * spec.num_nodes * spec.batch_size
     starts = [e["time_s"] for e in events if e["event"] == "training"]
     ends = [r["wall_s"] for r in rows if "wall_s" in r]
+    # one replica evaluates at a time (the first in the quorum); the evaluation after the last
+    # step comes after its row, outside the span (subtracting it made a short run's training
+    # time negative)
     evaluating = sum(v["seconds"].get("eval", 0.0) for v in results.values())
     train_s = max(ends) - min(starts) - evaluating if starts and ends else None
     sent = [0.0] * spec.num_nodes

@@ -162,7 +162,7 @@ class _Replica:
         self.quorum_id: Any = None
         # wall seconds in each part of a step: what --ft costs (the run's summary reports them)
         self.seconds = {"compute": 0.0, "keep": 0.0, "quorum": 0.0, "commit": 0.0,
-                        "eval": 0.0}
+                        "eval": 0.0, "eval_last": 0.0}
         evaluates = eval_data is not None and spec.eval_interval is not None
         self.evaluation = Evaluation(model, eval_data, spec.eval_samples, 1000,
                                      torch.device("cpu"), None) if evaluates else None
@@ -394,7 +394,9 @@ class _Replica:
         start = time.perf_counter()
         assert self.evaluation.during is not None
         metrics = self.evaluation(self.strategy.global_state(), self.evaluation.during)
-        self.seconds["eval"] += time.perf_counter() - start
+        # the last step's evaluation follows its row: outside the training time's span
+        last = self.step >= self.spec.max_steps
+        self.seconds["eval_last" if last else "eval"] += time.perf_counter() - start
         self.log.evaluation(self.step - 1, metrics)
 
     def _maybe_checkpoint(self, since: int) -> None:
