@@ -26,6 +26,9 @@ def add_parser(sub: Any) -> None:
                    help="one seed and short runs: a check of the machinery, never of the "
                         "verdicts (CI runs it)")
     p.add_argument("--list", action="store_true", help="list the claims and stop")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="run although the code has uncommitted changes (refused otherwise: a "
+                        "result names its commit); provenance.json records it")
     add_data_options(p)
     add_results_options(p, "results folder: new, or a claims run to continue (default "
                            "runs/claims-v0, runs/claims-v0-quick with --quick)")
@@ -44,7 +47,8 @@ def command(args: argparse.Namespace) -> int:
         return 0
     out = args.out or Path("runs") / (SUITE + ("-quick" if args.quick else ""))
     outcomes = run_claims(claims, out, suite=SUITE, quick=args.quick, data_dir=args.data_dir,
-                          download=not args.no_download, progress=not args.no_progress)
+                          download=not args.no_download, progress=not args.no_progress,
+                          allow_dirty=args.allow_dirty)
     write_report(outcomes, out, SUITE)
     print((out / "claims.md").read_text(encoding="utf-8").split("\n## ")[0].rstrip())
     print(f"\nwritten to {out}  (claims.md, claims.json, a plot per claim, a folder per claim)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 from exogym.cli import main
 from exogym.lab.claims import CLAIMS, SUITE, Claim, Config, Paper, Rule, run_claims, select
 from exogym.lab.claims.measure import RunRecord
+from exogym.lab.claims.provenance import DirtyTreeError, checked_source, source_state
 from exogym.lab.claims.report import format_markdown
 from exogym.lab.claims.stats import bootstrap_ci, claim_verdict, decide, per_seed
 from exogym.lab.claims.suite import ClaimOutcome, command_of, fingerprint
@@ -182,7 +184,7 @@ def test_a_broken_suite_record_is_named_with_what_to_do(tmp_path: Path, text: st
     out.mkdir()
     (out / "suite.json").write_text(text)
     with pytest.raises(ValueError) as err:
-        run_claims([tiny()], out, suite="t")  # refused before any data is read
+        run_claims([tiny()], out, suite="t", allow_dirty=True)  # refused before any data
     message = str(err.value)
     assert message.startswith(f"{out / 'suite.json'} is ")
     assert message.endswith(": it is not a claims suite record written by `exogym claims`; "
@@ -196,7 +198,7 @@ def test_a_claims_run_decides_resumes_and_refuses_a_changed_spec(
         tmp_path: Path, mnist_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "claims"
     (o,) = run_claims([tiny()], out, suite="t", data_dir=mnist_data, download=False,
-                      progress=True)
+                      progress=True, allow_dirty=True)
     shown = capsys.readouterr().out.splitlines()
     assert [line.split(" ->")[0] for line in shown] == [
         "[1/4] tiny: ddp seed 0", "[2/4] tiny: diloco seed 0", "[3/4] tiny: ddp seed 1",
@@ -211,15 +213,21 @@ def test_a_claims_run_decides_resumes_and_refuses_a_changed_spec(
     (out / "tiny" / "ddp-seed1" / "summary.json").unlink()
     stamp = (out / "tiny" / "ddp-seed0" / "summary.json").stat().st_mtime_ns
     (again,) = run_claims([tiny()], out, suite="t", data_dir=mnist_data, download=False,
-                          progress=True)
+                          progress=True, allow_dirty=True)
     assert [line.split(" ->")[0] for line in capsys.readouterr().out.splitlines()] == [
         "[3/4] tiny: ddp seed 1"]  # the only run trained again
     assert (out / "tiny" / "ddp-seed0" / "summary.json").stat().st_mtime_ns == stamp
     assert again.rules == o.rules  # the rerun seed 1 gives the same numbers
     with pytest.raises(ValueError, match="the spec of tiny changed since its runs"):
-        run_claims([tiny(seeds=3)], out, suite="t", data_dir=mnist_data, download=False)
+        run_claims([tiny(seeds=3)], out, suite="t", data_dir=mnist_data, download=False,
+                   allow_dirty=True)
     with pytest.raises(ValueError, match=r"holds the runs of t \(quick=False\)"):
-        run_claims([tiny()], out, suite="t", quick=True, data_dir=mnist_data)
+        run_claims([tiny()], out, suite="t", quick=True, data_dir=mnist_data,
+                   allow_dirty=True)
+    # each session that trained into the folder is on record: the code, versions, times
+    sessions = json.loads((out / "provenance.json").read_text())
+    assert len(sessions) == 2 and all(s["ended"] and s["allowed_dirty"] for s in sessions)
+    assert sessions[0]["versions"]["torch"] and sessions[0]["machine"]["cores"] >= 1
     assert fingerprint(tiny()) != fingerprint(tiny(seeds=3))
     assert fingerprint(tiny()) == fingerprint(tiny(claim="in other words"))  # prose only
 
@@ -229,7 +237,7 @@ def test_exogym_claims_quick_runs_every_claim(tmp_path: Path, mnist_data: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "quick"
     assert main(["claims", "--quick", "--out", str(out), "--data-dir", str(mnist_data),
-                 "--no-download", "--no-progress"]) == 0
+                 "--no-download", "--no-progress", "--allow-dirty"]) == 0
     shown = capsys.readouterr().out
     report = json.loads((out / "claims.json").read_text())
     assert [c["id"] for c in report["claims"]] == [c.id for c in CLAIMS]
@@ -238,3 +246,24 @@ def test_exogym_claims_quick_runs_every_claim(tmp_path: Path, mnist_data: Path,
         assert c["verdict"] == "not decided"  # one seed: no verdict
         assert (out / f"{c['id']}.png").stat().st_size > 0
     assert "--quick: a check of the machinery, not the verdicts" in shown
+
+
+def test_provenance_names_the_commit_and_refuses_a_dirty_tree(tmp_path: Path) -> None:
+    repo = tmp_path / "code"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.email=a@b", "-c", "user.name=a"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (repo / "a.py").write_text("x = 1\n")
+    subprocess.run([*git, "add", "a.py"], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    (repo / "runs").mkdir()  # untracked: not a change to the code
+    assert source_state(repo) == {"commit": head, "dirty": False, "changed": []}
+    (repo / "a.py").write_text("x = 2\n")
+    assert source_state(repo)["dirty"] and source_state(repo)["changed"] == ["a.py"]
+    with pytest.raises(DirtyTreeError, match=r"uncommitted changes \(a.py\).*--allow-dirty"):
+        checked_source(root=repo)
+    allowed = checked_source(root=repo, allow_dirty=True)
+    assert allowed["allowed_dirty"] and allowed["commit"] == head
+    assert source_state(tmp_path / "elsewhere")["commit"] is None  # no checkout: the version

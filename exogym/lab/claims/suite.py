@@ -3,8 +3,9 @@ its seeds (resumable), reads the runs, decides the rules (:mod:`exogym.lab.claim
 writes the report (:mod:`exogym.lab.claims.report`).
 
 The results folder ``OUT``: ``OUT/suite.json`` (the suite, ``--quick`` or not, each claim's spec
-fingerprint), ``OUT/ID/LABEL-seedS/`` a run folder as ``exogym run`` writes it, ``OUT/claims.json``
-and ``OUT/claims.md`` the verdicts, ``OUT/ID.png`` a claim's plot. Run the same command again and
+fingerprint), ``OUT/provenance.json`` (each session's commit, versions, machine and times),
+``OUT/ID/LABEL-seedS/`` a run folder as ``exogym run`` writes it, ``OUT/claims.json`` and
+``OUT/claims.md`` the verdicts, ``OUT/ID.png`` a claim's plot. Run the same command again and
 the finished runs (those with a ``summary.json``) are read, not retrained; an unfinished run's
 folder is cleared and trained from its start. A folder of another suite, of the other mode
 (``--quick`` or not) or of a claim whose spec changed since its runs is an error naming it.
@@ -24,6 +25,7 @@ import torch
 
 from exogym import strategy as strategies
 from exogym.lab.claims.measure import RunRecord, read_run
+from exogym.lab.claims.provenance import checked_source, close_session, open_session
 from exogym.lab.claims.spec import Claim, Config
 from exogym.lab.claims.stats import RuleOutcome, Verdict, claim_verdict, decide, per_seed
 from exogym.lab.progress import RunProgress
@@ -82,12 +84,17 @@ def command_of(claim: Claim, config: Config, quick: bool = False) -> str:
 
 def run_claims(claims: Sequence[Claim], out_dir: str | Path, *, suite: str,
                quick: bool = False, data_dir: str | Path | None = None,
-               download: bool = True, progress: bool = False) -> list[ClaimOutcome]:
+               download: bool = True, progress: bool = False,
+               allow_dirty: bool = False) -> list[ClaimOutcome]:
     """Train, read and decide ``claims`` into ``out_dir`` (module docstring); ``suite``: the
     suite's name and version (``claims-v0``). ``quick``: one seed and each claim's ``quick``
-    settings (a check of the machinery: the verdicts are not the claims')."""
+    settings (a check of the machinery: the verdicts are not the claims'). The session is
+    recorded in ``out_dir/provenance.json`` (:mod:`exogym.lab.claims.provenance`); code with
+    uncommitted changes is refused unless ``allow_dirty``."""
     out = Path(out_dir)
+    source = checked_source(allow_dirty=allow_dirty)
     _open(out, suite, quick, claims)
+    session = open_session(out, source)
     total = sum((1 if quick else c.seeds) * len(c.configs) for c in claims)
     meter = RunProgress(total) if progress else None
     outcomes = []
@@ -95,6 +102,7 @@ def run_claims(claims: Sequence[Claim], out_dir: str | Path, *, suite: str,
         seeds = 1 if quick else claim.seeds
         runs = _train(claim, out / claim.id, seeds, quick, data_dir, download, meter)
         outcomes.append(_decide(claim, runs, seeds, quick))
+    close_session(out, session)
     return outcomes
 
 
