@@ -471,7 +471,9 @@ def _poison_down_node(strategy: StackedStrategy, step: int) -> None:
 
 def short_period(cls: type[StackedStrategy]) -> dict[str, Any]:
     """Settings that make a built-in strategy synchronise within a 6-step run: ``H=2``;
-    Streaming DiLoCo's ``H=4, P=2, tau=1``; SPARTA's fraction ``p=0.25`` (the tiny model)."""
+    Streaming DiLoCo's ``H=4, P=2, tau=1``; SPARTA's fraction ``p=0.25`` (the tiny model);
+    MuLoCo's ``outer_adamw=False`` (the checks' two-layer model has no hidden layer: by role
+    both are outer layers, and Muon would orthogonalise nothing)."""
     fields = config_fields(cls)
     out: dict[str, Any] = {}
     if "H" in fields:
@@ -480,6 +482,8 @@ def short_period(cls: type[StackedStrategy]) -> dict[str, Any]:
         out["H"], out["P"], out["tau"] = 4, 2, 1
     if "p" in fields:  # SPARTA's fraction: large enough to touch the tiny model
         out["p"] = 0.25
+    if "outer_adamw" in fields:
+        out["outer_adamw"] = False
     return out
 
 

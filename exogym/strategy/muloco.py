@@ -27,8 +27,12 @@ float32 (the code: bfloat16; ``optim.muon_ns_dtype=bf16`` restores it), and the 
 ``optim.lr`` (the task's AdamW learning rate; the code steps it at Muon's 0.044 times a factor of
 1). The code's K = 16 sweep picked ``outer_lr`` 1.0 and ``outer_momentum`` 0.9
 (``jobs/muloco_paper/diloco_muloco_no-compression_h100.py``); muloco-1 (K = 1) uses 0.7 and 0.6.
-Muon routes the embeddings and the head to AdamW by parameter name (``optim.muon_exclude``), so
-the inner optimizer is built here with the names (the strategy base builds it from the tensors).
+Muon leaves the layers that are not hidden to AdamW by their role, whatever their names
+(:func:`exogym.strategy.muon.outer_layers`: every embedding, the input layer and the output
+layer, as Jordan's Muon and the MuLoCo code's ``parameter_classification.py``, which finds
+embeddings and the head by name, keep them; an MNIST CNN's input convolution and classifier
+were Muon's before 2026-12-07), and by ``optim.muon_exclude``'s name patterns; so the inner
+optimizer is built here with the names (the strategy base builds it from the tensors).
 
 Sent per outer step by each node: DiLoCo's ``2 (N-1)/N * (P + B)`` bytes (one ring all-reduce of
 the fp32 pseudo-gradient and float buffers; Muon changes nothing that travels). MNIST CNN, ``N =
@@ -37,9 +41,12 @@ the fp32 pseudo-gradient and float buffers; Muon changes nothing that travels). 
 
 from __future__ import annotations
 
+import dataclasses
+import glob
 from dataclasses import dataclass, field
 
 from exogym.strategy.diloco import DiLoCo
+from exogym.strategy.muon import outer_layers
 from exogym.strategy.optim import OptimSpec
 
 __all__ = ["MuLoCo", "muloco_optim"]
@@ -60,16 +67,22 @@ class MuLoCo(DiLoCo):
         H: inner steps per outer step (the paper's H; 30).
         outer_lr: the outer Nesterov SGD's learning rate (0.9).
         outer_momentum: the outer Nesterov SGD's momentum (0.8).
+        outer_adamw: the layers that are not hidden (embeddings, the input and output layers,
+            by role: :func:`~exogym.strategy.muon.outer_layers`) on AdamW, as the paper's code
+            keeps them; False: only ``optim.muon_exclude``'s names.
     """
 
     id = "muloco"
     H: int = 30
     outer_lr: float = 0.9
     outer_momentum: float = 0.8
+    outer_adamw: bool = True
     optim: OptimSpec = field(default_factory=muloco_optim)
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not isinstance(self.outer_adamw, bool):
+            raise ValueError(f"outer_adamw must be true or false, got {self.outer_adamw!r}")
         if self.optim.name != "muon":
             raise ValueError(f"MuLoCo's inner optimizer is Muon: optim.name must be 'muon', got "
                              f"{self.optim.name!r} (DiLoCo with another inner optimizer is "
@@ -78,7 +91,10 @@ class MuLoCo(DiLoCo):
     def init_state(self) -> None:
         # StackedStrategy.setup builds the inner optimizer from the parameter tensors alone; Muon
         # needs their names to send the embeddings and the LM head to AdamW (optim.muon_exclude).
-        self.optimizer = self.optim.build(list(self.nodes.params.values()),
-                                          names=list(self.nodes.params))
+        roles = (tuple(glob.escape(name) for name in outer_layers(self.nodes.module))
+                 if self.outer_adamw else ())
+        spec = dataclasses.replace(self.optim, muon_exclude=(*self.optim.muon_exclude, *roles))
+        self.optimizer = spec.build(list(self.nodes.params.values()),
+                                    names=list(self.nodes.params))
         self.scheduler = self.schedule.scheduler(self.optimizer, self.total_steps)
         super().init_state()

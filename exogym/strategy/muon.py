@@ -72,10 +72,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 __all__ = ["DEFAULT_EXCLUDE", "NS_COEFFICIENTS", "NS_DTYPES", "SCALES", "Muon", "matrix_shape",
-           "orthogonalize", "update_scale"]
+           "orthogonalize", "outer_layers", "update_scale"]
 
 NSName = Literal["jordan", "muloco"]
 ScaleName = Literal["jordan", "moonlight", "spectral"]
@@ -95,6 +95,26 @@ SCALES: tuple[str, ...] = ("jordan", "moonlight", "spectral")
 
 #: Name patterns routed to AdamW by default: token and position embeddings, the LM head.
 DEFAULT_EXCLUDE: tuple[str, ...] = ("*wte*", "*wpe*", "*embed*", "*lm_head*")
+
+
+def outer_layers(module: nn.Module) -> tuple[str, ...]:
+    """The names of ``module``'s weights that are not hidden layers, by their role whatever
+    they are called: every ``nn.Embedding``'s, the input layer's (the first module, in
+    registration order, that holds a weight of two or more dimensions: an embedding, or a
+    network's first convolution) and the output layer's (the last such module: a classifier,
+    an LM head; a head tied to the embedding is the embedding). Jordan's rule, "Muon should
+    only be used for hidden weight layers", for any model, where :data:`DEFAULT_EXCLUDE` knows
+    transformers' names only (an MNIST CNN's input convolution and classifier were Muon's).
+    Registration order is forward order in the models exogym ships and in ``nn.Sequential``;
+    a model that registers its layers out of order names them with ``optim.muon_exclude``."""
+    canonical = {id(p): name for name, p in module.named_parameters()}
+    weights = [(m, p) for m in module.modules() for p in m.parameters(recurse=False)
+               if p.dim() >= 2 and id(p) in canonical]
+    if not weights:
+        return ()
+    roles = [p for m, p in weights if isinstance(m, nn.Embedding)]
+    roles += [weights[0][1], weights[-1][1]]
+    return tuple(dict.fromkeys(canonical[id(p)] for p in roles))
 
 
 def matrix_shape(shape: Sequence[int]) -> tuple[int, int]:

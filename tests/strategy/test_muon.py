@@ -27,9 +27,12 @@ from exogym.strategy.muon import (
     Muon,
     matrix_shape,
     orthogonalize,
+    outer_layers,
     update_scale,
 )
 from exogym.strategy.optim import OptimSpec
+from exogym.tasks.gpt import GPT, GPTConfig
+from exogym.tasks.models import MnistCNN
 from exogym.utils.config import ConfigError
 
 JORDAN = ((3.4445, -4.7750, 2.0315),) * 5
@@ -412,16 +415,18 @@ def test_muloco_defaults_are_the_authors_configuration():
 
 
 class TinyGPTNames(nn.Module):
-    """Parameters named like the Shakespeare GPT's: an embedding, a block matrix, a norm."""
+    """Parameters named like the Shakespeare GPT's: an embedding, a block matrix, a norm, and
+    an output layer named as no pattern knows."""
 
     def __init__(self) -> None:
         super().__init__()
         self.wte = nn.Embedding(11, 4)
         self.block = nn.Linear(4, 4, bias=False)
         self.ln = nn.LayerNorm(4)
+        self.out = nn.Linear(4, 11)
 
     def forward(self, batch: Tensor) -> Tensor:
-        return self.ln(self.block(self.wte(batch))).pow(2).mean()
+        return self.out(self.ln(self.block(self.wte(batch)))).pow(2).mean()
 
 
 def test_muloco_builds_muon_with_names_so_embeddings_get_adamw():
@@ -430,9 +435,33 @@ def test_muloco_builds_muon_with_names_so_embeddings_get_adamw():
     nodes = NodeStack(TinyGPTNames(), 2, engine="loop")
     s.setup(nodes, InProcessCommunicator(2), 4)
 
-    # Assert: only the block matrix is orthogonalised
+    # Assert: only the block matrix is orthogonalised (the output layer by its role)
     assert s.optimizer.matrices == [nodes.params["block.weight"]]
     assert s.lr == s.optim.lr  # group 0 is the AdamW part: the lr exogym reports
+
+
+def muon_of(model: nn.Module, **muloco: bool) -> list[str]:
+    """The names of ``model``'s parameters MuLoCo's inner Muon orthogonalises."""
+    s = MuLoCo(H=2, **muloco)
+    nodes = NodeStack(model, 2, engine="loop")
+    s.setup(nodes, InProcessCommunicator(2), 4)
+    ids = {id(p) for p in s.optimizer.matrices}
+    return [name for name, p in nodes.params.items() if id(p) in ids]
+
+
+def test_muloco_keeps_the_input_and_output_layers_on_adamw_whatever_their_names():
+    # the MNIST CNN: the input convolution and the classifier are not hidden layers (they were
+    # Muon's: DEFAULT_EXCLUDE knows transformers' names only)
+    assert muon_of(MnistCNN()) == ["features.3.weight", "head.1.weight"]
+    assert muon_of(MnistCNN(), outer_adamw=False) == [
+        "features.0.weight", "features.3.weight", "head.1.weight", "head.3.weight"]
+    # the char-GPT: its embeddings and its head (tied to the token embedding) on AdamW; every
+    # block's matrices on Muon, the last block's MLP included
+    gpt = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=8))
+    muon = muon_of(gpt)
+    hidden = [n for n, p in gpt.named_parameters() if p.dim() >= 2 and n.startswith("blocks.")]
+    assert muon == hidden and len(hidden) == 8
+    assert outer_layers(gpt) == ("wte.weight", "wpe.weight")
 
 
 def test_muloco_outer_step_by_hand():
@@ -440,7 +469,7 @@ def test_muloco_outer_step_by_hand():
     # (mu = 0), jordan coefficients and scale, eta = 0.1; outer Nesterov lr 0.5, momentum 0.5
     optim = OptimSpec(name="muon", muon_lr=0.1, muon_momentum=0.0, muon_nesterov=False,
                       muon_ns="jordan", muon_scale="jordan", muon_ns_dtype="fp64")
-    s = MuLoCo(H=1, outer_lr=0.5, outer_momentum=0.5, optim=optim)
+    s = MuLoCo(H=1, outer_lr=0.5, outer_momentum=0.5, optim=optim, outer_adamw=False)
     module = nn.Module()
     module.register_parameter("w", nn.Parameter(torch.eye(2, dtype=F64)))
     nodes, comm = stack(s, module, 2)
