@@ -372,7 +372,7 @@ def fit_worker(
     batches = NodeBatches(train_dataset, ctx.num_nodes, batch_size, seed=seed)
     nodes = NodeStack(model, ctx.nodes_per_process, device=ctx.device, engine=engine)
     comm = DistributedCommunicator(ctx.num_nodes, ctx.node_ids)
-    strategy.setup(nodes, comm, max_steps)
+    strategy.setup(nodes, comm, max_steps, seed=seed)
     t0 = time.perf_counter()
     for step in range(max_steps):
         comm.attendance.step = step

@@ -159,13 +159,17 @@ class StackedStrategy(metaclass=abc.ABCMeta):
             raise ValueError(f"recovery must be 'copy', 'restart' or 'keep', got {self.recovery!r}")
 
     # -- called by the trainer -----------------------------------------------------------------
-    def setup(self, nodes: NodeStack, comm: Communicator, total_steps: int) -> None:
-        """Bind to the nodes and communicator of a run and build the inner optimizer."""
+    def setup(self, nodes: NodeStack, comm: Communicator, total_steps: int, *,
+              seed: int = 0) -> None:
+        """Bind to the nodes and communicator of a run and build the inner optimizer; ``seed``:
+        the run's seed (:attr:`run_seed`: what a method's own draws follow unless it is given
+        a seed of its own)."""
         if total_steps < 1:
             raise ValueError(f"total_steps must be >= 1, got {total_steps}")
         self.nodes = nodes
         self.comm = comm
         self.total_steps = total_steps
+        self.run_seed = seed
         # Per-node step counts of the inner optimizer, once some node missed a step (None while
         # every node stepped every time: the optimizer's own count is everyone's).
         self.node_steps: Tensor | None = None
@@ -508,7 +512,8 @@ class StackedStrategy(metaclass=abc.ABCMeta):
 
 
 
-_BINDING = ("nodes", "comm", "total_steps")  # what setup() binds the strategy to: not its state
+# what setup() binds the strategy to: not its state
+_BINDING = ("nodes", "comm", "total_steps", "run_seed")
 
 
 def _count(optimizer: torch.optim.Optimizer) -> int:

@@ -18,7 +18,8 @@ Absent nodes (a world): the average is over the nodes whose parameters arrived (
 peer (:meth:`FedAvg.recover`).
 
 Stragglers (``stragglers``, Li et al. 2020, arXiv 1812.06127, Section 5.2): in each round a
-fraction of the nodes, drawn from a generator seeded by ``straggler_seed`` and the round, take
+fraction of the nodes, drawn from a generator seeded by the run's seed (or ``straggler_seed``)
+and the round, take
 ``e ~ U{1, ..., H}`` local steps and then stop (their parameters and inner optimizer state stay
 as they are until the round ends); their partial work is averaged with the others'
 (``drop_stragglers=False``, FedProx's way) or left out, as the paper's FedAvg does
@@ -63,7 +64,8 @@ class FedAvg(StackedStrategy):
             and then stops (FedProx's "systems heterogeneity", Li et al. 2020, Section 5.2).
         drop_stragglers: leave out of the average the stragglers that did not finish their
             ``H`` steps (the paper's FedAvg); False (FedProx's way): average their partial work.
-        straggler_seed: seeds the draw of each round's stragglers and their steps.
+        straggler_seed: seeds the draw of each round's stragglers and their steps; None (the
+            default): the run's seed, so that the seeds of a study draw other stragglers.
     """
 
     id = "fedavg"
@@ -71,7 +73,7 @@ class FedAvg(StackedStrategy):
     H: int = 100
     stragglers: float = 0.0
     drop_stragglers: bool = False
-    straggler_seed: int = 0
+    straggler_seed: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -80,10 +82,11 @@ class FedAvg(StackedStrategy):
         if not isinstance(self.drop_stragglers, bool):
             raise ValueError(f"drop_stragglers must be true or false, got "
                              f"{self.drop_stragglers!r}")
-        if isinstance(self.straggler_seed, bool) or not isinstance(self.straggler_seed, int) \
-                or not 0 <= self.straggler_seed < 2**31:
-            raise ValueError(f"straggler_seed must be an integer in [0, 2^31), got "
-                             f"{self.straggler_seed!r}")
+        seed = self.straggler_seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
+                                 or not 0 <= seed < 2**31):
+            raise ValueError(f"straggler_seed must be an integer in [0, 2^31) or None (the "
+                             f"run's seed), got {seed!r}")
         codec = self._make_codec()
         if codec is not None and codec.sparsifying:
             raise ValueError(f"FedAvg averages parameters: codec={self.codec!r} would zero every "
@@ -117,8 +120,8 @@ class FedAvg(StackedStrategy):
         reads it; a copy per step would be ``N`` integers copied for nothing)."""
         if self.stragglers == 0.0:
             return None
-        return _draw_budgets(self.straggler_seed, round_index, self.comm.num_nodes, self.H,
-                             self.stragglers)
+        seed = self.run_seed if self.straggler_seed is None else self.straggler_seed
+        return _draw_budgets(seed, round_index, self.comm.num_nodes, self.H, self.stragglers)
 
     def _working(self, step: int) -> Tensor | None:
         """This process's rows that take step ``step`` (None: every active one)."""

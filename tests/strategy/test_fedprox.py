@@ -135,6 +135,22 @@ def test_straggler_budgets_are_seeded_per_round():
     assert torch.equal(strategy.budgets(0), kept) and torch.equal(strategy._budgets(0), kept)
 
 
+def test_the_stragglers_follow_the_run_s_seed_unless_given_one():
+    # the draw ignored the run's seed: every seed of a study had the same stragglers
+    draws = []
+    for run_seed in (0, 1, 2):
+        s = FedAvg(H=5, stragglers=0.5)
+        by_hand.build(s, (1.0, 2.0), n=8, seed=run_seed)
+        draws.append(s.budgets(0))
+    assert not torch.equal(draws[0], draws[1]) or not torch.equal(draws[0], draws[2])
+    fixed = []
+    for run_seed in (0, 1):
+        s = FedAvg(H=5, stragglers=0.5, straggler_seed=7)
+        by_hand.build(s, (1.0, 2.0), n=8, seed=run_seed)
+        fixed.append(s.budgets(0))
+    assert torch.equal(fixed[0], fixed[1])  # a seed of its own: the same draw in every run
+
+
 @pytest.mark.parametrize("drop", [False, True])
 def test_partial_work_is_averaged_or_dropped_by_hand(drop):
     # Prepare: w0 = [0, 0], N = 3, H = 3, SGD lr 1, every node a straggler; gradient [1, 1]

@@ -39,20 +39,23 @@ def sgd(lr: float, momentum: float = 0.0) -> OptimSpec:
 
 
 def stack(
-    strategy: StackedStrategy, model: nn.Module, n: int = 2, total_steps: int = 100
+    strategy: StackedStrategy, model: nn.Module, n: int = 2, total_steps: int = 100,
+    seed: int = 0,
 ) -> tuple[NodeStack, InProcessCommunicator]:
-    """``model`` on ``n`` nodes (loop engine), set up with ``strategy`` for ``total_steps``."""
+    """``model`` on ``n`` nodes (loop engine), set up with ``strategy`` for ``total_steps`` in
+    a run of seed ``seed``."""
     nodes = NodeStack(model, n, engine="loop")
     comm = InProcessCommunicator(n)
-    strategy.setup(nodes, comm, total_steps)
+    strategy.setup(nodes, comm, total_steps, seed=seed)
     return nodes, comm
 
 
 def build(
-    strategy: StackedStrategy, values, *, n: int = 2, bn: bool = False, total_steps: int = 100
+    strategy: StackedStrategy, values, *, n: int = 2, bn: bool = False, total_steps: int = 100,
+    seed: int = 0,
 ) -> tuple[NodeStack, InProcessCommunicator]:
     """:func:`stack` of a :class:`Vec` holding ``values``."""
-    return stack(strategy, Vec(values, bn=bn), n, total_steps)
+    return stack(strategy, Vec(values, bn=bn), n, total_steps, seed)
 
 
 @torch.no_grad()

@@ -150,7 +150,7 @@ class _Replica:
         self.comm = FTCommunicator(self.manager, spec.num_nodes, self.node_ids,
                                    before_collective=lambda: self._kill("collective"))
         self.strategy = copy.deepcopy(strategy)
-        self.strategy.setup(self.nodes, self.comm, spec.max_steps)
+        self.strategy.setup(self.nodes, self.comm, spec.max_steps, seed=spec.seed)
         self.step = self.syncs = self.trained = 0
         self.kept: dict[str, Any] | None = None
         # the state after the last committed transaction, taken while its commit was awaited

@@ -140,7 +140,7 @@ def hold(model: torch.nn.Module, strategy: StackedStrategy, settings: RunSetting
             engine = "loop" if engine == "vmap" else engine
         paged = Paged(model, strategy, hub, resident=s.resident, offload=s.offload,
                       device=device, engine=engine, micro_batch_size=s.micro_batch_size,
-                      precision=s.precision, total_steps=s.total_steps)
+                      precision=s.precision, total_steps=s.total_steps, seed=s.seed)
         return PagedNodes(paged, hub, batches, worldly=world_decides(s, strategy),
                           until_evaluation=until_evaluation, total_steps=s.total_steps)
     n_here = s.num_nodes if ranks is None else ranks.nodes_per_process
@@ -149,4 +149,4 @@ def hold(model: torch.nn.Module, strategy: StackedStrategy, settings: RunSetting
     server = s.network is not None and s.network.topology == "server"
     comm = (InProcessCommunicator(s.num_nodes, server=server) if ranks is None
             else DistributedCommunicator(s.num_nodes, ranks.node_ids, wall=wall, server=server))
-    return InMemory(nodes, comm, strategy, batches, ranks, s.total_steps)
+    return InMemory(nodes, comm, strategy, batches, ranks, s.total_steps, s.seed)

@@ -85,10 +85,10 @@ class InMemory(CommBytes):
 
     def __init__(self, nodes: NodeStack, comm: Communicator, strategy: StackedStrategy,
                  batches: NodeBatches | ClientBatches, ranks: RankContext | None,
-                 total_steps: int) -> None:
+                 total_steps: int, seed: int = 0) -> None:
         super().__init__(nodes, comm, strategy, batches)
         self.ranks = ranks
-        strategy.setup(nodes, comm, total_steps)
+        strategy.setup(nodes, comm, total_steps, seed=seed)
 
     @property
     def strategies(self) -> list[StackedStrategy]:

@@ -416,7 +416,8 @@ class Paged:
 
     def __init__(self, model: nn.Module, strategy: StackedStrategy, hub: Communicator, *,
                  resident: int, offload: str, device: torch.device, engine: str,
-                 micro_batch_size: int | None, precision: Any, total_steps: int) -> None:
+                 micro_batch_size: int | None, precision: Any, total_steps: int,
+                 seed: int = 0) -> None:
         kind, folder = parse_offload(offload)
         if engine == "vmap":
             raise ValueError("a paged run (resident=) computes with the loop or threads engine, "
@@ -447,7 +448,7 @@ class Paged:
             own = strategy if g == 0 else copy.deepcopy(template)
             comm = GroupComm(hub, ids, g, self.rv)
             try:
-                own.setup(nodes, comm, total_steps)
+                own.setup(nodes, comm, total_steps, seed=seed)
             except _Contributed:
                 raise PagingError(f"{type(own).__name__}.setup() communicates; a paged run "
                                   "needs a strategy whose setup does not") from None

@@ -42,8 +42,8 @@ class Seats(InMemory):
 
     def __init__(self, population: Population, nodes: NodeStack, comm: Communicator,
                  strategy: StackedStrategy, batches: ClientBatches, ranks: RankContext | None,
-                 total_steps: int) -> None:
-        super().__init__(nodes, comm, strategy, batches, ranks, total_steps)
+                 total_steps: int, seed: int = 0) -> None:
+        super().__init__(nodes, comm, strategy, batches, ranks, total_steps, seed)
         self.population = population
         # an asynchronous server's view of its seats' speeds (DyLU sizes rounds by them)
         self.server = strategy if isinstance(strategy, ServerStrategy) else None
@@ -84,7 +84,7 @@ class Seats(InMemory):
                 if ranks is None else
                 DistributedCommunicator(k, ranks.node_ids, seats=True, server=server,
                                         on_record=population.on_record, wall=wall))
-        return cls(population, nodes, comm, strategy, batches, ranks, s.total_steps)
+        return cls(population, nodes, comm, strategy, batches, ranks, s.total_steps, s.seed)
 
     # -- rounds (exogym.run.loop.rounds) and an asynchronous server's clients ---------------------
     @property

@@ -61,7 +61,9 @@ class PerNode(StackedStrategy):
     def id(self) -> str:  # type: ignore[override]
         return type(self.node).__name__
 
-    def setup(self, nodes: NodeStack, comm: Communicator, total_steps: int) -> None:
+    def setup(self, nodes: NodeStack, comm: Communicator, total_steps: int, *,
+              seed: int = 0) -> None:
+        self.run_seed = seed
         if total_steps < 1:
             raise ValueError(f"total_steps must be >= 1, got {total_steps}")
         if nodes.engine != "loop":
