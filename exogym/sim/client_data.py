@@ -146,6 +146,17 @@ class ClientBatches:
         lo, hi = int(self._offsets[client]), int(self._offsets[client + 1])
         return self._ids[lo:hi]
 
+    def examples(self, clients: Sequence[int]) -> list[int] | None:
+        """Each of ``clients``' training examples when the clients' shards differ in size (a
+        disjoint Dirichlet or natural split); None when every client has as many (IID and
+        sampled shards)."""
+        if self._offsets is None or self.mode == "sampled":
+            return None
+        sizes = np.diff(self._offsets)
+        if int(sizes.min()) == int(sizes.max()):
+            return None
+        return [int(sizes[c]) for c in clients]
+
     def _sampled_shard(self, client: int) -> Tensor:
         cached = self._sampled.get(client)
         if cached is not None:

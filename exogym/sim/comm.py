@@ -248,11 +248,15 @@ class Attendance:
         active: the nodes that compute it (``N`` booleans, global order; None: all).
         heard: who is heard at a synchronisation (:data:`Heard`); None: everyone the step's
             ``active`` says (a perfect world, where a deadline needs a simulated network).
+        examples: each node's training examples (``N`` numbers, global order: its shard's
+            size, a population's seat its client's), what FedAvg weights a node's model by
+            (McMahan et al.'s ``n_k``); None: every node the same.
     """
 
     step: int = -1
     active: list[bool] | None = None
     heard: Heard | None = None
+    examples: list[int] | None = None
 
 
 class Communicator(abc.ABC):

@@ -59,6 +59,7 @@ __all__ = [
     "fixed_shards",
     "is_map_style",
     "iterate_batches",
+    "node_examples",
     "node_pass_order",
     "seeded_generator",
 ]
@@ -82,6 +83,18 @@ def fetch(dataset: Dataset, indices: Tensor) -> Any:
     if type(dataset) is TensorDataset:  # default_collate's list, one gather per tensor
         return [t[indices] for t in dataset.tensors]
     return default_collate([dataset[int(i)] for i in indices])
+
+
+def node_examples(batches: NodeBatches) -> list[int] | None:
+    """Each node's training examples (its fixed shard's size, or its own dataset's length) when
+    they differ; None when every node has as many (IID shards, equal datasets)."""
+    if batches.shards is not None:
+        sizes = [len(s) for s in batches.shards]
+    elif batches.datasets:
+        sizes = [_length(ds) for ds in batches.datasets]
+    else:
+        return None
+    return None if len(set(sizes)) <= 1 else sizes
 
 
 def seeded_generator(*key: int) -> torch.Generator:

@@ -5,12 +5,18 @@ Efficient Learning of Deep Networks from Decentralized Data", AISTATS 2017, arXi
 (Algorithm 1, FederatedAveraging, with every client taking part in each round, C = 1).
 
 Every node runs the inner optimizer on its own data; after each block of ``H`` local steps the
-server model becomes the data-weighted mean of the node models, ``w <- sum_k (n_k / n) w_k``;
-exogym's shards are equal, so that is the plain mean, and every node restarts from it. The paper's
-clients run plain SGD for E local epochs of batch size B; here the local work is ``H`` steps of the
-inner optimizer (AdamW by default, ``optim.name=sgd`` for the paper's client), and each node keeps
-its optimizer state across rounds. Floating-point buffers (BatchNorm statistics) are averaged with
-the parameters.
+server model becomes the data-weighted mean of the models that arrived, Algorithm 1's
+``w <- sum_{k in S} (n_k / m) w_k`` with ``m = sum_{k in S} n_k`` over the round's clients ``S``
+(``weighting="examples"``, the default; ``n_k``: the node's shard size, a population's client's:
+:attr:`exogym.sim.comm.Attendance.examples`), and every node restarts from it. IID shards are
+equal, and a mean of equal weights is computed as the plain mean, bit for bit; a Dirichlet or
+natural split gives unequal shards. ``weighting="uniform"``: the plain mean whatever the shards.
+The paper's clients run plain SGD for E local epochs of batch size B, so a client's work grows
+with ``n_k``; here the local work is ``H`` steps of the inner optimizer for every node (AdamW by
+default, ``optim.name=sgd`` for the paper's client), and ``n_k / m`` still weights each model by
+its share of the data in the objective ``f(w) = sum_k (n_k / n) F_k(w)`` that FedAvg minimises
+(Flower's FedAvg weights by each client's examples likewise). Each node keeps its optimizer state
+across rounds. Floating-point buffers (BatchNorm statistics) are averaged with the parameters.
 
 Absent nodes (a world): the average is over the nodes whose parameters arrived (a ring among those
 ``M``), and only they adopt it; a node that is down, lost its message or was cut by a
@@ -50,7 +56,9 @@ from torch import Tensor
 
 from exogym.strategy.base import StackedStrategy, in_range, positive_int, restart_rows
 
-__all__ = ["FedAvg"]
+__all__ = ["WEIGHTINGS", "FedAvg"]
+
+WEIGHTINGS = ("examples", "uniform")
 
 
 @dataclass(kw_only=True)
@@ -66,6 +74,7 @@ class FedAvg(StackedStrategy):
             ``H`` steps (the paper's FedAvg); False (FedProx's way): average their partial work.
         straggler_seed: seeds the draw of each round's stragglers and their steps; None (the
             default): the run's seed, so that the seeds of a study draw other stragglers.
+        weighting: ``"examples"`` (the paper's ``n_k / m``) or ``"uniform"`` (the plain mean).
     """
 
     id = "fedavg"
@@ -74,6 +83,7 @@ class FedAvg(StackedStrategy):
     stragglers: float = 0.0
     drop_stragglers: bool = False
     straggler_seed: int | None = None
+    weighting: str = "examples"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -87,6 +97,9 @@ class FedAvg(StackedStrategy):
                                  or not 0 <= seed < 2**31):
             raise ValueError(f"straggler_seed must be an integer in [0, 2^31) or None (the "
                              f"run's seed), got {seed!r}")
+        if self.weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting must be one of {list(WEIGHTINGS)}, got "
+                             f"{self.weighting!r}")
         codec = self._make_codec()
         if codec is not None and codec.sparsifying:
             raise ValueError(f"FedAvg averages parameters: codec={self.codec!r} would zero every "
@@ -148,7 +161,15 @@ class FedAvg(StackedStrategy):
             # the stragglers that did not finish send nothing; alive, they adopt the mean
             adopt = members or [True] * self.comm.num_nodes
             members = [p and int(b) == self.H for p, b in zip(adopt, budget, strict=True)]
-        if members is None:
+        weights = self.weights(members)
+        if weights is not None:  # unequal shards: sum_k (n_k / m) w_k
+            scaled = [t * weights.to(t.dtype).view(-1, *[1] * (t.dim() - 1)) for t in tensors]
+            means = list(self.comm.all_reduce(scaled, "sum", tag="params",
+                                              codec=self.transport_codec, members=members))
+            rows = self.comm.local_rows(adopt or [True] * self.comm.num_nodes,
+                                        self.nodes.device)
+            self._adopt(tensors, names, means, rows)
+        elif members is None:
             self.comm.all_reduce_(tensors, "mean", tag="params", codec=self.transport_codec)
             self._adopt(tensors, names, [t[0] for t in tensors], None)
         elif any(members):  # else nothing arrived: no round
@@ -156,6 +177,21 @@ class FedAvg(StackedStrategy):
                                               codec=self.transport_codec, members=members))
             assert adopt is not None
             self._adopt(tensors, names, means, self.comm.local_rows(adopt, self.nodes.device))
+
+    def weights(self, members: list[bool] | None) -> Tensor | None:
+        """Each local row's weight ``n_k / m`` among ``members`` (None: every node), 0 for the
+        others; None when the members' ``n_k`` are equal or ``weighting="uniform"``: the plain
+        mean, as it always was computed."""
+        examples = self.comm.attendance.examples
+        if self.weighting == "uniform" or examples is None:
+            return None
+        taking = [members is None or bool(members[i]) for i in range(self.comm.num_nodes)]
+        counts = [examples[i] for i in range(self.comm.num_nodes) if taking[i]]
+        if not counts or len(set(counts)) == 1:
+            return None
+        m = float(sum(counts))
+        return torch.tensor([examples[i] / m if taking[i] else 0.0 for i in self.comm.node_ids],
+                            dtype=torch.float64, device=self.nodes.device)
 
     def _adopt(self, tensors: list[Tensor], names: list[str], means: list[Tensor],
                rows: Tensor | None) -> None:

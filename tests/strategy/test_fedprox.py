@@ -193,3 +193,39 @@ def test_fedprox_stragglers_stop_and_keep_their_optimizer_state():
     # Assert: node k moved at steps 0 .. e_k - 1 only
     for k in range(2):
         assert [s[k] for s in seen] == [step < budget[k] for step in range(3)], (k, budget)
+
+
+# -- FedAvg's weighting: McMahan et al.'s Algorithm 1, sum_k (n_k / m) w_k -----------------------
+@pytest.mark.parametrize(("examples", "weighting", "want"), [
+    ([1, 2, 3], "examples", (1 * 1 + 2 * 2 + 3 * 3) / 6),  # 14 / 6
+    ([1, 2, 3], "uniform", 2.0),
+    (None, "examples", 2.0),  # equal shards: the plain mean
+    ([5, 5, 5], "examples", 2.0),
+])
+def test_fedavg_weights_each_model_by_its_examples_by_hand(examples, weighting, want):
+    # Prepare: w0 = [0], 3 nodes, H = 1, SGD lr 1, gradients -1, -2, -3: w_k = 1, 2, 3
+    s = FedAvg(H=1, weighting=weighting, optim=OptimSpec(name="sgd", lr=1.0))
+    nodes, comm = by_hand.build(s, (0.0,), n=3)
+    comm.attendance.examples = examples
+
+    # Execute
+    step_with(s, nodes, [[-1.0], [-2.0], [-3.0]], 0)
+
+    # Assert: every node and the server model hold the weighted mean
+    (p,) = nodes.params.values()
+    assert p[:, 0].tolist() == pytest.approx([want] * 3, rel=1e-15)
+    assert s.global_state()[next(iter(nodes.params))].item() == pytest.approx(want, rel=1e-15)
+
+
+def test_equal_weights_are_the_plain_mean_bit_for_bit():
+    values = torch.tensor([[0.1], [0.7], [0.3]], dtype=torch.float64)
+    out = []
+    for examples in (None, [4, 4, 4]):
+        s = FedAvg(H=1, optim=OptimSpec(name="sgd", lr=1.0))
+        nodes, comm = by_hand.build(s, (0.0,), n=3)
+        comm.attendance.examples = examples
+        step_with(s, nodes, (-values).tolist(), 0)
+        out.append(next(iter(nodes.params.values())).clone())
+    assert torch.equal(out[0], out[1])
+    with pytest.raises(ValueError, match=r"weighting must be one of \['examples', 'uniform'\]"):
+        FedAvg(weighting="clients")

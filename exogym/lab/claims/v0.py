@@ -6,6 +6,11 @@ papers' figures were checked against what this machine can read of them (no inte
 abstracts, through the project's search of public pages); a figure that could not be checked is
 marked "(not verified here)".
 
+Since 2026-12-07 FedAvg (and FedProx) weight each model by its examples (McMahan et al.'s
+``n_k / m``) and FedAvg's stragglers follow the run's seed: v0's recorded runs were unweighted
+and drew the same stragglers for every seed, so a rerun of its Dirichlet and straggler claims
+gives other numbers (``claims-v1`` supersedes it).
+
 The experiments are small enough for a 2-core CPU: the MNIST CNN of the default task, 8 nodes or
 a population of 100 to 10,000 clients, a few hundred steps. Each claim says the paper's scale
 and this one's.

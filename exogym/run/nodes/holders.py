@@ -38,7 +38,7 @@ from exogym.run.settings import RunSettings, world_decides
 from exogym.sim.client_data import ClientBatches
 from exogym.sim.comm import Communicator, InProcessCommunicator
 from exogym.sim.engine import NodeStack, auto_engine
-from exogym.sim.sharding import NodeBatches
+from exogym.sim.sharding import NodeBatches, node_examples
 from exogym.strategy.base import StackedStrategy
 
 if TYPE_CHECKING:
@@ -134,6 +134,7 @@ def hold(model: torch.nn.Module, strategy: StackedStrategy, settings: RunSetting
     if s.resident is not None and ranks is None:
         hub = InProcessCommunicator(
             s.num_nodes, server=s.network is not None and s.network.topology == "server")
+        hub.attendance.examples = node_examples(batches)
         engine = s.engine
         if engine == "auto":  # vmap (auto's choice on CUDA) batches what it holds: loop
             engine = auto_engine(device, s.num_nodes)
@@ -149,4 +150,5 @@ def hold(model: torch.nn.Module, strategy: StackedStrategy, settings: RunSetting
     server = s.network is not None and s.network.topology == "server"
     comm = (InProcessCommunicator(s.num_nodes, server=server) if ranks is None
             else DistributedCommunicator(s.num_nodes, ranks.node_ids, wall=wall, server=server))
+    comm.attendance.examples = node_examples(batches)
     return InMemory(nodes, comm, strategy, batches, ranks, s.total_steps, s.seed)

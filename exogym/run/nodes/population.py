@@ -137,6 +137,7 @@ class Population:
         self.rounds.append(list(clients))
         self.batches.forget([c for c in self.previous if c not in set(clients)])
         nodes.row_ids = self.seated_rows(comm.node_ids)
+        comm.attendance.examples = self.batches.examples(self.seated_rows())
         self.apply_speeds(clock)
         self._carry_staying(nodes, comm)
         for row, seat in enumerate(comm.node_ids):
