@@ -6,6 +6,7 @@ the interval lies, the seeds a smallest effect needs."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -17,7 +18,10 @@ from exogym.lab.claims.intervals import (
     t_interval,
     t_quantile,
 )
+from exogym.lab.claims.measure import RunRecord
+from exogym.lab.claims.spec import Claim, Config, Paper, Rule
 from exogym.lab.claims.stats import bootstrap_ci
+from exogym.lab.claims.suite import decide_rule, fingerprint
 
 
 @pytest.mark.parametrize(("level", "nu", "table"), [
@@ -83,3 +87,60 @@ def test_the_seeds_a_smallest_effect_needs_by_hand() -> None:
     assert seeds_for(1.0, 0.1) == (12, False)  # underpowered at the most
     with pytest.raises(ValueError, match="smallest effect of interest must be > 0"):
         seeds_for(1.0, 0.0)
+
+
+# -- rules: kinds, censoring ----------------------------------------------------------------------
+def _run(sim_time: float, reached_at: float | None, loss: float = 0.1) -> RunRecord:
+    evals = [] if reached_at is None else [{"step": 10, "sim_time_s": reached_at,
+                                            "eval_accuracy": 0.95}]
+    return RunRecord({"final": {"eval_loss": loss, "eval_accuracy": 0.9}, "sim_time_s": sim_time,
+                      "steps": 100, "bytes_sent_per_node": [8.0]}, evals)
+
+
+def _claim(*rules: Rule) -> Claim:
+    return Claim(id="c", paper=Paper("A", 2020, "T", "x"), where="w", claim="c", paper_figure="f",
+                 scale="s", task="mnist", common={}, configs=(Config("a", "ddp"),
+                                                              Config("b", "ddp")),
+                 rules=rules, seeds=3, quick={}, interval="t")
+
+
+def test_time_to_target_is_censored_at_the_pair_s_budget_by_hand() -> None:
+    # seed 0: a reaches at 4 s, b never within its 10 s: b counts 10 (its budget, the shorter
+    # run's) -> a / b = 0.4; seed 1: a never (runs 6 s), b at 2 s of 9: the budget is 6 s ->
+    # 6 / 2 = 3; seed 2: neither within 5 s (a's run): 5 / 5 = 1. Never infinite.
+    rule = Rule("t", "time_to_accuracy", "a", "b", "ratio", "below", 1.0, target=0.95,
+                censored=True)
+    a = [_run(12.0, 4.0), _run(6.0, None), _run(5.0, None)]
+    b = [_run(10.0, None), _run(9.0, 2.0), _run(8.0, 7.0)]
+    out = decide_rule(_claim(rule), rule, a, b)
+    assert out.values == pytest.approx((0.4, 3.0, 1.0))
+    uncensored = Rule("t", "time_to_accuracy", "a", "b", "ratio", "below", 1.0, target=0.95)
+    assert decide_rule(_claim(uncensored), uncensored, a, b).verdict == "inconclusive"  # inf
+
+
+def test_an_equivalence_rule_and_a_reported_one() -> None:
+    same = Rule("m", "final_loss", "a", "b", "ratio", "below", 1.0, kind="equivalence",
+                margin=(1 / 1.1, 1.1))
+    fixed = Rule("bytes", "bytes_per_node", "a", "b", "ratio", "below", 1.0, kind="reported")
+    a = [_run(1.0, None, loss) for loss in (0.100, 0.101, 0.099)]
+    b = [_run(1.0, None, loss) for loss in (0.100, 0.100, 0.100)]
+    claim = _claim(same, fixed)
+    assert decide_rule(claim, same, a, b).verdict == "reproduced"
+    far = [_run(1.0, None, loss) for loss in (0.2, 0.21, 0.19)]
+    assert decide_rule(claim, same, far, b).verdict == "not reproduced"
+    reported = decide_rule(claim, fixed, a, b)
+    assert reported.verdict == "reported" and reported.values == (1.0, 1.0, 1.0)
+    with pytest.raises(ValueError, match="every rule is reported"):
+        _claim(fixed)
+    with pytest.raises(ValueError, match="an equivalence rule needs a margin"):
+        Rule("m", "final_loss", "a", "b", "ratio", "below", 1.0, kind="equivalence")
+    with pytest.raises(ValueError, match="censored applies to the \\*_to_accuracy metrics"):
+        Rule("m", "final_loss", "a", "b", "ratio", "below", 1.0, censored=True)
+
+
+def test_v0_s_fingerprints_are_what_its_recorded_folders_hold() -> None:
+    # the fields added for v1 count only where they are not their defaults
+    from exogym.lab.claims import CLAIMS
+
+    assert fingerprint(CLAIMS[0]) == "5b3e8bc86ca8b3b8"
+    assert fingerprint(replace(CLAIMS[0], first_seed=10)) != "5b3e8bc86ca8b3b8"

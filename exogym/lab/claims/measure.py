@@ -47,6 +47,14 @@ class RunRecord:
         raise ValueError(f"unknown metric {metric!r}")
 
 
+    def extent(self, unit: str) -> float:
+        """How far the run went: ``"sim_time"`` (its simulated seconds), ``"steps"`` or
+        ``"rounds"`` (steps / H): a censored time-to-target's budget."""
+        if unit == "sim_time":
+            return float(self.summary["sim_time_s"])
+        steps = float(self.summary["steps"])
+        return steps / self._steps_per_round() if unit == "rounds" else steps
+
     def _peak_bytes_per_step(self) -> float:
         rows = [(0, 0.0)] + [(int(r["step"]), float(r["bytes_sent"])) for r in self.logged]
         per_step = [(b1 - b0) / (s1 - s0) for (s0, b0), (s1, b1) in pairwise(rows)

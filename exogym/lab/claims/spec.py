@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from exogym.run.options import settings
 
-__all__ = ["METRICS", "Claim", "Config", "Paper", "Rule"]
+__all__ = ["METRICS", "RULE_KINDS", "Claim", "Config", "Paper", "Rule"]
 
 METRICS: dict[str, str] = {
     "final_loss": "the final evaluation loss (the whole test set)",
@@ -66,17 +66,33 @@ class Config:
         _check_settings(self.settings, f"config {self.label!r}")
 
 
+RuleKind = Literal["superiority", "equivalence", "reported"]
+RULE_KINDS: tuple[str, ...] = ("superiority", "equivalence", "reported")
+
+
 @dataclass(frozen=True)
 class Rule:
     """One verdict rule: per seed, ``metric(a) - metric(b)`` (``form="diff"``) or
-    ``metric(a) / metric(b)`` (``"ratio"``); the mean over the seeds with a bootstrap 95% CI
-    (:mod:`exogym.lab.claims.stats`). The claim says the mean is on ``side`` of
-    ``threshold``: **reproduced** when the whole CI is there, **not reproduced** when the whole
-    CI is on the other side, **inconclusive** when the CI straddles the threshold.
+    ``metric(a) / metric(b)`` (``"ratio"``); the mean over the seeds with a 95% interval
+    (``claims-v0``: the bootstrap, :mod:`exogym.lab.claims.stats`; ``claims-v1``: Student's t,
+    :mod:`exogym.lab.claims.intervals`). A ``superiority`` rule says the mean is on ``side`` of
+    ``threshold``: **reproduced** when the whole interval is there, **not reproduced** when it
+    is wholly on the other side, **inconclusive** when it straddles the threshold. An
+    ``equivalence`` rule ("matches") says it lies within ``margin``: reproduced when the whole
+    interval does, not reproduced when the whole interval lies outside. A ``reported`` rule is a
+    quantity the configuration fixes (a schedule's bytes): shown, never evidence.
 
     Attributes:
         text: the rule in words (the docs' table shows it).
         target: the accuracy of ``time_to_accuracy`` / ``steps_to_accuracy``.
+        kind: ``superiority`` (the default, ``claims-v0``'s only kind), ``equivalence`` or
+            ``reported``.
+        margin: an equivalence rule's ``(low, high)`` on the per-seed statistic.
+        effect: the smallest effect of interest, in the statistic's units (``claims-v1``: the
+            test seeds are chosen to resolve it; :func:`exogym.lab.claims.intervals.seeds_for`).
+        censored: a ``*_to_accuracy`` metric read with both runs of a seed censored at their
+            common budget (the shorter run's simulated time, or steps): a run that does not
+            reach the target by then counts as the budget, never as infinity.
     """
 
     text: str
@@ -87,8 +103,13 @@ class Rule:
     side: Literal["below", "above"]
     threshold: float
     target: float | None = None
+    kind: RuleKind = "superiority"
+    margin: tuple[float, float] | None = None
+    effect: float | None = None
+    censored: bool = False
 
     def __post_init__(self) -> None:
+        self._check_kind()
         if self.metric not in METRICS:
             raise ValueError(f"rule metric {self.metric!r} is not one of {sorted(METRICS)}")
         if self.form not in ("diff", "ratio"):
@@ -102,6 +123,25 @@ class Rule:
                                 else f"only for the *_to_accuracy metrics, got {self.target}"))
         if self.target is not None and not 0 < self.target <= 1:
             raise ValueError(f"rule target must be an accuracy in (0, 1], got {self.target}")
+
+    def _check_kind(self) -> None:
+        if self.kind not in RULE_KINDS:
+            raise ValueError(f"rule kind must be one of {list(RULE_KINDS)}, got {self.kind!r}")
+        if (self.kind == "equivalence") != (self.margin is not None):
+            raise ValueError("an equivalence rule needs a margin (low, high), and only it")
+        if self.margin is not None and not self.margin[0] < self.margin[1]:
+            raise ValueError(f"an equivalence margin needs low < high, got {self.margin}")
+        if self.effect is not None and not self.effect > 0:
+            raise ValueError(f"a rule's smallest effect of interest must be > 0, got "
+                             f"{self.effect}")
+        if self.censored and not self.metric.endswith("_to_accuracy"):
+            raise ValueError(f"censored applies to the *_to_accuracy metrics, not "
+                             f"{self.metric!r}")
+
+    @property
+    def evidence(self) -> bool:
+        """Whether the rule counts towards the verdict (a reported one does not)."""
+        return self.kind != "reported"
 
 
 @dataclass(frozen=True)
@@ -119,9 +159,15 @@ class Claim:
         configs: what is trained, each with every seed.
         rules: the verdict rules (all reproduced: reproduced; any not reproduced: not
             reproduced; else inconclusive).
-        seeds: how many seeds (5 for runs under a minute, 3 otherwise), from seed 0.
+        seeds: how many seeds (5 for runs under a minute, 3 otherwise), from ``first_seed``.
         quick: settings that replace the others for ``--quick`` (one seed, short runs: a
             check of the machinery, never of the verdict).
+        first_seed: the first test seed (``claims-v1``: 10, apart from the pilot's seeds).
+        interval: ``"bootstrap"`` (``claims-v0``) or ``"t"`` (``claims-v1``).
+        pilot: how the seed count was chosen (the pilot's seeds, its spread, the effect).
+        control: ``"null"`` (must come out reproduced: a method against itself) or
+            ``"negative"`` (must come out not reproduced: a method broken on purpose); None:
+            a claim. A suite whose controls fail publishes no verdict.
     """
 
     id: str
@@ -136,6 +182,10 @@ class Claim:
     rules: tuple[Rule, ...]
     seeds: int
     quick: Mapping[str, Any]
+    first_seed: int = 0
+    interval: Literal["bootstrap", "t"] = "bootstrap"
+    pilot: str = ""
+    control: Literal["null", "negative"] | None = None
 
     def __post_init__(self) -> None:
         labels = [c.label for c in self.configs]
@@ -150,8 +200,22 @@ class Claim:
             raise ValueError(f"claim {self.id!r} has no verdict rule")
         if self.seeds < 1:
             raise ValueError(f"claim {self.id!r}: seeds must be >= 1, got {self.seeds}")
+        if self.interval not in ("bootstrap", "t"):
+            raise ValueError(f"claim {self.id!r}: interval must be 'bootstrap' or 't', got "
+                             f"{self.interval!r}")
+        if self.control not in (None, "null", "negative"):
+            raise ValueError(f"claim {self.id!r}: control must be 'null', 'negative' or None, "
+                             f"got {self.control!r}")
+        if not any(r.evidence for r in self.rules):
+            raise ValueError(f"claim {self.id!r}: every rule is reported; a claim needs one "
+                             "that is evidence")
         _check_settings(self.common, f"claim {self.id!r}'s common settings")
         _check_settings(self.quick, f"claim {self.id!r}'s quick settings")
+
+    @property
+    def seed_ids(self) -> range:
+        """The test seeds."""
+        return range(self.first_seed, self.first_seed + self.seeds)
 
     def config(self, label: str) -> Config:
         return next(c for c in self.configs if c.label == label)

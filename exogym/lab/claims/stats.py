@@ -28,7 +28,7 @@ import numpy as np
 __all__ = ["RESAMPLES", "RuleOutcome", "Verdict", "bootstrap_ci", "claim_verdict", "decide",
            "per_seed"]
 
-Verdict = Literal["reproduced", "not reproduced", "inconclusive", "not decided"]
+Verdict = Literal["reproduced", "not reproduced", "inconclusive", "not decided", "reported"]
 RESAMPLES = 10_000
 
 

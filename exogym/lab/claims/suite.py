@@ -24,15 +24,16 @@ from typing import Any
 import torch
 
 from exogym import strategy as strategies
+from exogym.lab.claims.intervals import equivalence, superiority
 from exogym.lab.claims.measure import RunRecord, read_run
 from exogym.lab.claims.provenance import checked_source, close_session, open_session
-from exogym.lab.claims.spec import Claim, Config
+from exogym.lab.claims.spec import Claim, Config, Rule
 from exogym.lab.claims.stats import RuleOutcome, Verdict, claim_verdict, decide, per_seed
 from exogym.lab.progress import RunProgress
 from exogym.run.options import settings
 from exogym.tasks.registry import Task, get_task
 
-__all__ = ["ClaimOutcome", "command_of", "fingerprint", "run_claims", "select"]
+__all__ = ["ClaimOutcome", "command_of", "decide_rule", "fingerprint", "run_claims", "select"]
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,37 @@ def select(claims: Sequence[Claim], only: Sequence[str] | None) -> list[Claim]:
 
 def fingerprint(claim: Claim) -> str:
     """A hash of what decides the claim's runs and verdict (its task, settings, configs, rules,
-    seeds and quick settings; not its prose): runs of another spec are not this claim's."""
-    decisive = (claim.task, claim.common, claim.configs, claim.rules, claim.seeds, claim.quick)
+    seeds and quick settings; not its prose): runs of another spec are not this claim's. The
+    fields added with ``claims-v1`` count where they are not their defaults, so that
+    ``claims-v0``'s fingerprints stay what its recorded folders hold."""
+    rules = tuple(_changed_repr(r, ("kind", "margin", "effect", "censored")) for r in claim.rules)
+    decisive: tuple[Any, ...] = (claim.task, claim.common, claim.configs, rules, claim.seeds,
+                                 claim.quick)
+    extra = {k: getattr(claim, k) for k in ("first_seed", "interval", "control")
+             if getattr(claim, k) != Claim.__dataclass_fields__[k].default}
+    if extra:
+        decisive += (extra,)
     return hashlib.sha256(repr(decisive).encode()).hexdigest()[:16]
+
+
+class _Repr:
+    """An object whose repr is the given text (a tuple of them reprs as a tuple of objects)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _changed_repr(rule: Rule, added: tuple[str, ...]) -> _Repr:
+    """``rule``'s dataclass repr as it was before the fields ``added`` existed, those of them
+    that are not their defaults appended."""
+    fields = Rule.__dataclass_fields__
+    old = ", ".join(f"{k}={getattr(rule, k)!r}" for k in fields if k not in added)
+    new = "".join(f", {k}={getattr(rule, k)!r}" for k in added
+                  if getattr(rule, k) != fields[k].default)
+    return _Repr(f"Rule({old}{new})")
 
 
 def command_of(claim: Claim, config: Config, quick: bool = False) -> str:
@@ -153,11 +182,12 @@ def _read_record(path: Path) -> dict[str, Any]:
 
 def _train(claim: Claim, folder: Path, seeds: int, quick: bool, data_dir: str | Path | None,
            download: bool, meter: RunProgress | None) -> dict[str, list[RunRecord]]:
-    """Every config with every seed (seed by seed), the finished ones read back."""
+    """Every config with every seed (seed by seed: the claim's first ``seeds`` test seeds), the
+    finished ones read back."""
     task = get_task(claim.task)
     data: tuple[Any, Any] | None = None
     runs: dict[str, list[RunRecord]] = {c.label: [] for c in claim.configs}
-    for seed in range(seeds):
+    for seed in claim.seed_ids[:seeds]:
         for config in claim.configs:
             run_dir = folder / f"{config.label}-seed{seed}"
             if (run_dir / "summary.json").exists():
@@ -198,10 +228,39 @@ def _fit(task: Task, claim: Claim, config: Config, seed: int, quick: bool, run_d
 
 def _decide(claim: Claim, runs: dict[str, list[RunRecord]], seeds: int,
             quick: bool) -> ClaimOutcome:
-    outcomes = []
-    for rule in claim.rules:
-        a = [r.value(rule.metric, rule.target) for r in runs[rule.a]]
-        b = [r.value(rule.metric, rule.target) for r in runs[rule.b]]
-        outcomes.append(decide(per_seed(a, b, rule.form), rule.side, rule.threshold))
-    return ClaimOutcome(claim, tuple(outcomes), claim_verdict([o.verdict for o in outcomes]),
-                        seeds, quick)
+    outcomes = [decide_rule(claim, rule, runs[rule.a], runs[rule.b]) for rule in claim.rules]
+    verdict = claim_verdict([o.verdict for r, o in zip(claim.rules, outcomes, strict=True)
+                             if r.evidence])
+    return ClaimOutcome(claim, tuple(outcomes), verdict, seeds, quick)
+
+
+def decide_rule(claim: Claim, rule: Rule, a_runs: Sequence[RunRecord],
+                b_runs: Sequence[RunRecord]) -> RuleOutcome:
+    """One rule over the seeds' paired runs: ``claims-v0``'s bootstrap, or ``claims-v1``'s
+    t-interval by the rule's kind (a reported rule's values and interval, no verdict)."""
+    a, b = _paired_values(rule, a_runs, b_runs)
+    values = per_seed(a, b, rule.form)
+    if claim.interval == "bootstrap":
+        return decide(values, rule.side, rule.threshold)
+    if rule.kind == "equivalence":
+        assert rule.margin is not None
+        return equivalence(values, *rule.margin)
+    outcome = superiority(values, rule.side, rule.threshold)
+    if rule.kind == "reported":
+        return RuleOutcome(outcome.values, outcome.mean, outcome.ci, "reported")
+    return outcome
+
+
+def _paired_values(rule: Rule, a_runs: Sequence[RunRecord],
+                   b_runs: Sequence[RunRecord]) -> tuple[list[float], list[float]]:
+    """Each seed's metric of both runs; a censored rule's ``*_to_accuracy`` at most the pair's
+    common budget (the shorter run's simulated time, or steps): never infinite."""
+    a = [r.value(rule.metric, rule.target) for r in a_runs]
+    b = [r.value(rule.metric, rule.target) for r in b_runs]
+    if not rule.censored:
+        return a, b
+    unit = {"time_to_accuracy": "sim_time", "steps_to_accuracy": "steps",
+            "rounds_to_accuracy": "rounds"}[rule.metric]
+    budgets = [min(x.extent(unit), y.extent(unit)) for x, y in zip(a_runs, b_runs, strict=True)]
+    return ([min(v, c) for v, c in zip(a, budgets, strict=True)],
+            [min(v, c) for v, c in zip(b, budgets, strict=True)])
