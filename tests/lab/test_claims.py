@@ -248,7 +248,9 @@ def test_exogym_claims_quick_runs_every_claim(tmp_path: Path, mnist_data: Path,
     assert "--quick: a check of the machinery, not the verdicts" in shown
 
 
-def test_provenance_names_the_commit_and_refuses_a_dirty_tree(tmp_path: Path) -> None:
+def test_provenance_names_the_commit_and_refuses_a_dirty_tree(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EXOGYM_ALLOW_DIRTY")  # conftest's: this test is of the refusal
     repo = tmp_path / "code"
     repo.mkdir()
     git = ["git", "-C", str(repo), "-c", "user.email=a@b", "-c", "user.name=a"]
@@ -266,4 +268,6 @@ def test_provenance_names_the_commit_and_refuses_a_dirty_tree(tmp_path: Path) ->
         checked_source(root=repo)
     allowed = checked_source(root=repo, allow_dirty=True)
     assert allowed["allowed_dirty"] and allowed["commit"] == head
+    monkeypatch.setenv("EXOGYM_ALLOW_DIRTY", "1")
+    assert checked_source(root=repo)["allowed_dirty"]
     assert source_state(tmp_path / "elsewhere")["commit"] is None  # no checkout: the version

@@ -5,7 +5,8 @@ session that trained into the folder (a run continued later is another session).
 A verdict is only as good as the code that computed it: "rules written before the runs" can
 be checked from a results folder only when the folder names its commit. A tree with
 uncommitted changes to tracked files is refused unless the run is told it may
-(``allow_dirty``), and the record says it was told. Untracked files (a run folder under the
+(``allow_dirty``, or ``EXOGYM_ALLOW_DIRTY=1``: the test suite sets it, whatever state the
+checkout is in), and the record says it was told. Untracked files (a run folder under the
 checkout) do not count.
 """
 
@@ -87,6 +88,7 @@ def checked_source(*, allow_dirty: bool = False,
     """:func:`source_state`, a dirty tree refused unless ``allow_dirty`` (before anything is
     written)."""
     source = source_state(root)
+    allow_dirty = allow_dirty or os.environ.get("EXOGYM_ALLOW_DIRTY") == "1"
     if source["dirty"] and not allow_dirty:
         raise DirtyTreeError(
             f"the code has uncommitted changes ({', '.join(source['changed'][:5])}): a claims "
