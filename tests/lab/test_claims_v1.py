@@ -144,3 +144,27 @@ def test_v0_s_fingerprints_are_what_its_recorded_folders_hold() -> None:
 
     assert fingerprint(CLAIMS[0]) == "5b3e8bc86ca8b3b8"
     assert fingerprint(replace(CLAIMS[0], first_seed=10)) != "5b3e8bc86ca8b3b8"
+
+
+def test_a_failed_control_withholds_every_verdict() -> None:
+    from exogym.lab.claims.report import failed_controls, format_markdown, to_json
+    from exogym.lab.claims.stats import RuleOutcome
+    from exogym.lab.claims.suite import ClaimOutcome
+
+    rule = Rule("m", "final_loss", "a", "b", "ratio", "below", 1.0, kind="equivalence",
+                margin=(0.9, 1.1))
+    null = replace(_claim(rule), id="null-control", control="null")
+    claim = replace(_claim(rule), id="a-claim")
+
+    def outcome(c: Claim, verdict: str) -> ClaimOutcome:
+        x = RuleOutcome((1.0, 1.0), 1.0, (1.0, 1.0), verdict)  # type: ignore[arg-type]
+        return ClaimOutcome(c, (x,), verdict, 2, False)  # type: ignore[arg-type]
+
+    ok = [outcome(null, "reproduced"), outcome(claim, "reproduced")]
+    assert failed_controls(ok) == [] and "**reproduced** |" in format_markdown(ok, "t")
+    bad = [outcome(null, "inconclusive"), outcome(claim, "reproduced")]
+    text = format_markdown(bad, "t")
+    assert failed_controls(bad) == ["null-control"]
+    assert text.index("## Controls") < text.index("| claim |")
+    assert "| `a-claim`: c |" in text and "withheld (a control failed) |" in text
+    assert to_json(bad, "t")["verdicts_published"] is False

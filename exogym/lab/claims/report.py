@@ -14,7 +14,8 @@ from exogym.lab.claims.spec import Rule
 from exogym.lab.claims.suite import ClaimOutcome, command_of
 from exogym.lab.plots import require_matplotlib
 
-__all__ = ["format_markdown", "plot_claim", "to_json", "write_report"]
+__all__ = ["EXPECTED", "failed_controls", "format_markdown", "plot_claim", "to_json",
+           "write_report"]
 
 
 def _num(v: float) -> str:
@@ -55,19 +56,53 @@ def _what(r: Rule) -> str:
     return f"{r.metric}({r.a}) {'-' if r.form == 'diff' else '/'} {r.metric}({r.b})"
 
 
+EXPECTED = {"null": "reproduced", "negative": "not reproduced"}
+"""What each kind of control must come out as (:attr:`exogym.lab.claims.spec.Claim.control`)."""
+
+
+def failed_controls(outcomes: Sequence[ClaimOutcome]) -> list[str]:
+    """The controls that did not come out as they must (a quick run decides none: none
+    fail)."""
+    return [o.claim.id for o in outcomes if o.claim.control is not None and not o.quick
+            and o.verdict != EXPECTED[o.claim.control]]
+
+
+def _controls(outcomes: Sequence[ClaimOutcome]) -> list[str]:
+    """The controls' section, first: each control, what it must be, what it was."""
+    controls = [o for o in outcomes if o.claim.control is not None]
+    if not controls:
+        return []
+    failed = failed_controls(outcomes)
+    lines = ["## Controls", "",
+             ("Every control came out as it must: the verdicts below are published."
+              if not failed else f"A control failed ({', '.join(failed)}): the suite publishes "
+              "no verdict (each is withheld below)."), "",
+             "| control | kind | must be | was |", "|---|---|---|---|"]
+    for o in controls:
+        lines.append(f"| `{o.claim.id}`: {o.claim.claim} | {o.claim.control} | "
+                     f"{EXPECTED[o.claim.control]} | {_verdict(o.verdict)} |")
+    return [*lines, ""]
+
+
 def format_markdown(outcomes: Sequence[ClaimOutcome], suite: str) -> str:
-    """The claims table: claim, paper's figure, exogym's figure with its CI, verdict."""
+    """The controls first, then the claims table: claim, paper's figure, exogym's figure with
+    its interval, verdict (withheld when a control failed)."""
     quick = any(o.quick for o in outcomes)
+    withheld = bool(failed_controls(outcomes))
     lines = [f"# {suite}" + (" (--quick: a check of the machinery, not the verdicts)"
-                             if quick else ""), "",
+                             if quick else ""), "", *_controls(outcomes),
              "| claim | paper | paper's figure | exogym (mean [95% CI], seeds) | verdict |",
              "|---|---|---|---|---|"]
     for o in outcomes:
         c = o.claim
+        if c.control is not None:
+            continue
         seeds = f"{o.seeds} seed{'s' * (o.seeds != 1)}"
+        verdict = ("withheld (a control failed)" if withheld
+                   else _verdict(o.verdict))
         lines.append(f"| `{c.id}`: {c.claim} | {c.paper.authors} {c.paper.year} "
                      f"({c.paper.source}), {c.where} | {c.paper_figure} | "
-                     f"{_figure(o)} ({seeds}) | {_verdict(o.verdict)} |")
+                     f"{_figure(o)} ({seeds}) | {verdict} |")
     lines += ["", "## Rules and commands", ""]
     for o in outcomes:
         c = o.claim
@@ -86,15 +121,22 @@ def to_json(outcomes: Sequence[ClaimOutcome], suite: str) -> dict[str, Any]:
     def plain(v: float) -> float | str:
         return v if math.isfinite(v) else str(v)
 
-    return {"suite": suite, "claims": [
-        {"id": o.claim.id, "verdict": o.verdict, "seeds": o.seeds, "quick": o.quick,
-         "paper": o.claim.paper.cite(), "where": o.claim.where,
-         "rules": [{"text": r.text, "metric": r.metric, "a": r.a, "b": r.b, "form": r.form,
-                    "side": r.side, "threshold": r.threshold, "target": r.target,
-                    "values": [plain(v) for v in x.values], "mean": plain(x.mean),
-                    "ci": [plain(v) for v in x.ci], "verdict": x.verdict}
-                   for r, x in zip(o.claim.rules, o.rules, strict=True)]}
-        for o in outcomes]}
+    def rule(r: Rule, x: Any) -> dict[str, Any]:
+        return {"text": r.text, "kind": r.kind, "metric": r.metric, "a": r.a, "b": r.b,
+                "form": r.form, "side": r.side, "threshold": r.threshold, "target": r.target,
+                "margin": None if r.margin is None else list(r.margin), "effect": r.effect,
+                "censored": r.censored, "values": [plain(v) for v in x.values],
+                "mean": plain(x.mean), "ci": [plain(v) for v in x.ci], "verdict": x.verdict}
+
+    failed = failed_controls(outcomes)
+    return {"suite": suite, "controls_failed": failed, "verdicts_published": not failed,
+            "claims": [{"id": o.claim.id, "verdict": o.verdict, "seeds": o.seeds,
+                        "quick": o.quick, "control": o.claim.control,
+                        "interval": o.claim.interval, "paper": o.claim.paper.cite(),
+                        "where": o.claim.where,
+                        "rules": [rule(r, x) for r, x in zip(o.claim.rules, o.rules,
+                                                             strict=True)]}
+                       for o in outcomes]}
 
 
 def plot_claim(o: ClaimOutcome, path: Path) -> Path:
@@ -115,7 +157,10 @@ def plot_claim(o: ClaimOutcome, path: Path) -> Path:
         if math.isfinite(x.mean) and all(math.isfinite(v) for v in x.ci):
             ax.errorbar([x.mean], [0], xerr=[[x.mean - x.ci[0]], [x.ci[1] - x.mean]],
                         fmt="o", color="C0", capsize=6, zorder=4, label="mean, 95% CI")
-        ax.axvline(r.threshold, color="C3", ls="--", label=f"threshold ({r.side})")
+        if r.margin is not None:
+            ax.axvspan(*r.margin, color="C2", alpha=0.15, label="equivalence margin")
+        elif r.kind != "reported":
+            ax.axvline(r.threshold, color="C3", ls="--", label=f"threshold ({r.side})")
         ax.set_yticks([])
         ax.set_title(f"{r.text}  [{x.verdict}]", fontsize=8, loc="left", wrap=True)
         ax.set_xlabel(_what(r), fontsize=8)
