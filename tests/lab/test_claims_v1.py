@@ -168,3 +168,19 @@ def test_a_failed_control_withholds_every_verdict() -> None:
     assert text.index("## Controls") < text.index("| claim |")
     assert "| `a-claim`: c |" in text and "withheld (a control failed) |" in text
     assert to_json(bad, "t")["verdicts_published"] is False
+
+
+def test_the_negative_control_sends_diloco_s_bytes_and_never_moves_the_model() -> None:
+    import torch
+    from support.runs import check_run
+
+    from exogym.lab.check import TinyNet
+    from exogym.strategy import make
+
+    broken = check_run(make("exogym.lab.claims.controls:DiLoCoWithoutOuterStep", H=2))
+    diloco = check_run(make("diloco", H=2))
+    assert broken.bytes_sent == diloco.bytes_sent and len(broken.comm_log) == 3
+    torch.manual_seed(1)
+    initial = TinyNet().state_dict()
+    assert all(torch.equal(broken.model.state_dict()[k], v) for k, v in initial.items())
+    assert not all(torch.equal(diloco.model.state_dict()[k], v) for k, v in initial.items())

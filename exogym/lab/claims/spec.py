@@ -52,12 +52,14 @@ class Config:
     """One configuration a claim trains: a strategy, its hyperparameters (as ``--set`` gives
     them) and the run's settings (:meth:`exogym.Trainer.fit`'s arguments by name, as ``exogym
     run`` parses its flags: ``{"network": "home-100mbps", "num_nodes": 8}``), over the claim's
-    ``common`` settings."""
+    ``common`` settings. ``data_offset``: the run's seed (its data order, draws) is the seed plus
+    this, its initial model the seed's: a null control's other data orders."""
 
     label: str
     strategy: str
     sets: Mapping[str, str] = field(default_factory=dict)
     settings: Mapping[str, Any] = field(default_factory=dict)
+    data_offset: int = 0
 
     def __post_init__(self) -> None:
         if not self.label or not self.label.replace("-", "").replace("_", "").isalnum():

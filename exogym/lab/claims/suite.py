@@ -65,7 +65,8 @@ def fingerprint(claim: Claim) -> str:
     fields added with ``claims-v1`` count where they are not their defaults, so that
     ``claims-v0``'s fingerprints stay what its recorded folders hold."""
     rules = tuple(_changed_repr(r, ("kind", "margin", "effect", "censored")) for r in claim.rules)
-    decisive: tuple[Any, ...] = (claim.task, claim.common, claim.configs, rules, claim.seeds,
+    configs = tuple(_changed_repr(c, ("data_offset",)) for c in claim.configs)
+    decisive: tuple[Any, ...] = (claim.task, claim.common, configs, rules, claim.seeds,
                                  claim.quick)
     extra = {k: getattr(claim, k) for k in ("first_seed", "interval", "control")
              if getattr(claim, k) != Claim.__dataclass_fields__[k].default}
@@ -84,14 +85,14 @@ class _Repr:
         return self.text
 
 
-def _changed_repr(rule: Rule, added: tuple[str, ...]) -> _Repr:
-    """``rule``'s dataclass repr as it was before the fields ``added`` existed, those of them
+def _changed_repr(obj: Rule | Config, added: tuple[str, ...]) -> _Repr:
+    """``obj``'s dataclass repr as it was before the fields ``added`` existed, those of them
     that are not their defaults appended."""
-    fields = Rule.__dataclass_fields__
-    old = ", ".join(f"{k}={getattr(rule, k)!r}" for k in fields if k not in added)
-    new = "".join(f", {k}={getattr(rule, k)!r}" for k in added
-                  if getattr(rule, k) != fields[k].default)
-    return _Repr(f"Rule({old}{new})")
+    fields = type(obj).__dataclass_fields__
+    old = ", ".join(f"{k}={getattr(obj, k)!r}" for k in fields if k not in added)
+    new = "".join(f", {k}={getattr(obj, k)!r}" for k in added
+                  if getattr(obj, k) != fields[k].default)
+    return _Repr(f"{type(obj).__name__}({old}{new})")
 
 
 def command_of(claim: Claim, config: Config, quick: bool = False) -> str:
@@ -222,8 +223,9 @@ def _fit(task: Task, claim: Claim, config: Config, seed: int, quick: bool, run_d
     fit.setdefault("eval_interval", task.eval_interval)
     torch.manual_seed(seed)
     model = task.build_model()
-    Trainer(model, train, test).fit(strategy=strategy, seed=seed, out_dir=run_dir,
-                                    progress=False, run_info=task.run_info(train), **fit)
+    Trainer(model, train, test).fit(strategy=strategy, seed=seed + config.data_offset,
+                                    out_dir=run_dir, progress=False,
+                                    run_info=task.run_info(train), **fit)
 
 
 def _decide(claim: Claim, runs: dict[str, list[RunRecord]], seeds: int,
