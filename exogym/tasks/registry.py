@@ -111,6 +111,15 @@ def _mnist_model() -> nn.Module:
     return Classifier(MnistCNN())
 
 
+def _mcmahan_model() -> nn.Module:
+    """McMahan et al. 2017's MNIST CNN (Section 3): two 5x5 convolutions of 32 and 64
+    channels, each followed by 2x2 max pooling, a 512-unit layer and a softmax: 1,663,370
+    parameters, as the paper counts them."""
+    from exogym.tasks.models import Classifier, MnistCNN
+
+    return Classifier(MnistCNN(channels=(32, 64), hidden=512))
+
+
 def _mnist_data(data_dir: DataDir, download: bool) -> tuple[Dataset, Dataset]:
     from exogym.tasks.data.mnist import load_mnist
 
@@ -208,6 +217,15 @@ TASKS: dict[str, Task] = {
     t.id: t
     for t in (
         _MNIST,
+        Task(
+            id="mnist-cnn-mcmahan-v0",
+            description=(
+                "MNIST digits, McMahan et al. 2017's CNN (two 5x5 convolutions of 32 and 64 "
+                "channels, a 512-unit layer: 1,663,370 parameters); eval: test loss and accuracy"
+            ),
+            build_model=_mcmahan_model,
+            load_data=_mnist_data,
+        ),
         Task(
             id="cifar10-cnn-v0",
             description=(

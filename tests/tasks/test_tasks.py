@@ -32,15 +32,19 @@ from exogym.utils.config import ConfigError
 
 def test_registry_has_versioned_ids_and_the_mnist_alias() -> None:
     assert list(TASKS) == [
-        "mnist-cnn-v0", "cifar10-cnn-v0", "shakespeare-char-gpt-v0",
+        "mnist-cnn-v0", "mnist-cnn-mcmahan-v0", "cifar10-cnn-v0", "shakespeare-char-gpt-v0",
         "shakespeare-char-gpt-small-v0", "shakespeare-roles-gpt-v0",
     ]
+    # McMahan et al.'s CNN has the paper's 1,663,370 parameters (its Section 3)
+    model = TASKS["mnist-cnn-mcmahan-v0"].build_model()
+    assert sum(p.numel() for p in model.parameters()) == 1_663_370
     assert all(t.id == key for key, t in TASKS.items())
     assert ALIASES == {"mnist": "mnist-cnn-v0"}
     assert get_task("mnist") is TASKS["mnist-cnn-v0"]
     with pytest.raises(ConfigError, match=r"unknown task 'mnsit' \(did you mean 'mnist'\?\)"):
         get_task("mnsit")
-    with pytest.raises(ConfigError, match="available: mnist-cnn-v0, cifar10-cnn-v0"):
+    with pytest.raises(ConfigError,
+                       match="available: mnist-cnn-v0, mnist-cnn-mcmahan-v0, cifar10-cnn-v0"):
         get_task("imagenet")
 
 
