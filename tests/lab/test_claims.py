@@ -13,7 +13,17 @@ from pathlib import Path
 import pytest
 
 from exogym.cli import main
-from exogym.lab.claims import CLAIMS, SUITE, Claim, Config, Paper, Rule, run_claims, select
+from exogym.lab.claims import (
+    CLAIMS,
+    SUITE,
+    SUITES,
+    Claim,
+    Config,
+    Paper,
+    Rule,
+    run_claims,
+    select,
+)
 from exogym.lab.claims.measure import RunRecord
 from exogym.lab.claims.provenance import DirtyTreeError, checked_source, source_state
 from exogym.lab.claims.report import format_markdown
@@ -139,7 +149,9 @@ def test_specs_are_checked_by_name() -> None:
 
 
 def test_the_suite_s_claims_are_distinct_and_each_config_renders_as_a_command() -> None:
-    assert len({c.id for c in CLAIMS}) == len(CLAIMS) >= 5 and SUITE == "claims-v0"
+    assert SUITE == "claims-v1" and sorted(SUITES) == ["claims-v0", "claims-v1"]
+    for claims in SUITES.values():
+        assert len({c.id for c in claims}) == len(claims) >= 16
     claim = select(CLAIMS, ["diloco-matches-ddp"])[0]
     assert command_of(claim, claim.config("diloco-h50")) == (
         "exogym run --task mnist --strategy diloco --set H=50 --nodes 8 --steps 400 "
@@ -153,7 +165,7 @@ def test_claims_help_shows_a_single_percent_sign(capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit):
         main(["claims", "--help"])
     shown = " ".join(capsys.readouterr().out.split())  # argparse wraps the description
-    assert "a bootstrap 95% CI" in shown and "%%" not in shown
+    assert "a t-interval of the compared per-seed statistic" in shown and "%%" not in shown
 
 
 def test_claims_list_pads_the_ids_to_the_longest(capsys: pytest.CaptureFixture[str]) -> None:
@@ -173,7 +185,8 @@ def test_claims_only_with_an_empty_id_is_refused(
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.startswith(f"exogym: error: --only {only!r}: an empty claim id; give "
-                                   "one or more of diloco-matches-ddp, diloco-nesterov-outer")
+                                   "one or more of control-null-data-order, "
+                                   "control-negative-broken-diloco, diloco-matches-ddp")
     assert all(c.id in captured.err for c in CLAIMS)
 
 
@@ -230,6 +243,24 @@ def test_a_claims_run_decides_resumes_and_refuses_a_changed_spec(
     assert sessions[0]["versions"]["torch"] and sessions[0]["machine"]["cores"] >= 1
     assert fingerprint(tiny()) != fingerprint(tiny(seeds=3))
     assert fingerprint(tiny()) == fingerprint(tiny(claim="in other words"))  # prose only
+
+
+def test_a_run_two_claims_share_trains_once(tmp_path: Path, mnist_data: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "claims"
+    other = tiny(id="other", configs=(Config("ddp", "ddp"), Config("h4", "diloco", {"H": "4"})),
+                 rules=(Rule("loss", "final_loss", "h4", "ddp", "diff", "below", 1.0),))
+    run_claims([tiny(), other], out, suite="t", data_dir=mnist_data, download=False,
+               progress=True)
+    trained = [line.split(" ->")[0] for line in capsys.readouterr().out.splitlines()]
+    # the second claim's DDP runs are the first's (the same task, settings and seeds)
+    assert [t for t in trained if "other" in t] == ["[6/8] other: h4 seed 0",
+                                                    "[8/8] other: h4 seed 1"]
+    assert not (out / "other" / "ddp-seed0").exists()
+    index = json.loads((out / "runs.json").read_text())
+    assert sorted(index.values()) == sorted([
+        "tiny/ddp-seed0", "tiny/diloco-seed0", "tiny/ddp-seed1", "tiny/diloco-seed1",
+        "other/h4-seed0", "other/h4-seed1"])
 
 
 @pytest.mark.slow  # about a minute: CI's slow step runs it (.ci/run)

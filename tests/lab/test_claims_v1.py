@@ -140,10 +140,10 @@ def test_an_equivalence_rule_and_a_reported_one() -> None:
 
 def test_v0_s_fingerprints_are_what_its_recorded_folders_hold() -> None:
     # the fields added for v1 count only where they are not their defaults
-    from exogym.lab.claims import CLAIMS
+    from exogym.lab.claims import v0
 
-    assert fingerprint(CLAIMS[0]) == "5b3e8bc86ca8b3b8"
-    assert fingerprint(replace(CLAIMS[0], first_seed=10)) != "5b3e8bc86ca8b3b8"
+    assert fingerprint(v0.CLAIMS[0]) == "5b3e8bc86ca8b3b8"
+    assert fingerprint(replace(v0.CLAIMS[0], first_seed=10)) != "5b3e8bc86ca8b3b8"
 
 
 def test_a_failed_control_withholds_every_verdict() -> None:

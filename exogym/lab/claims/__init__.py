@@ -3,7 +3,11 @@ before its first run (docs/claims.md).
 
 - :mod:`~exogym.lab.claims.spec`: a claim as data (:class:`Claim`, :class:`Config`,
   :class:`Rule`, :class:`Paper`).
-- :mod:`~exogym.lab.claims.v0`: the suite ``claims-v0`` (:data:`CLAIMS`).
+- :mod:`~exogym.lab.claims.v1`: the suite ``claims-v1`` (:data:`CLAIMS`, the default), with
+  its controls (:mod:`~exogym.lab.claims.controls`); :mod:`~exogym.lab.claims.v0`: ``claims-v0``,
+  superseded, kept as it was recorded (:data:`SUITES` names both).
+- :mod:`~exogym.lab.claims.intervals`: ``claims-v1``'s t-intervals, equivalence, seeds by power;
+  :mod:`~exogym.lab.claims.provenance`: what produced a results folder.
 - :mod:`~exogym.lab.claims.measure`: a claim's quantities read from a run's folder.
 - :mod:`~exogym.lab.claims.stats`: per-seed statistics, the bootstrap CI, the verdicts.
 - :mod:`~exogym.lab.claims.suite`: :func:`run_claims`, resumable.
@@ -14,10 +18,14 @@ before its first run (docs/claims.md).
 >>> write_report(outcomes, "runs/claims", SUITE)
 """
 
+from exogym.lab.claims import v0, v1
 from exogym.lab.claims.report import write_report
 from exogym.lab.claims.spec import Claim, Config, Paper, Rule
 from exogym.lab.claims.suite import ClaimOutcome, run_claims, select
-from exogym.lab.claims.v0 import CLAIMS, SUITE
+from exogym.lab.claims.v1 import CLAIMS, SUITE
 
-__all__ = ["CLAIMS", "SUITE", "Claim", "ClaimOutcome", "Config", "Paper", "Rule", "run_claims",
-           "select", "write_report"]
+SUITES: dict[str, tuple[Claim, ...]] = {v0.SUITE: v0.CLAIMS, v1.SUITE: v1.CLAIMS}
+"""Every suite by name; :data:`SUITE` (``claims-v1``) is the default."""
+
+__all__ = ["CLAIMS", "SUITE", "SUITES", "Claim", "ClaimOutcome", "Config", "Paper", "Rule",
+           "run_claims", "select", "write_report"]

@@ -73,10 +73,14 @@ def _controls(outcomes: Sequence[ClaimOutcome]) -> list[str]:
     if not controls:
         return []
     failed = failed_controls(outcomes)
-    lines = ["## Controls", "",
-             ("Every control came out as it must: the verdicts below are published."
-              if not failed else f"A control failed ({', '.join(failed)}): the suite publishes "
-              "no verdict (each is withheld below)."), "",
+    if any(o.quick for o in controls):
+        said = "A quick run decides no control (one seed), and no verdict."
+    elif failed:
+        said = (f"A control failed ({', '.join(failed)}): the suite publishes no verdict (each "
+                "is withheld below).")
+    else:
+        said = "Every control came out as it must: the verdicts below are published."
+    lines = ["## Controls", "", said, "",
              "| control | kind | must be | was |", "|---|---|---|---|"]
     for o in controls:
         lines.append(f"| `{o.claim.id}`: {o.claim.claim} | {o.claim.control} | "

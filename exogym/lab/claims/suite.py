@@ -188,9 +188,11 @@ def _train(claim: Claim, folder: Path, seeds: int, quick: bool, data_dir: str | 
     task = get_task(claim.task)
     data: tuple[Any, Any] | None = None
     runs: dict[str, list[RunRecord]] = {c.label: [] for c in claim.configs}
+    shared = _SharedRuns(folder.parent)
     for seed in claim.seed_ids[:seeds]:
         for config in claim.configs:
-            run_dir = folder / f"{config.label}-seed{seed}"
+            key = run_key(claim, config, seed, quick)
+            run_dir = shared.finished(key) or folder / f"{config.label}-seed{seed}"
             if (run_dir / "summary.json").exists():
                 if meter is not None:
                     meter.skip()
@@ -204,8 +206,41 @@ def _train(claim: Claim, folder: Path, seeds: int, quick: bool, data_dir: str | 
                 _fit(task, claim, config, seed, quick, run_dir, *data)
                 if meter is not None:
                     meter.end()
+            shared.add(key, run_dir)
             runs[config.label].append(read_run(run_dir))
     return runs
+
+
+def run_key(claim: Claim, config: Config, seed: int, quick: bool) -> str:
+    """What makes a run the same run in any claim: its task, strategy, settings and seeds."""
+    what = (claim.task, config.strategy, sorted(config.sets.items()),
+            sorted((k, repr(v)) for k, v in claim.settings_of(config, quick).items()), seed,
+            config.data_offset)
+    return hashlib.sha256(repr(what).encode()).hexdigest()[:16]
+
+
+class _SharedRuns:
+    """``OUT/runs.json``: each finished run's key and folder, so that a run two claims share
+    (DDP on 8 nodes, DiLoCo at H = 50) trains once and each claim reads it."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = out / "runs.json"
+        self.index: dict[str, str] = (json.loads(self.path.read_text(encoding="utf-8"))
+                                      if self.path.exists() else {})
+
+    def finished(self, key: str) -> Path | None:
+        where = self.index.get(key)
+        run_dir = None if where is None else self.path.parent / where
+        return run_dir if run_dir is not None and (run_dir / "summary.json").exists() else None
+
+    def add(self, key: str, run_dir: Path) -> None:
+        where = str(run_dir.relative_to(self.path.parent))
+        if self.index.get(key) == where:
+            return
+        self.index.setdefault(key, where)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.index, indent=1) + "\n", encoding="utf-8")
+        tmp.replace(self.path)
 
 
 def _fit(task: Task, claim: Claim, config: Config, seed: int, quick: bool, run_dir: Path,
