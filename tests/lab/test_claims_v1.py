@@ -184,3 +184,34 @@ def test_the_negative_control_sends_diloco_s_bytes_and_never_moves_the_model() -
     initial = TinyNet().state_dict()
     assert all(torch.equal(broken.model.state_dict()[k], v) for k, v in initial.items())
     assert not all(torch.equal(diloco.model.state_dict()[k], v) for k, v in initial.items())
+
+
+def test_every_v1_rule_can_fail_and_no_fixed_quantity_is_evidence() -> None:
+    """For each evidence rule of the suite, per-seed values that reproduce it and values that
+    do not: no rule is decided by its configuration alone; the bytes of a fixed schedule are
+    only ever reported."""
+    from exogym.lab.claims import SUITES
+
+    fixed_by_config = {"bytes_per_node", "peak_bytes_per_step"}
+    for claim in SUITES["claims-v1"]:
+        assert claim.interval == "t" and claim.first_seed >= 5  # apart from v0's seeds 0-4
+        assert claim.seeds >= 3 and claim.pilot
+        for rule in claim.rules:
+            if rule.metric in fixed_by_config:
+                assert rule.kind == "reported", (claim.id, rule.text)
+            if not rule.evidence:
+                continue
+            assert rule.effect is not None, (claim.id, rule.text)
+            spread = [-1e-4, 0.0, 1e-4, 0.0, 0.0]
+            if rule.kind == "equivalence":
+                low, high = rule.margin  # type: ignore[misc]
+                inside, outside = (low + high) / 2, high + (high - low)
+                values = ([inside + d for d in spread], [outside + d for d in spread])
+                outcomes = [equivalence(v, low, high).verdict for v in values]
+            else:
+                sign = -1.0 if rule.side == "below" else 1.0
+                step = max(abs(rule.threshold), 1.0)
+                values = ([rule.threshold + sign * step + d for d in spread],
+                          [rule.threshold - sign * step + d for d in spread])
+                outcomes = [superiority(v, rule.side, rule.threshold).verdict for v in values]
+            assert outcomes == ["reproduced", "not reproduced"], (claim.id, rule.text)
