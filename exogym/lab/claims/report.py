@@ -115,9 +115,15 @@ def format_markdown(outcomes: Sequence[ClaimOutcome], suite: str) -> str:
             values = ", ".join(_num(v) for v in x.values)
             text = r.text if r.text.endswith(".") else r.text + "."
             lines.append(f"- {text} Per seed: {values}; {_verdict(x.verdict)}.")
-        lines += ["", f"Each configuration with `--seed` 0 to {o.seeds - 1}:", "", "```bash"]
-        lines += [command_of(c, cfg, o.quick) + " --seed 0" for cfg in c.configs]
+        first, last = c.first_seed, c.first_seed + o.seeds - 1
+        lines += ["", f"Each configuration with `--seed` {first} to {last}:", "", "```bash"]
+        lines += [command_of(c, cfg, o.quick) + f" --seed {first}" + (
+            f"  # from Python: the model drawn after torch.manual_seed({first}), "
+            f"fit(seed={first + cfg.data_offset}): other data orders" if cfg.data_offset
+            else "") for cfg in c.configs]
         lines += ["```", ""]
+        if c.pilot:
+            lines[-1:-1] = ["", f"Seeds: {c.pilot}."]
     return "\n".join(lines)
 
 
