@@ -27,8 +27,11 @@ def add_parser(sub: Any) -> None:
                    help="one seed and short runs: a check of the machinery, never of the "
                         "verdicts (CI runs it)")
     p.add_argument("--list", action="store_true", help="list the claims and stop")
-    p.add_argument("--suite", default="claims-v1", choices=("claims-v1", "claims-v0"),
-                   help="the suite (claims-v0: superseded, kept as it was recorded)")
+    p.add_argument("--suite", default="claims-v1",
+                   choices=("claims-v1", "claims-v1-diagnostics", "claims-v0"),
+                   help="the suite (claims-v1-diagnostics: scale or defect for each claim "
+                        "claims-v1 did not reproduce; claims-v0: superseded, kept as it was "
+                        "recorded)")
     p.add_argument("--allow-dirty", action="store_true",
                    help="run although the code has uncommitted changes (refused otherwise: a "
                         "result names its commit); provenance.json records it")

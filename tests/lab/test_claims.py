@@ -149,9 +149,10 @@ def test_specs_are_checked_by_name() -> None:
 
 
 def test_the_suite_s_claims_are_distinct_and_each_config_renders_as_a_command() -> None:
-    assert SUITE == "claims-v1" and sorted(SUITES) == ["claims-v0", "claims-v1"]
-    for claims in SUITES.values():
-        assert len({c.id for c in claims}) == len(claims) >= 16
+    assert SUITE == "claims-v1" and sorted(SUITES) == ["claims-v0", "claims-v1",
+                                                       "claims-v1-diagnostics"]
+    for name, claims in SUITES.items():
+        assert len({c.id for c in claims}) == len(claims) >= (12 if "diag" in name else 16)
     claim = select(CLAIMS, ["diloco-matches-ddp"])[0]
     assert command_of(claim, claim.config("diloco-h50")) == (
         "exogym run --task mnist --strategy diloco --set H=50 --nodes 8 --steps 400 "

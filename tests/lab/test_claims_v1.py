@@ -104,6 +104,10 @@ def _claim(*rules: Rule) -> Claim:
                  rules=rules, seeds=3, quick={}, interval="t")
 
 
+def _rule() -> Rule:
+    return Rule("r", "final_loss", "a", "b", "diff", "below", 0.0)
+
+
 def test_time_to_target_is_censored_at_the_pair_s_budget_by_hand() -> None:
     # seed 0: a reaches at 4 s, b never within its 10 s: b counts 10 (its budget, the shorter
     # run's) -> a / b = 0.4; seed 1: a never (runs 6 s), b at 2 s of 9: the budget is 6 s ->
@@ -193,7 +197,7 @@ def test_every_v1_rule_can_fail_and_no_fixed_quantity_is_evidence() -> None:
     from exogym.lab.claims import SUITES
 
     fixed_by_config = {"bytes_per_node", "peak_bytes_per_step"}
-    for claim in SUITES["claims-v1"]:
+    for claim in SUITES["claims-v1"] + SUITES["claims-v1-diagnostics"]:
         assert claim.interval == "t" and claim.first_seed >= 5  # apart from v0's seeds 0-4
         assert claim.seeds >= 3 and claim.pilot
         for rule in claim.rules:
@@ -215,3 +219,68 @@ def test_every_v1_rule_can_fail_and_no_fixed_quantity_is_evidence() -> None:
                           [rule.threshold - sign * step + d for d in spread])
                 outcomes = [superiority(v, rule.side, rule.threshold).verdict for v in values]
             assert outcomes == ["reproduced", "not reproduced"], (claim.id, rule.text)
+
+
+def test_scale_or_defect_is_concluded_by_the_rule_written_before_the_runs() -> None:
+    from exogym.lab.claims.diagnostics import conclude
+
+    identity = replace(_claim(_rule()), id="i", diagnoses="x", role="identity")
+    explanation = replace(_claim(_rule()), id="e", diagnoses="x", role="explanation")
+    assert conclude([(identity, "not reproduced"), (explanation, "reproduced")]) == "defect"
+    assert conclude([(identity, "inconclusive"), (explanation, "reproduced")]) == "not decided"
+    assert conclude([(identity, "reproduced"), (explanation, "reproduced")]) == "explained"
+    assert conclude([(identity, "reproduced"), (explanation, "inconclusive")]) == "not explained"
+    assert conclude([(explanation, "not reproduced")]) == "not explained"
+    assert conclude([(identity, "not decided"), (explanation, "not decided")]) == "not decided"
+
+
+def test_each_claim_v1_did_not_reproduce_has_its_diagnostics() -> None:
+    from exogym.lab.claims import SUITES, v1
+    from exogym.lab.claims.diagnostics import ONE_REPLICA_SWEEP
+
+    checks = SUITES["claims-v1-diagnostics"]
+    not_reproduced = {"diloco-non-iid", "fedprox-stragglers", "async-local-sgd-dn-dylu",
+                      "sparta-sparse-averaging", "sparseloco-muloco-beat-diloco",
+                      "diloco-one-replica-beats-dp"}  # claims-v1's record (docs/claims.md)
+    assert {c.diagnoses for c in checks} == not_reproduced
+    assert {c.id for c in v1.CLAIMS} >= not_reproduced
+    for target in not_reproduced:  # an explanation each; an identity each but the async one
+        roles = {c.role for c in checks if c.diagnoses == target}
+        assert roles == ({"explanation"} if target.startswith("async") else
+                         {"identity", "explanation"}), target
+    tuned = next(c for c in checks if c.id.endswith("well-tuned"))
+    lrs = {cfg.sets.get("outer_lr") for cfg in tuned.configs if cfg.strategy == "diloco"}
+    assert lrs == {str(v) for v in ONE_REPLICA_SWEEP["chosen"].values()}  # the sweep's choice
+    for batch, chosen in ONE_REPLICA_SWEEP["chosen"].items():  # the rule's choice: least loss
+        losses = ONE_REPLICA_SWEEP["pilot_loss"][batch]
+        assert set(losses) == set(ONE_REPLICA_SWEEP["grid"])
+        assert chosen == min(losses, key=losses.get)
+
+
+def test_a_diagnostic_names_its_claim_and_role_together() -> None:
+    with pytest.raises(ValueError, match="both or neither"):
+        replace(_claim(_rule()), diagnoses="x")
+    with pytest.raises(ValueError, match="both or neither"):
+        replace(_claim(_rule()), diagnoses="x", role="guess")  # type: ignore[arg-type]
+    plain = _claim(_rule())
+    assert fingerprint(replace(plain, diagnoses="x", role="identity")) != fingerprint(plain)
+
+
+def test_the_diagnostics_table_concludes_each_claim() -> None:
+    from exogym.lab.claims.report import format_markdown
+    from exogym.lab.claims.stats import RuleOutcome
+    from exogym.lab.claims.suite import ClaimOutcome
+
+    def outcome(c: Claim, verdict: str) -> ClaimOutcome:
+        x = RuleOutcome((1.0, 1.0), 1.0, (1.0, 1.0), verdict)  # type: ignore[arg-type]
+        return ClaimOutcome(c, (x,), verdict, 2, False)  # type: ignore[arg-type]
+
+    base = _claim(_rule())
+    text = format_markdown([
+        outcome(replace(base, id="x--i", diagnoses="x", role="identity"), "not reproduced"),
+        outcome(replace(base, id="x--e", diagnoses="x", role="explanation"), "reproduced"),
+        outcome(replace(base, id="y--e", diagnoses="y", role="explanation"), "reproduced"),
+    ], "t")
+    assert "| `x` | `x--i`: c | identity | **not reproduced** | **defect** |" in text
+    assert ("| `y` | `y--e`: c | explanation | **reproduced** | **explained (no identity "
+            "check: a defect not ruled out)** |") in text

@@ -88,6 +88,28 @@ def _controls(outcomes: Sequence[ClaimOutcome]) -> list[str]:
     return [*lines, ""]
 
 
+def _diagnoses(outcomes: Sequence[ClaimOutcome]) -> list[str]:
+    """The diagnostics' section, first: for each diagnosed claim its checks and the conclusion
+    (:func:`exogym.lab.claims.diagnostics.conclude`)."""
+    from exogym.lab.claims.diagnostics import conclude
+
+    checks = [o for o in outcomes if o.claim.diagnoses is not None]
+    if not checks:
+        return []
+    lines = ["## Scale or defect", "",
+             "| claim not reproduced | check | role | was | conclusion |", "|---|---|---|---|---|"]
+    for target in dict.fromkeys(o.claim.diagnoses for o in checks):
+        mine = [o for o in checks if o.claim.diagnoses == target]
+        verdict = conclude([(o.claim, o.verdict) for o in mine])
+        if not any(o.claim.role == "identity" for o in mine):
+            verdict += " (no identity check: a defect not ruled out)"
+        for i, o in enumerate(mine):
+            lines.append(f"| {f'`{target}`' if i == 0 else ''} | `{o.claim.id}`: "
+                         f"{o.claim.claim} | {o.claim.role} | {_verdict(o.verdict)} | "
+                         f"{f'**{verdict}**' if i == 0 else ''} |")
+    return [*lines, ""]
+
+
 def format_markdown(outcomes: Sequence[ClaimOutcome], suite: str) -> str:
     """The controls first, then the claims table: claim, paper's figure, exogym's figure with
     its interval, verdict (withheld when a control failed)."""
@@ -95,6 +117,7 @@ def format_markdown(outcomes: Sequence[ClaimOutcome], suite: str) -> str:
     withheld = bool(failed_controls(outcomes))
     lines = [f"# {suite}" + (" (--quick: a check of the machinery, not the verdicts)"
                              if quick else ""), "", *_controls(outcomes),
+             *_diagnoses(outcomes),
              "| claim | paper | paper's figure | exogym (mean [95% CI], seeds) | verdict |",
              "|---|---|---|---|---|"]
     for o in outcomes:
@@ -142,6 +165,7 @@ def to_json(outcomes: Sequence[ClaimOutcome], suite: str) -> dict[str, Any]:
     return {"suite": suite, "controls_failed": failed, "verdicts_published": not failed,
             "claims": [{"id": o.claim.id, "verdict": o.verdict, "seeds": o.seeds,
                         "quick": o.quick, "control": o.claim.control,
+                        "diagnoses": o.claim.diagnoses, "role": o.claim.role,
                         "interval": o.claim.interval, "paper": o.claim.paper.cite(),
                         "where": o.claim.where,
                         "rules": [rule(r, x) for r, x in zip(o.claim.rules, o.rules,

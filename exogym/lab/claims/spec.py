@@ -170,6 +170,11 @@ class Claim:
         control: ``"null"`` (must come out reproduced: a method against itself) or
             ``"negative"`` (must come out not reproduced: a method broken on purpose); None:
             a claim. A suite whose controls fail publishes no verdict.
+        diagnoses: the id of the claim (of another suite) this one diagnoses, with ``role``:
+            ``"identity"`` (equal by construction when the code is right: not reproduced means
+            a defect) or ``"explanation"`` (a setting nearer the paper's, where the claim
+            should hold if scale or setting explains the miss);
+            :mod:`exogym.lab.claims.diagnostics`. None: not a diagnostic.
     """
 
     id: str
@@ -188,6 +193,8 @@ class Claim:
     interval: Literal["bootstrap", "t"] = "bootstrap"
     pilot: str = ""
     control: Literal["null", "negative"] | None = None
+    diagnoses: str | None = None
+    role: Literal["identity", "explanation"] | None = None
 
     def __post_init__(self) -> None:
         labels = [c.label for c in self.configs]
@@ -208,6 +215,11 @@ class Claim:
         if self.control not in (None, "null", "negative"):
             raise ValueError(f"claim {self.id!r}: control must be 'null', 'negative' or None, "
                              f"got {self.control!r}")
+        if (self.diagnoses is None) != (self.role is None) or self.role not in (
+                None, "identity", "explanation"):
+            raise ValueError(f"claim {self.id!r}: a diagnostic names the claim it diagnoses and "
+                             f"its role ('identity' or 'explanation'), both or neither; got "
+                             f"diagnoses={self.diagnoses!r}, role={self.role!r}")
         if not any(r.evidence for r in self.rules):
             raise ValueError(f"claim {self.id!r}: every rule is reported; a claim needs one "
                              "that is evidence")

@@ -68,7 +68,8 @@ def fingerprint(claim: Claim) -> str:
     configs = tuple(_changed_repr(c, ("data_offset",)) for c in claim.configs)
     decisive: tuple[Any, ...] = (claim.task, claim.common, configs, rules, claim.seeds,
                                  claim.quick)
-    extra = {k: getattr(claim, k) for k in ("first_seed", "interval", "control")
+    extra = {k: getattr(claim, k) for k in ("first_seed", "interval", "control", "diagnoses",
+                                            "role")
              if getattr(claim, k) != Claim.__dataclass_fields__[k].default}
     if extra:
         decisive += (extra,)
