@@ -77,6 +77,7 @@ from exogym.sim.sharding import DatasetFactory, NodeBatches, is_map_style
 from exogym.sim.world import World, parse_world
 from exogym.strategy import StackedStrategy
 from exogym.strategy.per_node import PerNodeStrategy, as_stacked
+from exogym.strategy.server import follow_run
 from exogym.utils.validation import check_int
 
 __all__ = ["Trainer"]
@@ -351,6 +352,8 @@ class Trainer:
             batches = (ClientBatches if seats else NodeBatches)(
                 self.train_dataset, o.num_nodes, o.batch_size, seed=o.seed, partition=partition)
             total = total_steps(o.max_steps, o.num_epochs, batches.steps_per_epoch)
+            follow_run(strategy, population=participation is not None,
+                       steps_per_epoch=batches.steps_per_epoch)
             check_sync(strategy, total, o.allow_unsynced, warn=lead, stacklevel=5)
             settings = RunSettings.of(
                 o.values(), total_steps=total, partition=partition,

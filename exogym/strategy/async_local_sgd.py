@@ -126,8 +126,8 @@ class AsyncLocalSGD(ServerStrategy):
 
     def local_steps(self, node: int) -> int:
         if not self.dylu:
-            return self.H
-        return dylu_steps(self.H, self.speeds, node, self.dylu_rounding)
+            return super().local_steps(node)
+        return dylu_steps(super().local_steps(node), self.speeds, node, self.dylu_rounding)
 
     @property
     def buffer_length(self) -> int:

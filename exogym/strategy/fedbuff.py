@@ -24,6 +24,14 @@ default follows the clients in flight ``C`` (the run's nodes, or a population's
 in flight) and the paper's concurrency-to-buffer ratios, so that an update is about ``C / K``
 server steps stale whatever ``C`` (with ``K = 2`` and 100 in flight an update was 50 server
 steps old, weighted ``51^(-1/2) = 0.14``, and a population at FedBuff's defaults did not train).
+``H``'s default follows the setting too: over ``N`` nodes (each a large shard) 50 local steps,
+the asynchronous methods' default; over a population, a client's session is **one local epoch**
+of the mean client's examples, ``max(1, steps_per_epoch)`` (the paper's and FLSim's clients
+train one epoch, ``epochs: 1`` in FLSim's configurations): 50 AdamW steps on a client of 6
+samples are tens of epochs of its own data, and FedBuff's defaults then reached 51% on MNIST
+where one epoch reaches 95% (docs/async.md). Every session has the mean client's length (FLSim's
+clients train their own epochs, longer for more data): the run fixes it before any client is
+drawn, and ``summary.json`` records it (``asynchronous.H``).
 """
 
 from __future__ import annotations
@@ -39,7 +47,10 @@ from exogym.strategy.optim import OptimSpec
 from exogym.strategy.server import ServerStrategy
 from exogym.utils.validation import check_number
 
-__all__ = ["FedBuff"]
+__all__ = ["NODES_H", "FedBuff"]
+
+NODES_H = 50
+"""FedBuff's ``H`` over ``N`` nodes (the asynchronous methods' default)."""
 
 
 @dataclass(kw_only=True)
@@ -47,7 +58,8 @@ class FedBuff(ServerStrategy):
     """Buffered asynchronous aggregation (Nguyen et al. 2022).
 
     Attributes:
-        H: local steps per client round.
+        H: local steps per client round; None (the default): one local epoch of the mean
+            client over a population, 50 over ``N`` nodes (module docstring).
         K: updates buffered per server step; None: ``max(2, round(C / 10))`` for ``C``
             clients in flight (module docstring).
         eta_g: the server learning rate.
@@ -56,7 +68,9 @@ class FedBuff(ServerStrategy):
     """
 
     id: ClassVar[str] = "fedbuff"
+    follows_run: ClassVar[bool] = True
 
+    H: int | None = None
     K: int | None = None
     eta_g: float = 1.0
     server_momentum: float = 0.0
@@ -103,6 +117,10 @@ class FedBuff(ServerStrategy):
                                     "optim": OptimSpec(name="sgd", lr=0.1)}
         settings.update(changes)
         return cls(**settings)
+
+    def default_H(self, population: bool, steps_per_epoch: int) -> int:
+        """One local epoch of the mean client over a population; 50 over ``N`` nodes."""
+        return max(1, steps_per_epoch) if population else NODES_H
 
     def weight(self, staleness: int) -> float:
         """``s(tau) = (1 + tau)^(-a)``."""

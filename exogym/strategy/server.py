@@ -49,7 +49,7 @@ from torch import Tensor
 
 from exogym.strategy.base import StackedStrategy, positive_int
 
-__all__ = ["ServerStrategy"]
+__all__ = ["ServerStrategy", "follow_run"]
 
 
 @dataclass(kw_only=True)
@@ -58,19 +58,25 @@ class ServerStrategy(StackedStrategy):
 
     Attributes:
         H: local steps between two pushes of a node (its ``H_i`` unless
-            :meth:`local_steps` says otherwise).
+            :meth:`local_steps` says otherwise). A method whose ``follows_run`` is True takes
+            None: the run sets it (:meth:`follow_run`).
         max_staleness: discard an arriving update more than this many server versions old
             (FLSim's ``max_staleness``); None: apply every update.
     """
 
     supports_codec: ClassVar[bool] = False
+    follows_run: ClassVar[bool] = False
+    """Whether ``H=None`` is allowed: the run's setting decides it (:meth:`follow_run`)."""
 
-    H: int = 50
+    H: int | None = 50
     max_staleness: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        positive_int("H", self.H)
+        if self.H is not None or not self.follows_run:
+            positive_int("H", self.H)
+        # H as the run uses it: the given one, or the one the run's setting decides
+        self.session_steps: int | None = self.H
         if self.max_staleness is not None and (
                 isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, int)
                 or self.max_staleness < 0):
@@ -110,9 +116,24 @@ class ServerStrategy(StackedStrategy):
                              f"{self.nodes.num_nodes}")
         self.speeds = [float(v) for v in speeds]
 
+    def follow_run(self, *, population: bool, steps_per_epoch: int) -> None:
+        """Set :attr:`session_steps` from the run before it reads them: the given ``H``, or,
+        where ``H`` is None (a method that ``follows_run``), :meth:`default_H` of the run's
+        setting (``population``: the clients are a population, drawn into the seats in
+        flight; ``steps_per_epoch``: one local epoch of the mean client or node)."""
+        self.session_steps = (self.H if self.H is not None
+                              else self.default_H(population, steps_per_epoch))
+
+    def default_H(self, population: bool, steps_per_epoch: int) -> int:
+        """``H`` when None (only a method that ``follows_run``)."""
+        raise NotImplementedError(f"{type(self).__name__} takes no H=None")
+
     def local_steps(self, node: int) -> int:
         """``H_i``: the local steps of node ``node``'s rounds."""
-        return self.H
+        if self.session_steps is None:
+            raise RuntimeError(f"{type(self).__name__}: H=None is the run's to set "
+                               "(follow_run), and no run has")
+        return self.session_steps
 
     # -- the hooks the event loop calls ---------------------------------------------------------
     @torch.no_grad()
@@ -194,6 +215,15 @@ class ServerStrategy(StackedStrategy):
 
     @property
     def sync_period(self) -> int | None:
-        """``H``: the fastest node's round (the run's steps are its steps)."""
-        return self.H
+        """``H``: the fastest node's round (the run's steps are its steps); None while ``H``
+        waits for the run's setting (:meth:`follow_run`)."""
+        return self.session_steps
 
+
+
+def follow_run(strategy: StackedStrategy, *, population: bool, steps_per_epoch: int) -> None:
+    """Tell an asynchronous server's method the run's setting before anything reads what
+    follows it (:meth:`ServerStrategy.follow_run`; FedBuff's ``H=None``); any other method
+    follows nothing."""
+    if isinstance(strategy, ServerStrategy):
+        strategy.follow_run(population=population, steps_per_epoch=steps_per_epoch)

@@ -241,3 +241,29 @@ def test_fedbuff_s_buffer_follows_the_clients_in_flight() -> None:
     r = client_run(crowd, nodes=400, concurrency=100, clients_in_memory="round", steps=4)
     assert crowd.buffer_size == 10 and r.hyperparameters["K"] is None
     assert make("fedbuff", K=3).buffer_size == 3
+
+
+def test_fedbuff_s_H_follows_the_setting() -> None:
+    """H's default: 50 over N nodes; over a population one local epoch of the mean client: 120
+    samples over 10 clients of batch 4 are 12 each, 3 steps (each of the 4 seats pushes twice
+    in 6 steps: 8 updates); over 40 clients 3 each, under a batch: 1 step (24 updates). A given
+    H is kept; a method whose H does not follow the run refuses H=None."""
+    from support.runs import client_run
+
+    from exogym.strategy.server import follow_run
+
+    over_nodes = make("fedbuff")
+    assert over_nodes.H is None and over_nodes.sync_period is None  # the run's to set
+    follow_run(over_nodes, population=False, steps_per_epoch=234)
+    assert over_nodes.sync_period == 50 and over_nodes.local_steps(0) == 50
+    for clients, H, updates in ((10, 3, 8), (40, 1, 24)):
+        r = client_run(make("fedbuff", optim=sgd()), nodes=clients, concurrency=4,
+                       clients_in_memory="round", steps=6)
+        assert r.hyperparameters["H"] is None  # recorded as given: a resume decides it again
+        assert (r.asynchronous["H"], r.asynchronous["updates"]) == (H, updates)
+        assert f"async       H = {H}, {updates} updates applied" in r.summary()
+    given = make("fedbuff", H=2)
+    follow_run(given, population=True, steps_per_epoch=3)
+    assert given.sync_period == 2
+    with pytest.raises(ValueError, match="H"):
+        make("async_local_sgd", H=None)

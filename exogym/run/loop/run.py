@@ -64,6 +64,7 @@ from exogym.sim.presence import Presence
 from exogym.sim.sharding import DatasetFactory, NodeBatches
 from exogym.sim.world import PERFECT
 from exogym.strategy.base import StackedStrategy
+from exogym.strategy.server import follow_run
 
 __all__ = ["STATE_FORMAT", "Run"]
 
@@ -112,6 +113,8 @@ class Run:
         self.batches: NodeBatches | ClientBatches = batches if batches is not None else (
             ClientBatches if s.seats else NodeBatches)(
             train_data, s.num_nodes, s.batch_size, seed=s.seed, partition=s.partition)
+        follow_run(strategy, population=s.participation is not None,
+                   steps_per_epoch=self.batches.steps_per_epoch)
         # compute="profile": one node's step counted and priced on the hardware
         s = self.settings = priced(s, model, self.batches.peek(0), strategy.optim)
         self.evaluation = Evaluation(model, val_data, s.eval_samples, s.eval_batch_size,

@@ -136,8 +136,10 @@ class PerNodeTimelines:
         return self.timelines.row(self.server.staleness)
 
     def summary(self) -> dict[str, Any]:
-        """The result's view of the timelines (:meth:`Timelines.summary`)."""
-        return self.timelines.summary(self.server.staleness)
+        """The result's view of the timelines (:meth:`Timelines.summary`), with the ``H`` the
+        run used (the given one, or the one its setting decided: FedBuff's ``H=None``)."""
+        return {**self.timelines.summary(self.server.staleness),
+                "H": self.server.strategy.sync_period}
 
     def _deliver(self, step: int, arrival: float, node: int, final: bool = False) -> None:
         """A push reaches the server: it applies the update and replies to the node (a

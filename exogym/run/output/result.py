@@ -415,8 +415,9 @@ class FitResult:
             steps = a["node_steps"]
             stale = ("" if a["staleness_mean"] is None else
                      f", staleness mean {a['staleness_mean']:.2f} max {a['staleness_max']}")
-            lines.append(f"async       {a['updates']} updates applied{stale}; steps per node "
-                         f"{':'.join(map(str, steps))}")
+            period = "" if a.get("H") is None else f"H = {a['H']}, "
+            lines.append(f"async       {period}{a['updates']} updates applied{stale}; steps per "
+                         f"node {':'.join(map(str, steps))}")
         if self.clock is not None and self.network is not None:
             c = self.clock
             split = c.line() if self.population is None else (  # a seat hosts many clients
