@@ -303,3 +303,20 @@ def test_provenance_names_the_commit_and_refuses_a_dirty_tree(
     monkeypatch.setenv("EXOGYM_ALLOW_DIRTY", "1")
     assert checked_source(root=repo)["allowed_dirty"]
     assert source_state(tmp_path / "elsewhere")["commit"] is None  # no checkout: the version
+
+
+@pytest.mark.slow  # about two minutes: CI's slow step runs it (.ci/run)
+def test_the_diagnostics_quick_run_concludes_nothing_from_one_seed(
+        tmp_path: Path, mnist_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from exogym.lab.claims import diagnostics
+
+    out = tmp_path / "diag"
+    assert main(["claims", "--suite", "claims-v1-diagnostics", "--quick", "--out", str(out),
+                 "--data-dir", str(mnist_data), "--no-download", "--no-progress",
+                 "--allow-dirty"]) == 0
+    shown = capsys.readouterr().out
+    report = json.loads((out / "claims.json").read_text())
+    assert [c["id"] for c in report["claims"]] == [c.id for c in diagnostics.CLAIMS]
+    assert all(c["verdict"] == "not decided" and c["diagnoses"] for c in report["claims"])
+    assert "## Scale or defect" in shown and "| **not decided** |" in shown
+    assert "**not decided (no identity check: a defect not ruled out)**" in shown

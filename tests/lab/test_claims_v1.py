@@ -232,6 +232,7 @@ def test_scale_or_defect_is_concluded_by_the_rule_written_before_the_runs() -> N
     assert conclude([(identity, "reproduced"), (explanation, "inconclusive")]) == "not explained"
     assert conclude([(explanation, "not reproduced")]) == "not explained"
     assert conclude([(identity, "not decided"), (explanation, "not decided")]) == "not decided"
+    assert conclude([(explanation, "not decided")]) == "not decided"  # --quick: one seed
 
 
 def test_each_claim_v1_did_not_reproduce_has_its_diagnostics() -> None:

@@ -20,7 +20,8 @@ this suite, 2026-12-07): **defect** if any identity came out not reproduced; **e
 (scale or setting: which explanation) if every identity came out reproduced and at least one
 explanation did; **not explained** if every identity came out reproduced and no explanation
 did (the miss stands: neither a defect found nor the tested difference); **not decided**
-otherwise (an identity inconclusive). A claim with no identity check (the asynchronous one:
+otherwise (an identity inconclusive; or a check with one seed, ``--quick``, which decides
+nothing). A claim with no identity check (the asynchronous one:
 no pair of its configurations is equal by construction) can be explained but not cleared of a
 defect, and its entry says so.
 
@@ -279,6 +280,8 @@ def conclude(checks: Sequence[tuple[Claim, Verdict]]) -> Conclusion:
     """The conclusion for one diagnosed claim from its checks' verdicts (module docstring)."""
     identities = [v for c, v in checks if c.role == "identity"]
     explanations = [v for c, v in checks if c.role == "explanation"]
+    if any(v == "not decided" for _, v in checks):
+        return "not decided"  # one seed (--quick): no verdict, so no conclusion
     if "not reproduced" in identities:
         return "defect"
     if any(v != "reproduced" for v in identities):
