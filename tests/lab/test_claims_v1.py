@@ -285,3 +285,17 @@ def test_the_diagnostics_table_concludes_each_claim() -> None:
     assert "| `x` | `x--i`: c | identity | **not reproduced** | **defect** |" in text
     assert ("| `y` | `y--e`: c | explanation | **reproduced** | **explained (no identity "
             "check: a defect not ruled out)** |") in text
+
+
+def test_a_pipe_in_a_paper_s_words_stays_in_its_cell() -> None:
+    import re
+
+    from exogym.lab.claims.report import format_markdown
+    from exogym.lab.claims.stats import RuleOutcome
+    from exogym.lab.claims.suite import ClaimOutcome
+
+    claim = replace(_claim(_rule()), paper_figure="'reduced by a factor of |p|/L'")
+    x = RuleOutcome((1.0, 1.0), 1.0, (1.0, 1.0), "reproduced")
+    text = format_markdown([ClaimOutcome(claim, (x,), "reproduced", 2, False)], "t")
+    row = next(line for line in text.splitlines() if line.startswith("| `c`"))
+    assert "\\|p\\|/L" in row and len(re.findall(r"(?<!\\)\|", row)) == 6  # five cells

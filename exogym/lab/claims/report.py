@@ -34,6 +34,12 @@ def _figure(o: ClaimOutcome) -> str:
         for r, x in zip(o.claim.rules, o.rules, strict=True))
 
 
+def _cell(text: str) -> str:
+    """``text`` as a Markdown table cell: a ``|`` of its own (a paper's ``|p|/L``) escaped, so
+    that it does not end the cell."""
+    return text.replace("|", "\\|")
+
+
 def _verdict(v: str) -> str:
     """A verdict in bold; ``not decided`` (one seed) plain, saying why."""
     return "not decided (one seed)" if v == "not decided" else f"**{v}**"
@@ -83,7 +89,7 @@ def _controls(outcomes: Sequence[ClaimOutcome]) -> list[str]:
     lines = ["## Controls", "", said, "",
              "| control | kind | must be | was |", "|---|---|---|---|"]
     for o in controls:
-        lines.append(f"| `{o.claim.id}`: {o.claim.claim} | {o.claim.control} | "
+        lines.append(f"| `{o.claim.id}`: {_cell(o.claim.claim)} | {o.claim.control} | "
                      f"{EXPECTED[o.claim.control]} | {_verdict(o.verdict)} |")
     return [*lines, ""]
 
@@ -105,7 +111,7 @@ def _diagnoses(outcomes: Sequence[ClaimOutcome]) -> list[str]:
             verdict += " (no identity check: a defect not ruled out)"
         for i, o in enumerate(mine):
             lines.append(f"| {f'`{target}`' if i == 0 else ''} | `{o.claim.id}`: "
-                         f"{o.claim.claim} | {o.claim.role} | {_verdict(o.verdict)} | "
+                         f"{_cell(o.claim.claim)} | {o.claim.role} | {_verdict(o.verdict)} | "
                          f"{f'**{verdict}**' if i == 0 else ''} |")
     return [*lines, ""]
 
@@ -127,9 +133,9 @@ def format_markdown(outcomes: Sequence[ClaimOutcome], suite: str) -> str:
         seeds = f"{o.seeds} seed{'s' * (o.seeds != 1)}"
         verdict = ("withheld (a control failed)" if withheld
                    else _verdict(o.verdict))
-        lines.append(f"| `{c.id}`: {c.claim} | {c.paper.authors} {c.paper.year} "
-                     f"({c.paper.source}), {c.where} | {c.paper_figure} | "
-                     f"{_figure(o)} ({seeds}) | {verdict} |")
+        lines.append(f"| `{c.id}`: {_cell(c.claim)} | {_cell(c.paper.authors)} "
+                     f"{c.paper.year} ({_cell(c.paper.source)}), {_cell(c.where)} | "
+                     f"{_cell(c.paper_figure)} | {_figure(o)} ({seeds}) | {verdict} |")
     lines += ["", "## Rules and commands", ""]
     for o in outcomes:
         c = o.claim
