@@ -267,3 +267,21 @@ def test_fedbuff_s_H_follows_the_setting() -> None:
     assert given.sync_period == 2
     with pytest.raises(ValueError, match="H"):
         make("async_local_sgd", H=None)
+
+
+def test_delayed_nesterov_over_equal_speed_rounds_is_diloco_s_outer_step() -> None:
+    """Where a pseudo-gradient does not depend on the model it starts from (``Slope``: every
+    node's round moves it by 2/8 = 1/4), DN with ``N_b = N`` at equal speeds is DiLoCo's outer
+    Nesterov step round for round: N - 1 arrivals step ``eta g / N``, the N-th takes the buffer
+    into the momentum and steps ``eta (beta m + g / N)``, so a round moves ``eta (mean g + beta
+    m)`` with ``m <- beta m + mean g``: DiLoCo's. By hand (eta = beta = 1/2): m = 1/4, 3/8,
+    7/16; steps 3/16, 7/32, 15/64; w = 1 - 41/64 = 23/64. What remains between them on a real
+    model is the asynchronous restart: each node trains from the model as it stood after its
+    own arrival (``test_equal_speeds_are_lockstep_rounds``' staleness), which is the method."""
+    outer = {"outer_lr": 0.5, "outer_momentum": 0.5}
+    dn = async_run(make("async_local_sgd", H=2, optim=sgd(), **outer), nodes=3, steps=6,
+                   speeds="")
+    diloco = async_run(make("diloco", H=2, optim=sgd(), **outer), nodes=3, steps=6, speeds="")
+    # DN divides by N = 3 (1/12 is not a float32): equal to float32 rounding, 1e-6
+    assert dn.model.w.item() == pytest.approx(23 / 64, abs=1e-6)
+    assert diloco.model.w.item() == pytest.approx(23 / 64, abs=1e-6)
