@@ -133,6 +133,7 @@ class Server:
         self.delivered: list[tuple[int, float, int, bool]] = []
         self.fills = 0
         self.staleness: list[int] = []
+        self.period = 1
 
     def fill(self) -> None:
         self.fills += 1
@@ -177,4 +178,4 @@ def test_per_node_timelines_run_events_in_simulated_time_order() -> None:
         (0, 1, False), (1, 1, True), (0, 1, True)]
     assert [at for _, at, _, _ in server.delivered] == pytest.approx([1.5, 2.5, 3.5], abs=1e-9)
     assert clock.t[0] == pytest.approx(3.6, abs=1e-9)  # its last reply: 3.5 + 0.1 s
-    assert sched.summary()["node_steps"] == [2, 1]
+    assert sched.summary()["node_steps"] == [2, 1] and sched.summary()["H"] == 1

@@ -139,7 +139,7 @@ class PerNodeTimelines:
         """The result's view of the timelines (:meth:`Timelines.summary`), with the ``H`` the
         run used (the given one, or the one its setting decided: FedBuff's ``H=None``)."""
         return {**self.timelines.summary(self.server.staleness),
-                "H": self.server.strategy.sync_period}
+                "H": self.server.period}
 
     def _deliver(self, step: int, arrival: float, node: int, final: bool = False) -> None:
         """A push reaches the server: it applies the update and replies to the node (a
@@ -185,6 +185,11 @@ class ParameterServer:
     @property
     def staleness(self) -> list[int]:
         return self.strategy.staleness
+
+    @property
+    def period(self) -> int | None:
+        """The fastest node's round, ``H`` as the run uses it (FedBuff's follows the setting)."""
+        return self.strategy.sync_period
 
     def deliver(self, node: int, at: float, step: int, final: bool) -> float:
         self.strategy.receive(node)
