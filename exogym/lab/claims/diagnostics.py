@@ -39,34 +39,30 @@ from typing import Any, Literal
 from exogym.lab.claims import v0, v1
 from exogym.lab.claims.spec import Claim, Config, Paper, Rule
 from exogym.lab.claims.stats import Verdict
+from exogym.lab.claims.v1 import matches
 
-__all__ = ["CLAIMS", "CONCLUSIONS", "ONE_REPLICA_SWEEP", "SUITE", "Conclusion", "conclude"]
+__all__ = ["CLAIMS", "ONE_REPLICA_SWEEP", "SUITE", "Conclusion", "conclude"]
 
 SUITE = "claims-v1-diagnostics"
 
 Conclusion = Literal["defect", "explained", "not explained", "not decided"]
-CONCLUSIONS: tuple[str, ...] = ("defect", "explained", "not explained", "not decided")
 
 _TEST: dict[str, Any] = {"first_seed": 10, "interval": "t", "seeds": 5}
-_EIGHT, _FOUR, _QUICK = v0._EIGHT, v0._FOUR, v0._QUICK
+_EIGHT, _FOUR = v0._EIGHT, v0._FOUR
 _SELF = Paper("exogym", 2026, "claims-v1's scale-or-defect diagnostics",
               "exogym/lab/claims/diagnostics.py")
 
 
 def _diagnostic(of: Claim, suffix: str, role: Literal["identity", "explanation"], *, claim: str,
                 why: str, scale: str, configs: tuple[Config, ...], rules: tuple[Rule, ...],
-                common: dict[str, Any], quick: dict[str, Any] | None = None,
-                task: str | None = None) -> Claim:
-    """A check of ``of`` (a ``claims-v1`` claim)."""
+                common: dict[str, Any], quick: dict[str, Any] | None = None) -> Claim:
+    """A check of ``of`` (a ``claims-v1`` claim), on its task, with its quick settings unless
+    ``quick`` replaces them."""
     return Claim(id=f"{of.id}--{suffix}", paper=_SELF, where=f"diagnoses {of.id}", claim=claim,
-                 paper_figure=why, scale=scale, task=task or of.task, common=common,
+                 paper_figure=why, scale=scale, task=of.task, common=common,
                  configs=configs, rules=rules, quick=quick or of.quick, diagnoses=of.id,
                  role=role, pilot="the suite's five test seeds; the margin is claims-v1's",
                  **_TEST)
-
-
-def _matches(text: str, a: str, b: str) -> Rule:
-    return v1._matches(text, a, b)
 
 
 _H50 = {"H": "50"}
@@ -82,7 +78,7 @@ NON_IID_PARTITION = _diagnostic(
     scale="as diloco-non-iid: 8 nodes, 400 steps, H = 50", common=_EIGHT,
     configs=(Config("iid", "diloco", _H50),
              Config("dirichlet-1000", "diloco", _H50, {"partition": "dirichlet:1000"})),
-    rules=(_matches("Dirichlet(1000) is i.i.d.", "dirichlet-1000", "iid"),))
+    rules=(matches("Dirichlet(1000) is i.i.d.", "dirichlet-1000", "iid"),))
 
 NON_IID_MILDER = _diagnostic(
     v1.DILOCO_NON_IID, "milder-skew", "explanation",
@@ -93,7 +89,7 @@ NON_IID_MILDER = _diagnostic(
     scale="as diloco-non-iid, Dirichlet(1) for Dirichlet(0.1)", common=_EIGHT,
     configs=(Config("iid", "diloco", _H50),
              Config("dirichlet-1", "diloco", _H50, {"partition": "dirichlet:1"})),
-    rules=(_matches("DiLoCo on Dirichlet(1) matches i.i.d.", "dirichlet-1", "iid"),))
+    rules=(matches("DiLoCo on Dirichlet(1) matches i.i.d.", "dirichlet-1", "iid"),))
 
 # -- fedprox-stragglers: mu = 1 1.9 points below mu = 0 ------------------------------------------
 _FEDPROX_COMMON = dict(v0.FEDPROX_STRAGGLERS.common)
@@ -107,7 +103,7 @@ FEDPROX_IDENTITY = _diagnostic(
           "steps", common=_FEDPROX_COMMON,
     configs=(Config("fedavg", "fedavg", {"H": "20", **_SGD}),
              Config("fedprox-mu0", "fedprox", {"H": "20", "mu": "0", **_SGD})),
-    rules=(_matches("FedProx(mu = 0) is FedAvg", "fedprox-mu0", "fedavg"),))
+    rules=(matches("FedProx(mu = 0) is FedAvg", "fedprox-mu0", "fedavg"),))
 
 FEDPROX_MORE_WORK = _diagnostic(
     v1.FEDPROX_STRAGGLERS, "more-local-work", "explanation",
@@ -142,9 +138,8 @@ ASYNC_EQUAL_UPDATES = _diagnostic(
     common=_ASYNC_COMMON,
     configs=(Config("diloco", "diloco", _H50),
              Config("dn-dylu-equal-updates", "async_local_sgd", _DN, {"max_steps": 582})),
-    rules=(_matches("DN + DyLU matches DiLoCo at equal updates", "dn-dylu-equal-updates",
-                    "diloco"),),
-    quick={**v0.ASYNC_LOCAL_SGD.quick})
+    rules=(matches("DN + DyLU matches DiLoCo at equal updates", "dn-dylu-equal-updates",
+                    "diloco"),),)
 
 ASYNC_EQUAL_SPEEDS = _diagnostic(
     v1.ASYNC_LOCAL_SGD, "equal-speeds", "explanation",
@@ -156,7 +151,7 @@ ASYNC_EQUAL_SPEEDS = _diagnostic(
     common={k: v for k, v in _ASYNC_COMMON.items() if k != "world"},
     configs=(Config("diloco", "diloco", _H50),
              Config("dn-dylu", "async_local_sgd", _DN)),
-    rules=(_matches("DN + DyLU matches DiLoCo at equal speeds", "dn-dylu", "diloco"),),
+    rules=(matches("DN + DyLU matches DiLoCo at equal speeds", "dn-dylu", "diloco"),),
     quick={k: v for k, v in v0.ASYNC_LOCAL_SGD.quick.items() if k != "world"})
 
 # -- sparta-sparse-averaging: p = 0.1% 1.2 points below DDP --------------------------------------
@@ -169,7 +164,7 @@ SPARTA_IDENTITY = _diagnostic(
     scale="as sparta-sparse-averaging: 8 nodes, 400 steps", common=_EIGHT,
     configs=(Config("sparta-p1", "sparta", {"p": "1"}),
              Config("diloco-h1-avg", "diloco", {"H": "1", **_AVG})),
-    rules=(_matches("SPARTA(p = 1) is averaging every step", "sparta-p1", "diloco-h1-avg"),))
+    rules=(matches("SPARTA(p = 1) is averaging every step", "sparta-p1", "diloco-h1-avg"),))
 
 SPARTA_MORE_AVERAGING = _diagnostic(
     v1.SPARTA_VS_DDP, "more-averaging", "explanation",
@@ -180,7 +175,7 @@ SPARTA_MORE_AVERAGING = _diagnostic(
         "by p, ten times the bytes, as a longer run would be ten times the steps)",
     scale="as sparta-sparse-averaging with p = 1%", common=_EIGHT,
     configs=(Config("ddp", "ddp"), Config("sparta-p1pct", "sparta", {"p": "0.01"})),
-    rules=(_matches("SPARTA (p = 1%) matches DDP", "sparta-p1pct", "ddp"),))
+    rules=(matches("SPARTA (p = 1%) matches DDP", "sparta-p1pct", "ddp"),))
 
 # -- sparseloco-muloco-beat-diloco: SparseLoCo 0.056 above DiLoCo in loss -------------------------
 SPARSELOCO_IDENTITY = _diagnostic(
@@ -195,7 +190,7 @@ SPARSELOCO_IDENTITY = _diagnostic(
     configs=(Config("sparseloco-dense", "sparseloco",
                     {"H": "50", "k": "4096", "bits": "8", "beta": "0"}),
              Config("diloco-avg", "diloco", {"H": "50", **_AVG})),
-    rules=(_matches("dense SparseLoCo is averaging", "sparseloco-dense", "diloco-avg"),))
+    rules=(matches("dense SparseLoCo is averaging", "sparseloco-dense", "diloco-avg"),))
 
 SPARSELOCO_MORE_ROUNDS = _diagnostic(
     v1.SPARSELOCO_MULOCO, "more-outer-steps", "explanation",
@@ -238,9 +233,8 @@ ONE_REPLICA_IDENTITY = _diagnostic(
     scale="as diloco-one-replica-beats-dp at batch 256", common=_ONE,
     configs=(Config("dp-b256", "ddp", {}, _B256),
              Config("diloco-avg-b256", "diloco", {"H": "20", **_AVG}, _B256)),
-    rules=(_matches("M = 1 DiLoCo with averaging is plain training", "diloco-avg-b256",
-                    "dp-b256"),),
-    quick=dict(v0.DILOCO_ONE_REPLICA.quick))
+    rules=(matches("M = 1 DiLoCo with averaging is plain training", "diloco-avg-b256",
+                    "dp-b256"),),)
 
 
 def _tuned(batch: str) -> str:
@@ -265,8 +259,7 @@ ONE_REPLICA_TUNED = _diagnostic(
                 effect=0.01),
            Rule("final loss(DiLoCo M = 1, tuned) - loss(plain), batch 256: the 95% interval "
                 "below 0", "final_loss", "diloco-tuned-b256", "dp-b256", "diff", "below", 0.0,
-                effect=0.01)),
-    quick=dict(v0.DILOCO_ONE_REPLICA.quick))
+                effect=0.01)),)
 
 CLAIMS: tuple[Claim, ...] = (NON_IID_PARTITION, NON_IID_MILDER, FEDPROX_IDENTITY,
                              FEDPROX_MORE_WORK, ASYNC_EQUAL_UPDATES, ASYNC_EQUAL_SPEEDS,

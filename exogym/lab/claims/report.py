@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from exogym.lab.claims.diagnostics import conclude
 from exogym.lab.claims.spec import Rule
 from exogym.lab.claims.suite import ClaimOutcome, command_of
 from exogym.lab.plots import require_matplotlib
@@ -97,8 +98,6 @@ def _controls(outcomes: Sequence[ClaimOutcome]) -> list[str]:
 def _diagnoses(outcomes: Sequence[ClaimOutcome]) -> list[str]:
     """The diagnostics' section, first: for each diagnosed claim its checks and the conclusion
     (:func:`exogym.lab.claims.diagnostics.conclude`)."""
-    from exogym.lab.claims.diagnostics import conclude
-
     checks = [o for o in outcomes if o.claim.diagnoses is not None]
     if not checks:
         return []

@@ -45,7 +45,7 @@ from dataclasses import replace
 from exogym.lab.claims import v0
 from exogym.lab.claims.spec import Claim, Config, Paper, Rule
 
-__all__ = ["CLAIMS", "MATCH_POINTS", "MATCH_RATIO", "SUITE"]
+__all__ = ["CLAIMS", "MATCH_POINTS", "MATCH_RATIO", "SUITE", "matches"]
 
 SUITE = "claims-v1"
 
@@ -68,7 +68,7 @@ def _v1(claim: Claim, *, rules: tuple[Rule, ...], paper_figure: str, pilot: str,
                    **_TEST, **changes)  # type: ignore[arg-type]
 
 
-def _matches(text: str, a: str, b: str) -> Rule:
+def matches(text: str, a: str, b: str) -> Rule:
     """An image task's "a matches b": final accuracy(a) - accuracy(b) within +-0.5 points."""
     return Rule(f"{text}: final accuracy({a}) - accuracy({b}) within +-0.5 points (the whole "
                 "95% interval)", "final_accuracy", a, b, "diff", "below", 0.0,
@@ -90,7 +90,7 @@ NULL_CONTROL = Claim(
     scale="as diloco-matches-ddp: 8 nodes, 400 steps", task="mnist", common=_EIGHT,
     configs=(Config("diloco", "diloco", {"H": "50"}),
              Config("diloco-other-order", "diloco", {"H": "50"}, data_offset=1000)),
-    rules=(_matches("the same method", "diloco", "diloco-other-order"),),
+    rules=(matches("the same method", "diloco", "diloco-other-order"),),
     seeds=5, quick=_QUICK, control="null", **_TEST,  # type: ignore[arg-type]
     pilot="none needed: the margin is the suite's; five seeds")
 
@@ -103,7 +103,7 @@ NEGATIVE_CONTROL = Claim(
     configs=(Config("ddp", "ddp"),
              Config("broken", "exogym.lab.claims.controls:DiLoCoWithoutOuterStep",
                     {"H": "50"})),
-    rules=(_matches("a broken method", "broken", "ddp"),),
+    rules=(matches("a broken method", "broken", "ddp"),),
     seeds=5, quick=_QUICK, control="negative", **_TEST,  # type: ignore[arg-type]
     pilot="none needed: five seeds")
 
@@ -115,7 +115,7 @@ DILOCO_MATCHES_DDP = _v1(
                  "and data) and 14.72 for 8x updates, 'at the cost of being 8x slower'; "
                  "'communicates H = 500x less' (Section 3). It beats the same-compute baseline, "
                  "not every one",
-    rules=(_matches("DiLoCo H = 50 matches DDP at equal steps", "diloco-h50", "ddp"),
+    rules=(matches("DiLoCo H = 50 matches DDP at equal steps", "diloco-h50", "ddp"),
            _bytes("1/50 by H = 50", "diloco-h50", "ddp", 1 / 45)),
     pilot="v0 seeds 0-4: loss differences -0.009 to +0.011 (accuracy not recorded); five "
           "seeds, the suite's least")
@@ -139,7 +139,7 @@ DILOCO_NON_IID = _v1(
     paper_figure="'DiLoCo converges faster in the i.i.d. setting but towards the end both data "
                  "regimes attain similar generalization'; Table 3, 8 workers: 15.08 (i.i.d.) "
                  "and 15.02 (non-i.i.d.) perplexity",
-    rules=(_matches("DiLoCo on Dirichlet(0.1) shards matches i.i.d. shards", "non-iid", "iid"),),
+    rules=(matches("DiLoCo on Dirichlet(0.1) shards matches i.i.d. shards", "non-iid", "iid"),),
     pilot="v0 seeds 0-4: i.i.d. minus Dirichlet(0.1) accuracy 3.3 to 6.6 points: far outside "
           "any margin; five seeds")
 
@@ -187,8 +187,8 @@ DILOCO_CODECS = _v1(
                  "reduction in communication bandwidth ... while delivering comparable "
                  "performance' (abstracts; the papers' tables not reached: full-text searches "
                  "for 'all-reduce in FP16' and 'int8 quantization on the pseudo' found none)",
-    rules=(_matches("FP16 pseudo-gradients match FP32", "fp16", "fp32"),
-           _matches("int8 pseudo-gradients match FP32", "int8", "fp32")),
+    rules=(matches("FP16 pseudo-gradients match FP32", "fp16", "fp32"),
+           matches("int8 pseudo-gradients match FP32", "int8", "fp32")),
     pilot="v0 seeds 0-4: loss differences within 0.001 of FP32; five seeds")
 
 FEDAVG_ROUNDS = _v1(
@@ -273,7 +273,7 @@ ASYNC_LOCAL_SGD = _v1(
                  "(footnote 5: its small lead 'is due to the numerical error')",
     rules=(Rule("final loss(naive asynchronous) - loss(DiLoCo): the 95% interval above 0",
                 "final_loss", "async-nesterov", "diloco", "diff", "above", 0.0, effect=0.05),
-           _matches("DN + DyLU matches DiLoCo", "async-dn-dylu", "diloco"),
+           matches("DN + DyLU matches DiLoCo", "async-dn-dylu", "diloco"),
            Rule("simulated time to 95% accuracy, DiLoCo / DN + DyLU (censored at the pair's "
                 "simulated time): the 95% interval above 1", "time_to_accuracy", "diloco",
                 "async-dn-dylu", "ratio", "above", 1.0, target=0.95, censored=True,
@@ -289,7 +289,7 @@ DEMO_VS_DDP = _v1(
                  "of magnitude' and models 'match or exceed' AdamW; v2 (2026): 'up to 85x less "
                  "data per GPU than AdamW-DDP while achieving comparable loss and accuracy' "
                  "(under two orders of magnitude)",
-    rules=(_matches("DeMo matches AdamW DDP", "demo", "ddp"),
+    rules=(matches("DeMo matches AdamW DDP", "demo", "ddp"),
            _bytes("1/16 by DeMo's defaults", "demo", "ddp", 0.1)),
     pilot="v0 seeds 0-4: loss differences -0.015 to -0.001; five seeds")
 
@@ -301,7 +301,7 @@ SPARTA_VS_DDP = _v1(
                  "communication without major degradation' with p = 0.1% of the parameters a "
                  "step, against averaging every step (DDP-like), not DiLoCo",
     configs=(Config("ddp", "ddp"), Config("sparta", "sparta", {"p": "0.001"})),
-    rules=(_matches("SPARTA (p = 0.1%) matches DDP", "sparta", "ddp"),
+    rules=(matches("SPARTA (p = 0.1%) matches DDP", "sparta", "ddp"),
            _bytes("1/1000 by p = 0.1%", "sparta", "ddp", 0.002)),
     pilot="v0 seeds 0-4 at p = 0.5%: loss +0.014 to +0.028 over DDP; five seeds")
 
@@ -326,9 +326,9 @@ DESLOC = _v1(
     where="abstract (the body not reached here)",
     paper_figure="'DES-LOC can communicate 170x less than DDP and 2x less than the previous "
                  "state-of-the-art Local ADAM' on models 'up to 1.7B' (abstract)",
-    rules=(_matches("DES-LOC matches DDP", "desloc", "ddp"),
+    rules=(matches("DES-LOC matches DDP", "desloc", "ddp"),
            _bytes("1/16 + 1/48 + 1/48 = 0.104 of DDP's", "desloc", "ddp", 0.125),
-           _matches("DES-LOC matches Local Adam", "desloc", "local-adam"),
+           matches("DES-LOC matches Local Adam", "desloc", "local-adam"),
            _bytes("5/9 of Local Adam's", "desloc", "local-adam", 0.6)),
     pilot="v0 seeds 0-4: loss +0.003 to +0.017 over DDP, within 0.003 of Local Adam; five "
           "seeds")
