@@ -44,13 +44,10 @@ from torch import Tensor
 
 from exogym.strategy.base import in_range, positive_int
 from exogym.strategy.optim import OptimSpec
-from exogym.strategy.server import ServerStrategy
+from exogym.strategy.server import NODES_H, ServerStrategy
 from exogym.utils.validation import check_number
 
-__all__ = ["NODES_H", "FedBuff"]
-
-NODES_H = 50
-"""FedBuff's ``H`` over ``N`` nodes (the asynchronous methods' default)."""
+__all__ = ["FedBuff"]
 
 
 @dataclass(kw_only=True)

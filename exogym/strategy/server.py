@@ -49,7 +49,10 @@ from torch import Tensor
 
 from exogym.strategy.base import StackedStrategy, positive_int
 
-__all__ = ["ServerStrategy", "follow_run"]
+__all__ = ["NODES_H", "ServerStrategy", "follow_run"]
+
+NODES_H = 50
+"""The asynchronous methods' ``H`` over ``N`` nodes (the default of :attr:`ServerStrategy.H`)."""
 
 
 @dataclass(kw_only=True)
@@ -68,7 +71,7 @@ class ServerStrategy(StackedStrategy):
     follows_run: ClassVar[bool] = False
     """Whether ``H=None`` is allowed: the run's setting decides it (:meth:`follow_run`)."""
 
-    H: int | None = 50
+    H: int | None = NODES_H
     max_staleness: int | None = None
 
     def __post_init__(self) -> None:
@@ -218,7 +221,6 @@ class ServerStrategy(StackedStrategy):
         """``H``: the fastest node's round (the run's steps are its steps); None while ``H``
         waits for the run's setting (:meth:`follow_run`)."""
         return self.session_steps
-
 
 
 def follow_run(strategy: StackedStrategy, *, population: bool, steps_per_epoch: int) -> None:
