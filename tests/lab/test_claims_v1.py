@@ -20,8 +20,8 @@ from exogym.lab.claims.intervals import (
 )
 from exogym.lab.claims.measure import RunRecord
 from exogym.lab.claims.spec import Claim, Config, Paper, Rule
-from exogym.lab.claims.stats import bootstrap_ci
-from exogym.lab.claims.suite import decide_rule, fingerprint
+from exogym.lab.claims.stats import RuleOutcome, bootstrap_ci
+from exogym.lab.claims.suite import ClaimOutcome, decide_rule, fingerprint
 
 
 @pytest.mark.parametrize(("level", "nu", "table"), [
@@ -108,6 +108,12 @@ def _rule() -> Rule:
     return Rule("r", "final_loss", "a", "b", "diff", "below", 0.0)
 
 
+def outcome(c: Claim, verdict: str) -> ClaimOutcome:
+    """``c`` decided ``verdict`` on two seeds (one rule, values 1 and 1): a report's input."""
+    x = RuleOutcome((1.0, 1.0), 1.0, (1.0, 1.0), verdict)  # type: ignore[arg-type]
+    return ClaimOutcome(c, (x,), verdict, 2, False)  # type: ignore[arg-type]
+
+
 def test_time_to_target_is_censored_at_the_pair_s_budget_by_hand() -> None:
     # seed 0: a reaches at 4 s, b never within its 10 s: b counts 10 (its budget, the shorter
     # run's) -> a / b = 0.4; seed 1: a never (runs 6 s), b at 2 s of 9: the budget is 6 s ->
@@ -152,17 +158,10 @@ def test_v0_s_fingerprints_are_what_its_recorded_folders_hold() -> None:
 
 def test_a_failed_control_withholds_every_verdict() -> None:
     from exogym.lab.claims.report import failed_controls, format_markdown, to_json
-    from exogym.lab.claims.stats import RuleOutcome
-    from exogym.lab.claims.suite import ClaimOutcome
-
     rule = Rule("m", "final_loss", "a", "b", "ratio", "below", 1.0, kind="equivalence",
                 margin=(0.9, 1.1))
     null = replace(_claim(rule), id="null-control", control="null")
     claim = replace(_claim(rule), id="a-claim")
-
-    def outcome(c: Claim, verdict: str) -> ClaimOutcome:
-        x = RuleOutcome((1.0, 1.0), 1.0, (1.0, 1.0), verdict)  # type: ignore[arg-type]
-        return ClaimOutcome(c, (x,), verdict, 2, False)  # type: ignore[arg-type]
 
     ok = [outcome(null, "reproduced"), outcome(claim, "reproduced")]
     assert failed_controls(ok) == [] and "**reproduced** |" in format_markdown(ok, "t")
@@ -269,12 +268,6 @@ def test_a_diagnostic_names_its_claim_and_role_together() -> None:
 
 def test_the_diagnostics_table_concludes_each_claim() -> None:
     from exogym.lab.claims.report import format_markdown
-    from exogym.lab.claims.stats import RuleOutcome
-    from exogym.lab.claims.suite import ClaimOutcome
-
-    def outcome(c: Claim, verdict: str) -> ClaimOutcome:
-        x = RuleOutcome((1.0, 1.0), 1.0, (1.0, 1.0), verdict)  # type: ignore[arg-type]
-        return ClaimOutcome(c, (x,), verdict, 2, False)  # type: ignore[arg-type]
 
     base = _claim(_rule())
     text = format_markdown([
@@ -291,11 +284,8 @@ def test_a_pipe_in_a_paper_s_words_stays_in_its_cell() -> None:
     import re
 
     from exogym.lab.claims.report import format_markdown
-    from exogym.lab.claims.stats import RuleOutcome
-    from exogym.lab.claims.suite import ClaimOutcome
 
     claim = replace(_claim(_rule()), paper_figure="'reduced by a factor of |p|/L'")
-    x = RuleOutcome((1.0, 1.0), 1.0, (1.0, 1.0), "reproduced")
-    text = format_markdown([ClaimOutcome(claim, (x,), "reproduced", 2, False)], "t")
+    text = format_markdown([outcome(claim, "reproduced")], "t")
     row = next(line for line in text.splitlines() if line.startswith("| `c`"))
     assert "\\|p\\|/L" in row and len(re.findall(r"(?<!\\)\|", row)) == 6  # five cells
